@@ -1,0 +1,334 @@
+"""Row maps: where row ``i`` of layer ``l`` of a component lives, as data.
+
+Every KV layout in use is one address formula with different strides (bytes)::
+
+    row_address(c, l, i, k) = layer_base(c, l)
+                              + (i // P) * page_stride + (i % P) * token_stride
+                              + k * chunk_stride                  (k < n_chunks)
+    layer_base(c, l) = base + c * comp_stride + l * layer_stride  (stacked buffer)
+                     = table[c * num_layers + l]                  (int64 address table)
+
+A row is ``n_chunks`` chunks of ``chunk_bytes`` (one chunk when it is contiguous; the
+page_head host layout splits a row into one chunk per head). A map can hold several
+components with equal rows (K and V) so that one kernel launch moves them all.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from functools import reduce
+from typing import Optional, Sequence
+
+import torch
+
+from .errors import KvtierError, fail
+
+# Host layouts: which dims of the component tensor are (pages, layers, tokens, heads).
+LAYOUTS = ("layer_first", "page_first", "page_first_direct", "page_head")
+
+
+def _pow2_align(*values: int, cap: int = 16) -> int:
+    """Largest power of two <= cap dividing every value."""
+    g = reduce(math.gcd, (abs(int(v)) for v in values), 0)
+    a = cap
+    while g % a:
+        a //= 2
+    return a
+
+
+def _storage_span(t: torch.Tensor):
+    """(first, end) byte addresses of the storage behind tensor ``t``."""
+    st = t.untyped_storage()
+    return st.data_ptr(), st.data_ptr() + st.nbytes()
+
+
+def _dense_row(shape: Sequence[int], strides: Sequence[int], itemsize: int, arg: str, value):
+    """Bytes of a row made of trailing dims that must be dense (C-contiguous)."""
+    expect = 1
+    for size, stride in zip(reversed(shape), reversed(strides)):
+        if size != 1 and stride != expect:
+            raise fail(arg, value, "the row dims (after the layer and token dims) must be contiguous")
+        expect *= size
+    return expect * itemsize
+
+
+@dataclass(frozen=True, eq=False)
+class RowMap:
+    """Descriptor of one or more KV components' rows across layers (see module doc).
+
+    All sizes and strides are bytes. Build one with a constructor (`from_stacked`,
+    `from_layers`, `from_host_layout`, `stack`) rather than by hand: they check the
+    strides against the tensors and keep the tensors alive as long as the map lives.
+    """
+
+    num_components: int
+    num_layers: int
+    num_rows: int          # token slots per layer (a multiple of page_size)
+    page_size: int
+    row_bytes: int
+    chunk_bytes: int
+    n_chunks: int
+    chunk_stride: int
+    token_stride: int
+    page_stride: int
+    layer_stride: int      # stacked only
+    comp_stride: int       # stacked only
+    base: int              # stacked: address of component 0, layer 0, row 0; table: 0
+    table: Optional[torch.Tensor]   # int64 [num_components * num_layers] layer bases
+    device: torch.device
+    align: int             # power of two (<= 16) dividing every address and stride
+    # (tensor, first byte address used) per layer base, for the reference and the checks
+    segments: tuple = field(repr=False, default=())
+    _anchors: dict = field(repr=False, default_factory=dict, compare=False)
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def is_table(self) -> bool:
+        return self.table is not None
+
+    @property
+    def num_pages(self) -> int:
+        return self.num_rows // self.page_size
+
+    @property
+    def page_contiguous(self) -> bool:
+        """True when a page's rows form one contiguous run of page_size * row_bytes."""
+        return self.n_chunks == 1 and (self.page_size == 1 or self.token_stride == self.row_bytes)
+
+    def layer_span(self) -> int:
+        """Bytes from a layer base to one past the last byte of that layer's rows."""
+        return ((self.num_pages - 1) * self.page_stride + (self.page_size - 1) * self.token_stride
+                + (self.n_chunks - 1) * self.chunk_stride + self.chunk_bytes)
+
+    def describe(self) -> str:
+        mode = "table" if self.is_table else "stacked"
+        return (f"RowMap({mode}, C={self.num_components}, L={self.num_layers}, rows={self.num_rows}, "
+                f"P={self.page_size}, row={self.row_bytes}B"
+                + (f" as {self.n_chunks}x{self.chunk_bytes}B" if self.n_chunks > 1 else "")
+                + f", align={self.align}, {self.device})")
+
+    __repr__ = describe
+
+    # ------------------------------------------------------------ derived maps
+    def anchor(self, word_bytes: int) -> torch.Tensor:
+        """A word-typed tensor starting at ``base`` that covers this map (stacked maps):
+        the pointer argument the kernel offsets from."""
+        if self.is_table:
+            raise KvtierError("anchor() is for stacked maps; this map is addressed by a table")
+        a = self._anchors.get(word_bytes)
+        if a is None:
+            owner = self.segments[0][0]
+            first, end = _storage_span(owner)
+            dtype = _WORD_DTYPES[word_bytes]
+            a = torch.empty(0, dtype=dtype, device=owner.device).set_(
+                owner.untyped_storage(), (self.base - first) // word_bytes,
+                ((end - self.base) // word_bytes,), (1,))
+            self._anchors[word_bytes] = a
+        return a
+
+    def as_pages(self) -> "RowMap":
+        """The same memory seen with a whole page as one row (page_contiguous maps only)."""
+        if not self.page_contiguous:
+            raise KvtierError(f"{self.describe()} does not store a page contiguously")
+        return replace(self, num_rows=self.num_pages, page_size=1,
+                       row_bytes=self.row_bytes * self.page_size,
+                       chunk_bytes=self.row_bytes * self.page_size, chunk_stride=0,
+                       token_stride=self.page_stride, _anchors={})
+
+    def select_layers(self, start: int, count: int) -> "RowMap":
+        """A map of layers start .. start+count (a pipeline stage's slice)."""
+        if start < 0 or count < 0 or start + count > self.num_layers:
+            raise fail("layers", (start, count), f"outside the map's {self.num_layers} layers")
+        if self.is_table:
+            rows = [self.table[c * self.num_layers + start:c * self.num_layers + start + count]
+                    for c in range(self.num_components)]
+            segs = tuple(s for c in range(self.num_components)
+                         for s in self.segments[c * self.num_layers + start:c * self.num_layers + start + count])
+            return replace(self, num_layers=count, table=torch.cat(rows), segments=segs, _anchors={})
+        return replace(self, num_layers=count, base=self.base + start * self.layer_stride, _anchors={})
+
+    # ------------------------------------------------------------ constructors
+    @classmethod
+    def from_strides(cls, buffer: torch.Tensor, *, num_layers: int, num_rows: int, page_size: int,
+                     row_bytes: int, token_stride: int, page_stride: int, layer_stride: int,
+                     offset: int = 0, n_chunks: int = 1, chunk_stride: int = 0) -> "RowMap":
+        """A stacked map over ``buffer``: layer 0 row 0 at ``buffer.data_ptr() + offset``.
+        Every stride is in bytes; the map is checked to stay inside ``buffer``."""
+        if not isinstance(buffer, torch.Tensor):
+            raise fail("buffer", type(buffer).__name__, "must be a torch.Tensor")
+        if n_chunks < 1 or row_bytes % n_chunks:
+            raise fail("n_chunks", n_chunks, f"must be >= 1 and divide row_bytes={row_bytes}")
+        base = buffer.data_ptr() + offset
+        m = cls(num_components=1, num_layers=num_layers, num_rows=num_rows, page_size=page_size,
+                row_bytes=row_bytes, chunk_bytes=row_bytes // n_chunks, n_chunks=n_chunks,
+                chunk_stride=chunk_stride if n_chunks > 1 else 0, token_stride=token_stride,
+                page_stride=page_stride, layer_stride=layer_stride, comp_stride=0, base=base,
+                table=None, device=buffer.device,
+                align=_pow2_align(base, row_bytes // n_chunks, token_stride, page_stride, layer_stride,
+                                  chunk_stride if n_chunks > 1 else 0),
+                segments=((buffer, base),))
+        m._check_bounds()
+        return m
+
+    @classmethod
+    def from_stacked(cls, t: torch.Tensor, page_size: int = 1, paged_dims: bool = False) -> "RowMap":
+        """A contiguous multi-layer buffer (Ascend style): ``t`` is ``(L, N, *row)``, or
+        ``(L, pages, P, *row)`` with ``paged_dims=True``."""
+        tok_dims = 2 if paged_dims else 1
+        _check_tensor("t", t, min_dim=1 + tok_dims + 1)
+        shape, st, item = t.shape, t.stride(), t.element_size()
+        row = _dense_row(shape[1 + tok_dims:], st[1 + tok_dims:], item, "t", tuple(shape))
+        if paged_dims:
+            _check_page_dim("t", t, 2, page_size)
+            num_rows, token, page = shape[1] * shape[2], st[2] * item, st[1] * item
+        else:
+            num_rows, token, page = shape[1], st[1] * item, st[1] * item * page_size
+        return cls.from_strides(t, num_layers=shape[0], num_rows=num_rows, page_size=page_size,
+                                row_bytes=row, token_stride=token, page_stride=page,
+                                layer_stride=st[0] * item)
+
+    @classmethod
+    def from_layers(cls, layers: Sequence[torch.Tensor], page_size: int = 1,
+                    paged_dims: bool = False, table_device: Optional[torch.device] = None) -> "RowMap":
+        """One tensor per layer (CUDA style): each ``(N, *row)`` or ``(pages, P, *row)``;
+        builds the int64 table of per-layer base addresses on the tensors' device."""
+        if isinstance(layers, torch.Tensor) or not len(layers):
+            raise fail("layers", type(layers).__name__, "must be a non-empty list of per-layer tensors")
+        first = layers[0]
+        tok_dims = 2 if paged_dims else 1
+        for i, t in enumerate(layers):
+            _check_tensor(f"layers[{i}]", t, min_dim=tok_dims + 1)
+            if (t.shape, t.stride(), t.dtype, t.device) != (first.shape, first.stride(), first.dtype, first.device):
+                raise fail(f"layers[{i}]", (tuple(t.shape), t.dtype, str(t.device)),
+                           f"differs from layers[0]={(tuple(first.shape), first.dtype, str(first.device))}")
+        shape, st, item = first.shape, first.stride(), first.element_size()
+        row = _dense_row(shape[tok_dims:], st[tok_dims:], item, "layers[0]", tuple(shape))
+        if paged_dims:
+            _check_page_dim("layers[0]", first, 1, page_size)
+            num_rows, token, page = shape[0] * shape[1], st[1] * item, st[0] * item
+        else:
+            num_rows, token, page = shape[0], st[0] * item, st[0] * item * page_size
+        addrs = [t.data_ptr() for t in layers]
+        table = torch.tensor(addrs, dtype=torch.int64, device=table_device or first.device)
+        m = cls(num_components=1, num_layers=len(layers), num_rows=num_rows, page_size=page_size,
+                row_bytes=row, chunk_bytes=row, n_chunks=1, chunk_stride=0, token_stride=token,
+                page_stride=page, layer_stride=0, comp_stride=0, base=0, table=table,
+                device=first.device, align=_pow2_align(row, token, page, *addrs),
+                segments=tuple((t, t.data_ptr()) for t in layers))
+        m._check_bounds()
+        return m
+
+    @classmethod
+    def from_host_layout(cls, t: torch.Tensor, layout: str, page_size: int) -> "RowMap":
+        """One component of a host pool buffer in a named layout:
+
+        - ``layer_first``       ``(L, N, *row)``
+        - ``page_first``        ``(N, L, *row)``
+        - ``page_first_direct`` ``(pages, L, P, *row)``
+        - ``page_head``         ``(pages, H, P, L, D)``: a row is H chunks of D elements
+        """
+        if layout not in LAYOUTS:
+            raise fail("layout", layout, f"must be one of {LAYOUTS}")
+        if layout == "layer_first":
+            return cls.from_stacked(t, page_size)
+        item = t.element_size() if isinstance(t, torch.Tensor) else 0
+        if layout == "page_first":
+            _check_tensor("t", t, min_dim=3)
+            st = t.stride()
+            row = _dense_row(t.shape[2:], st[2:], item, "t", tuple(t.shape))
+            return cls.from_strides(t, num_layers=t.shape[1], num_rows=t.shape[0], page_size=page_size,
+                                    row_bytes=row, token_stride=st[0] * item,
+                                    page_stride=st[0] * item * page_size, layer_stride=st[1] * item)
+        if layout == "page_first_direct":
+            _check_tensor("t", t, min_dim=4)
+            _check_page_dim("t", t, 2, page_size)
+            st = t.stride()
+            row = _dense_row(t.shape[3:], st[3:], item, "t", tuple(t.shape))
+            return cls.from_strides(t, num_layers=t.shape[1], num_rows=t.shape[0] * page_size,
+                                    page_size=page_size, row_bytes=row, token_stride=st[2] * item,
+                                    page_stride=st[0] * item, layer_stride=st[1] * item)
+        _check_tensor("t", t, min_dim=5)   # page_head
+        if t.dim() != 5 or t.stride(4) != 1:
+            raise fail("t", tuple(t.shape), "page_head needs a (pages, H, P, L, D) tensor with contiguous D")
+        _check_page_dim("t", t, 2, page_size)
+        pages, heads, _, layers, d = t.shape
+        st = t.stride()
+        return cls.from_strides(t, num_layers=layers, num_rows=pages * page_size, page_size=page_size,
+                                row_bytes=heads * d * item, n_chunks=heads, chunk_stride=st[1] * item,
+                                token_stride=st[2] * item, page_stride=st[0] * item,
+                                layer_stride=st[3] * item)
+
+    @classmethod
+    def stack(cls, maps: Sequence["RowMap"]) -> Optional["RowMap"]:
+        """Several single-component maps with equal rows as one multi-component map (one
+        kernel launch moves them all). Returns None where they cannot share a launch:
+        different geometry, or stacked buffers in different allocations."""
+        maps = list(maps)
+        if len(maps) == 1:
+            return maps[0]
+        m0 = maps[0]
+        geometry = lambda m: (m.num_layers, m.num_rows, m.page_size, m.row_bytes, m.chunk_bytes,
+                              m.n_chunks, m.chunk_stride, m.token_stride, m.page_stride,
+                              m.layer_stride, m.is_table, m.device, m.num_components)
+        if any(geometry(m) != geometry(m0) or m.num_components != 1 for m in maps):
+            return None
+        segs = tuple(s for m in maps for s in m.segments)
+        if m0.is_table:
+            return replace(m0, num_components=len(maps), table=torch.cat([m.table for m in maps]),
+                           segments=segs, align=min(m.align for m in maps), _anchors={})
+        # Stacked: equal distance between consecutive bases inside one allocation.
+        storages = {_storage_span(m.segments[0][0]) for m in maps}
+        steps = {maps[i + 1].base - maps[i].base for i in range(len(maps) - 1)}
+        if len(storages) != 1 or len(steps) != 1 or next(iter(steps)) <= 0:
+            return None
+        step = steps.pop()
+        out = replace(m0, num_components=len(maps), comp_stride=step, segments=segs,
+                      align=min(_pow2_align(step), *(m.align for m in maps)), _anchors={})
+        out._check_bounds()
+        return out
+
+    # ------------------------------------------------------------ checks
+    def _check_bounds(self) -> None:
+        """Every row of every layer stays inside the tensor(s) the map came from."""
+        for name, v in (("num_layers", self.num_layers), ("num_rows", self.num_rows),
+                        ("page_size", self.page_size), ("row_bytes", self.row_bytes)):
+            if v <= 0:
+                raise fail(name, v, "must be positive")
+        if self.num_rows % self.page_size:
+            raise fail("num_rows", self.num_rows, f"must be a multiple of page_size={self.page_size}")
+        for name in ("token_stride", "page_stride", "layer_stride", "comp_stride", "chunk_stride"):
+            if getattr(self, name) < 0:
+                raise fail(name, getattr(self, name), "negative strides are not supported")
+        if self.n_chunks > 1 and self.chunk_stride < self.chunk_bytes:
+            raise fail("chunk_stride", self.chunk_stride, f"chunks of {self.chunk_bytes} B overlap")
+        span = self.layer_span()
+        if self.is_table:
+            for i, (t, start) in enumerate(self.segments):
+                first, end = _storage_span(t)
+                if start < first or start + span > end:
+                    raise fail(f"layers[{i}]", tuple(t.shape),
+                               f"rows need {span} bytes from the layer base; the tensor's storage has {end - start}")
+            return
+        last = (self.base + (self.num_components - 1) * self.comp_stride
+                + (self.num_layers - 1) * self.layer_stride + span)
+        first, end = _storage_span(self.segments[0][0])
+        if self.base < first or last > end:
+            raise fail("strides", (self.layer_stride, self.page_stride, self.token_stride),
+                       f"the map reaches byte {last - first} of a {end - first}-byte storage")
+
+
+_WORD_DTYPES = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _check_tensor(arg: str, t, min_dim: int) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise fail(arg, type(t).__name__, "must be a torch.Tensor")
+    if t.dim() < min_dim:
+        raise fail(arg, tuple(t.shape), f"needs at least {min_dim} dims for this layout")
+    if t.numel() == 0:
+        raise fail(arg, tuple(t.shape), "is empty")
+
+
+def _check_page_dim(arg: str, t: torch.Tensor, dim: int, page_size: int) -> None:
+    if t.shape[dim] != page_size:
+        raise fail(arg, tuple(t.shape), f"dim {dim} must be page_size={page_size}")

@@ -1,0 +1,114 @@
+"""Argument checks shared by the kernel launcher and the reference: every check runs
+before any byte moves, and every error names the argument and the bad value."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .errors import KvtierError, fail
+from .rowmap import RowMap
+
+INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def compute_device(*maps: RowMap) -> torch.device:
+    """Where a copy between ``maps`` runs: the one accelerator they touch, else the CPU."""
+    devices = {m.device for m in maps if m.device.type != "cpu"}
+    if len(devices) > 1:
+        raise fail("maps", sorted(str(d) for d in devices), "a copy can touch only one accelerator")
+    return devices.pop() if devices else torch.device("cpu")
+
+
+def check_index(arg: str, idx, device: torch.device) -> None:
+    if not isinstance(idx, torch.Tensor):
+        raise fail(arg, type(idx).__name__, "must be a torch.Tensor of int32 or int64")
+    if idx.dtype not in INDEX_DTYPES:
+        raise fail(f"{arg}.dtype", idx.dtype, "must be torch.int32 or torch.int64")
+    if idx.dim() != 1:
+        raise fail(f"{arg}.shape", tuple(idx.shape), "must be 1-D")
+    if idx.device != device and not (idx.device.type == device.type == "cuda" and idx.device.index is None):
+        raise fail(f"{arg}.device", str(idx.device), f"must be on {device}, where the copy runs")
+
+
+def check_range(arg: str, idx: torch.Tensor, limit: int) -> None:
+    """0 <= idx < limit; one reduction (a device sync when idx lives on a GPU)."""
+    if idx.numel() == 0:
+        return
+    lo, hi = torch.aminmax(idx)
+    lo, hi = int(lo), int(hi)
+    if lo < 0:
+        raise fail(arg, lo, "negative index")
+    if hi >= limit:
+        raise fail(arg, hi, f"index out of range for {limit} rows")
+
+
+def check_page_aligned(arg: str, idx: torch.Tensor, page_size: int) -> None:
+    """idx is whole pages: runs of page_size consecutive slots starting at a page boundary."""
+    n = idx.numel()
+    if n % page_size:
+        raise fail(f"len({arg})", n, f"page-granular copy needs a multiple of page_size={page_size}")
+    if page_size == 1 or n == 0:
+        return
+    pages = idx.view(-1, page_size)
+    starts = pages[:, :1]
+    bad_start = (starts % page_size != 0).any()
+    bad_run = (pages - starts != torch.arange(page_size, device=idx.device, dtype=idx.dtype)).any()
+    if bool(bad_start) or bool(bad_run):
+        rows = ((starts[:, 0] % page_size != 0)
+                | (pages - starts != torch.arange(page_size, device=idx.device, dtype=idx.dtype)).any(1))
+        first = int(rows.nonzero()[0, 0])
+        raise fail(arg, pages[first].tolist(), f"page {first} is not {page_size} consecutive slots "
+                   "starting at a page boundary")
+
+
+def check_layers(arg: str, start: int, count: int, m: RowMap) -> None:
+    if not isinstance(start, int) or start < 0 or start + count > m.num_layers:
+        raise fail(arg, start, f"layers {start}..{start + count - 1} are outside the map's "
+                   f"{m.num_layers} layers")
+
+
+def check_copy(src: RowMap, src_indices, dst: RowMap, dst_indices, src_layer: int, dst_layer: int,
+               num_layers: Optional[int], by_page: bool, check_values: bool = True):
+    """Validate one copy; returns (device, num_layers)."""
+    for arg, m in (("src", src), ("dst", dst)):
+        if not isinstance(m, RowMap):
+            raise fail(arg, type(m).__name__, "must be a kvtier RowMap")
+    device = compute_device(src, dst)
+    if src.row_bytes != dst.row_bytes:
+        raise fail("dst.row_bytes", dst.row_bytes, f"differs from src.row_bytes={src.row_bytes}")
+    if src.num_components != dst.num_components:
+        raise fail("dst.num_components", dst.num_components,
+                   f"differs from src.num_components={src.num_components}")
+    if num_layers is None:
+        num_layers = min(src.num_layers - src_layer, dst.num_layers - dst_layer)
+    if not isinstance(num_layers, int) or num_layers < 0:
+        raise fail("num_layers", num_layers, "must be a non-negative int")
+    check_layers("src_layer", src_layer, num_layers, src)
+    check_layers("dst_layer", dst_layer, num_layers, dst)
+    check_index("src_indices", src_indices, device)
+    check_index("dst_indices", dst_indices, device)
+    if src_indices.numel() != dst_indices.numel():
+        raise fail("dst_indices", f"{dst_indices.numel()} indices",
+                   f"src_indices has {src_indices.numel()}; counts must match")
+    if by_page and src.page_size != dst.page_size:
+        raise fail("by_page", True, f"page sizes differ (src {src.page_size}, dst {dst.page_size})")
+    for m in (src, dst):
+        if device.type != "cpu" and m.device.type == "cpu" and not host_addressable(m):
+            raise KvtierError(f"{m.describe()}: host memory is not pinned, so the device cannot "
+                              "address it; pin it or use the dma strategy")
+    if check_values:
+        check_range("src_indices", src_indices, src.num_rows)
+        check_range("dst_indices", dst_indices, dst.num_rows)
+        if by_page:
+            check_page_aligned("src_indices", src_indices, src.page_size)
+            check_page_aligned("dst_indices", dst_indices, dst.page_size)
+    return device, num_layers
+
+
+def host_addressable(m: RowMap) -> bool:
+    """Whether a host map's memory is pinned (device-addressable under UVA); cached."""
+    key = "pinned"
+    if key not in m._anchors:
+        m._anchors[key] = all(t.is_pinned() for t, _ in m.segments)
+    return m._anchors[key]
