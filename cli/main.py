@@ -1,0 +1,40 @@
+"""The `kvtier` command. Each subcommand lives in its own module with a
+``register(subparsers)`` function that adds its parser and sets ``func``."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> module; modules are imported only to build the parser, and each imports
+# its heavy dependencies (Triton, torch_npu) inside its handler.
+SUBCOMMANDS = {
+    "info": "kvtier.cli.info",
+    "demo": "kvtier.cli.demo",
+    "codegen": "kvtier.cli.codegen_cmd",
+    "autotune": "kvtier.cli.autotune_cmd",
+    "bench": "kvtier.cli.bench_cmd",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kvtier", description="KV-cache transfer kernels and tools")
+    sub = p.add_subparsers(dest="command", required=True)
+    for name, mod in SUBCOMMANDS.items():
+        try:
+            module = importlib.import_module(mod)
+        except ModuleNotFoundError as e:
+            if e.name == mod:
+                continue  # subcommand not part of this build
+            raise
+        module.register(sub)
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

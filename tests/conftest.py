@@ -1,0 +1,49 @@
+"""Test setup: run Triton kernels on CPU tensors through Triton's interpreter.
+
+TRITON_INTERPRET must be set before Triton is imported, so it is set here, first,
+unless an accelerator is present (then the hardware-marked tests run compiled
+kernels) or KVTIER_TEST_COMPILED=1 asks for compiled kernels explicitly.
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+
+def _has_accelerator() -> bool:
+    try:
+        import torch
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+if os.environ.get("KVTIER_TEST_COMPILED") != "1" and not _has_accelerator():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+
+def pytest_collection_modifyitems(config, items):
+    import torch
+    have = {
+        "cuda": torch.cuda.is_available() and not getattr(torch.version, "hip", None),
+        "rocm": torch.cuda.is_available() and bool(getattr(torch.version, "hip", None)),
+        "npu": _npu_available(),
+        "slow": os.environ.get("KVTIER_SLOW") == "1",
+    }
+    for item in items:
+        for mark, ok in have.items():
+            if mark in item.keywords and not ok:
+                item.add_marker(pytest.mark.skip(reason=f"needs {mark} (not present here)"))
+
+
+def _npu_available() -> bool:
+    if "torch_npu" not in sys.modules and os.environ.get("KVTIER_TEST_NPU") != "1":
+        return False  # never import torch_npu implicitly: without CANN it breaks torch
+    try:
+        import torch
+        import torch_npu  # noqa: F401
+        return torch.npu.is_available()
+    except Exception:
+        return False
