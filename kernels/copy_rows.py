@@ -20,87 +20,30 @@ from .errors import KvtierError
 from .rowmap import RowMap
 from .validate import check_copy
 
-try:  # Triton is optional: without it every copy runs the torch reference.
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover - exercised on machines without Triton
-    triton = None
-
 __all__ = ["copy_rows", "KvtierError", "interpreter_active", "triton_available", "plan_copy"]
 
 
-if triton is not None:
+def _triton():
+    """Triton, or None where it is not installed (then copies run the reference)."""
+    try:
+        import triton
+        return triton
+    except ImportError:
+        return None
 
-    @triton.jit
-    def _copy_rows_kernel(
-        src_ptr, src_table, src_idx, dst_ptr, dst_table, dst_idx,
-        n_rows, n_layers, src_layer0, dst_layer0, src_table_layers, dst_table_layers,
-        src_comp_stride, src_layer_stride, src_page_stride, src_token_stride, src_chunk_stride,
-        dst_comp_stride, dst_layer_stride, dst_page_stride, dst_token_stride, dst_chunk_stride,
-        SRC_TABLE: tl.constexpr, DST_TABLE: tl.constexpr, WORD: tl.constexpr,
-        SRC_PAGE: tl.constexpr, DST_PAGE: tl.constexpr,
-        N_COMP: tl.constexpr, N_CHUNKS: tl.constexpr, CHUNK_WORDS: tl.constexpr,
-        ROWS: tl.constexpr, BLOCK: tl.constexpr, LOG_BLOCK: tl.constexpr, ALIGN: tl.constexpr,
-    ):
-        """Persistent copy of ``ROWS x CHUNK_WORDS`` word tiles.
 
-        Work items are (component, layer, tile of ROWS indices); program p takes items
-        p, p + grid, p + 2 * grid, ... Each item loads ROWS source and destination
-        indices (a tail tile repeats its last row, which rewrites the same bytes, so no
-        row mask is needed), turns them into word offsets by the row-map formula, then
-        copies every chunk of the rows in [ROWS, BLOCK] tiles. The row tail that does not
-        fill a BLOCK is copied as power-of-two pieces, so no copy carries a mask. Strides
-        arrive in units of ALIGN words, so the compiler sees the alignment of every offset and
-        may use 16-byte accesses, even through pointers loaded from a table.
-        """
-        pid = tl.program_id(0)
-        grid = tl.num_programs(0)
-        tiles = (n_rows + ROWS - 1) // ROWS
-        total = N_COMP * n_layers * tiles
-        MAIN: tl.constexpr = (CHUNK_WORDS // BLOCK) * BLOCK
-        TAIL: tl.constexpr = CHUNK_WORDS - MAIN
-        for w in range(pid, total, grid):
-            tile = w % tiles
-            cl = w // tiles
-            layer = (cl % n_layers).to(tl.int64)
-            comp = (cl // n_layers).to(tl.int64)
-            r = tile * ROWS + tl.arange(0, ROWS)
-            r = tl.minimum(r, n_rows - 1)
-            si = tl.load(src_idx + r).to(tl.int64)
-            di = tl.load(dst_idx + r).to(tl.int64)
-            # Strides arrive in units of ALIGN words; multiplying by the constant ALIGN
-            # tells the compiler every offset's alignment (a multiple_of hint on a sum can
-            # be folded away with the sum).
-            s_off = ((si // SRC_PAGE) * src_page_stride + (si % SRC_PAGE) * src_token_stride) * ALIGN
-            d_off = ((di // DST_PAGE) * dst_page_stride + (di % DST_PAGE) * dst_token_stride) * ALIGN
-            if SRC_TABLE:
-                s_addr = tl.load(src_table + comp * src_table_layers + src_layer0 + layer)
-                s_base = tl.multiple_of(s_addr.to(tl.pointer_type(src_ptr.dtype.element_ty)), ALIGN * WORD)
-            else:
-                s_base = src_ptr + (comp * src_comp_stride + (src_layer0 + layer) * src_layer_stride) * ALIGN
-            if DST_TABLE:
-                d_addr = tl.load(dst_table + comp * dst_table_layers + dst_layer0 + layer)
-                d_base = tl.multiple_of(d_addr.to(tl.pointer_type(dst_ptr.dtype.element_ty)), ALIGN * WORD)
-            else:
-                d_base = dst_ptr + (comp * dst_comp_stride + (dst_layer0 + layer) * dst_layer_stride) * ALIGN
-            for ch in range(N_CHUNKS):
-                sp = s_base + (s_off + ch * src_chunk_stride * ALIGN)[:, None]
-                dp = d_base + (d_off + ch * dst_chunk_stride * ALIGN)[:, None]
-                for b in range(0, MAIN, BLOCK):
-                    cols = b + tl.arange(0, BLOCK)[None, :]
-                    tl.store(dp + cols, tl.load(sp + cols))
-                for k in tl.static_range(LOG_BLOCK):
-                    if (TAIL >> k) & 1:
-                        cols = (MAIN + ((TAIL >> (k + 1)) << (k + 1))) + tl.arange(0, 1 << k)[None, :]
-                        tl.store(dp + cols, tl.load(sp + cols))
+def _kernel():
+    from .copy_rows_kernel import _copy_rows_kernel
+    return _copy_rows_kernel
 
 
 def triton_available() -> bool:
-    return triton is not None
+    return _triton() is not None
 
 
 def interpreter_active() -> bool:
     """Whether Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1 before import)."""
+    triton = _triton()
     if triton is None:
         return False
     knobs = getattr(triton, "knobs", None)
@@ -128,17 +71,36 @@ def _pow2_floor(x: int) -> int:
     return 1 << (max(int(x), 1).bit_length() - 1)
 
 
-def plan_copy(src: RowMap, dst: RowMap, n_rows: int, config: CopyConfig) -> dict:
-    """Compile-time constants and grid for one copy (no tensors touched)."""
+def plan_copy(src: RowMap, dst: RowMap, n_rows: int, config: CopyConfig, threads: int = 0) -> dict:
+    """Compile-time constants for one copy (no tensors touched).
+
+    word: the widest integer (<= 8 bytes) that divides every address and stride.
+    block: the inner tile width in words (a power of two, at most one chunk).
+    rows: rows per tile, at least ``config.rows``; with ``threads`` (GPU threads per
+    program) it is raised until the smallest tail piece of a tile gives every thread
+    16 bytes, so that non-power-of-two rows (576 B, 656 B) keep 16-byte accesses,
+    within a 16 KiB tile.
+    """
     word = min(src.align, dst.align, 8)
     while src.chunk_bytes % word or dst.chunk_bytes % word:
         word //= 2
     align = max(min(src.align, dst.align) // word, 1)
     chunk_words = src.chunk_bytes // word
     block = min(_pow2_floor(config.block_bytes // word), _pow2_floor(chunk_words))
-    rows = min(config.rows, _pow2_floor(2 * n_rows - 1) if n_rows > 1 else 1)
+    rows = config.rows
+    if threads:
+        tail = chunk_words % block
+        smallest = (tail & -tail) if tail else block           # words in the smallest piece
+        want = _pow2_ceil(-(-threads * 16 // (smallest * word)))
+        fit = _pow2_floor(max(16384 // (block * word), 1))
+        rows = max(rows, min(want, fit))
+    rows = min(rows, _pow2_ceil(n_rows))
     return dict(word=word, align=align, chunk_words=chunk_words, block=block, rows=rows,
                 log_block=block.bit_length() - 1)
+
+
+def _pow2_ceil(x: int) -> int:
+    return 1 << (max(int(x), 1) - 1).bit_length()
 
 
 def _unify_chunks(src: RowMap, dst: RowMap):
@@ -213,7 +175,7 @@ def copy_rows(src: RowMap, src_indices: torch.Tensor, dst: RowMap, dst_indices: 
         src, dst = _pages_of(src), _pages_of(dst)
         src_indices, dst_indices = src_indices[::p] // p, dst_indices[::p] // p
         n = src_indices.numel()
-    if triton is None:
+    if _triton() is None:
         _warn_once("no-triton", "kvtier: Triton is not installed; copies run the torch reference")
         return _reference(src, src_indices, dst, dst_indices, src_layer, dst_layer, num_layers)
     if device.type == "cpu" and not interpreter_active():
@@ -234,7 +196,7 @@ def launch(src: RowMap, src_indices, dst: RowMap, dst_indices, src_layer: int, d
     """Launch the kernel on already-validated arguments (the pools' hot path)."""
     src, dst = _unify_chunks(src, dst)
     n = src_indices.numel()
-    plan = plan_copy(src, dst, n, config)
+    plan = plan_copy(src, dst, n, config, threads=_threads(device, config))
     word = plan["word"]
     unit = word * plan["align"]
     tiles = -(-n // plan["rows"])
@@ -251,7 +213,7 @@ def launch(src: RowMap, src_indices, dst: RowMap, dst_indices, src_layer: int, d
             a = m.anchor(word)
             args.append((a, a))
     (sp, st), (dp, dt) = args
-    _copy_rows_kernel[(grid,)](
+    _kernel()[(grid,)](
         sp, st, src_indices, dp, dt, dst_indices,
         n, num_layers, src_layer, dst_layer, src.num_layers, dst.num_layers,
         *_units(src, unit), *_units(dst, unit),
@@ -261,6 +223,13 @@ def launch(src: RowMap, src_indices, dst: RowMap, dst_indices, src_layer: int, d
         ROWS=plan["rows"], BLOCK=plan["block"], LOG_BLOCK=plan["log_block"], ALIGN=plan["align"],
         num_warps=config.num_warps,
     )
+
+
+def _threads(device: torch.device, config: CopyConfig) -> int:
+    """GPU threads per program (0 where the notion does not apply: CPU, NPU)."""
+    if device.type != "cuda":
+        return 0
+    return config.num_warps * (64 if getattr(torch.version, "hip", None) else 32)
 
 
 def _units(m: RowMap, unit: int):

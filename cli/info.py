@@ -1,0 +1,42 @@
+"""`kvtier info`: versions, detected platform and interpreter mode."""
+from __future__ import annotations
+
+import os
+
+
+def register(sub) -> None:
+    p = sub.add_parser("info", help="versions, detected platform, interpreter mode")
+    p.set_defaults(func=run)
+
+
+def collect() -> dict:
+    import importlib.metadata as md
+    import torch
+    info = {"kvtier": _version("kvtier"), "torch": torch.__version__}
+    try:
+        import triton
+        info["triton"] = triton.__version__
+        info["triton_dist"] = "triton-ascend" if _version("triton-ascend") else "triton"
+    except ImportError:
+        info["triton"] = None
+    info["interpreter"] = os.environ.get("TRITON_INTERPRET", "0") == "1"
+    try:
+        from kvtier.kernels import platform
+        info.update(platform.platform_info())
+    except ImportError:
+        info["platform"] = "cuda" if torch.cuda.is_available() else "cpu"
+    return info
+
+
+def _version(dist: str):
+    import importlib.metadata as md
+    try:
+        return md.version(dist)
+    except md.PackageNotFoundError:
+        return None
+
+
+def run(args) -> int:
+    for k, v in collect().items():
+        print(f"{k:>16}: {v}")
+    return 0

@@ -1,0 +1,203 @@
+"""Codegen report: compile the row-copy kernel for a named GPU target without a GPU
+and report, per configuration, the global access widths and register use.
+
+- sm90 (CUDA, H100/H200): PTX is parsed for ``ld.global``/``st.global`` widths; the
+  cubin is read by the cuobjdump that ships with Triton (``--dump-resource-usage``)
+  for registers and spill stores/loads.
+- gfx942 (ROCm, MI300): the AMDGCN assembly gives ``global_load/store`` widths and its
+  metadata ``.vgpr_count`` / ``.vgpr_spill_count`` / ``.sgpr_spill_count``.
+
+Only community Triton (3.6+) has the APIs used here; Ascend lowering is checked by the
+tests under tests/ascend with triton-ascend.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import tempfile
+from collections import Counter
+from dataclasses import dataclass, field, asdict
+from typing import Optional
+
+from .config import CopyConfig
+
+TARGETS = {
+    "sm90": ("cuda", 90, 32),
+    "sm80": ("cuda", 80, 32),
+    "gfx942": ("hip", "gfx942", 64),
+}
+
+_PTX_ACCESS = re.compile(r"\b(ld|st)\.global(?:\.[a-z0-9_]+)*?(?:\.v(\d))?\.[bsuf](\d+)\b")
+_GCN_ACCESS = re.compile(r"\bglobal_(load|store)_(dwordx4|dwordx3|dwordx2|dword|short|ushort|sshort|byte|ubyte|sbyte|b128|b96|b64|b32|b16|b8|u8|u16|i8|i16)\b")
+_GCN_BYTES = {"dwordx4": 16, "b128": 16, "dwordx3": 12, "b96": 12, "dwordx2": 8, "b64": 8,
+              "dword": 4, "b32": 4, "short": 2, "ushort": 2, "sshort": 2, "b16": 2, "u16": 2,
+              "i16": 2, "byte": 1, "ubyte": 1, "sbyte": 1, "b8": 1, "u8": 1, "i8": 1}
+
+
+@dataclass
+class KernelReport:
+    """What one compiled configuration does with global memory and registers."""
+    target: str
+    config: dict
+    shape: dict
+    load_widths: dict = field(default_factory=dict)    # bytes per access -> count in the code
+    store_widths: dict = field(default_factory=dict)
+    registers: Optional[int] = None
+    spills: Optional[int] = None                       # bytes (CUDA) or registers (AMD) spilled
+    error: Optional[str] = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def row(self) -> str:
+        if self.error:
+            return f"{self.target:7s} {_cfg(self.config):34s} {_shape(self.shape):44s} ERROR {self.error}"
+        fmt = lambda d: ",".join(f"{w}Bx{n}" for w, n in sorted(d.items(), reverse=True)) or "-"
+        return (f"{self.target:7s} {_cfg(self.config):34s} {_shape(self.shape):44s} "
+                f"ld {fmt(self.load_widths):22s} st {fmt(self.store_widths):14s} "
+                f"regs {self.registers if self.registers is not None else '?':>3} "
+                f"spills {self.spills if self.spills is not None else '?'}")
+
+
+def _cfg(c: dict) -> str:
+    return f"progs={c['num_programs']} rows={c['rows']} block={c['block_bytes']} warps={c['num_warps']}"
+
+
+def _shape(s: dict) -> str:
+    modes = ("T" if s["src_table"] else "S") + "->" + ("T" if s["dst_table"] else "S")
+    return f"{modes} row={s['row_bytes']}B chunks={s['n_chunks']} P={s['page_size']} C={s['num_components']}"
+
+
+def compile_report(target: str = "sm90", *, config: Optional[CopyConfig] = None, row_bytes: int = 1024,
+                   src_table: bool = True, dst_table: bool = False, page_size: int = 1,
+                   n_chunks: int = 1, num_components: int = 1, align: int = 16,
+                   index_bits: int = 64) -> KernelReport:
+    """Compile one kernel configuration for ``target`` and report on it (never raises
+    for a compile failure: the report's ``error`` says what went wrong)."""
+    from .copy_rows import _pow2_floor
+    config = config or CopyConfig()
+    shape = dict(row_bytes=row_bytes, src_table=src_table, dst_table=dst_table, page_size=page_size,
+                 n_chunks=n_chunks, num_components=num_components, align=align, index_bits=index_bits)
+    rep = KernelReport(target=target, config=config.to_dict(), shape=shape)
+    if target not in TARGETS:
+        rep.error = f"unknown target {target!r}; choose from {sorted(TARGETS)}"
+        return rep
+    try:
+        compiled = _compile(target, config, shape)
+    except Exception as e:  # report, don't crash: a sweep wants every row
+        rep.error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200]
+        return rep
+    if TARGETS[target][0] == "cuda":
+        _fill_cuda(rep, compiled)
+    else:
+        _fill_amd(rep, compiled)
+    return rep
+
+
+def kernel_constants(config: CopyConfig, shape: dict) -> dict:
+    """The compile-time constants the launcher would pass for this shape and config."""
+    from .copy_rows import plan_copy
+    from types import SimpleNamespace
+    chunk = shape["row_bytes"] // shape["n_chunks"]
+    side = SimpleNamespace(align=shape["align"], chunk_bytes=chunk)
+    kind, _, warp = TARGETS[shape.get("target", "sm90")]
+    plan = plan_copy(side, side, 1 << 20, config, threads=config.num_warps * warp)
+    return dict(SRC_TABLE=shape["src_table"], DST_TABLE=shape["dst_table"], WORD=plan["word"],
+                SRC_PAGE=shape["page_size"], DST_PAGE=shape["page_size"],
+                N_COMP=shape["num_components"], N_CHUNKS=shape["n_chunks"],
+                CHUNK_WORDS=plan["chunk_words"], ROWS=plan["rows"], BLOCK=plan["block"],
+                LOG_BLOCK=plan["log_block"], ALIGN=plan["align"])
+
+
+def _compile(target: str, config: CopyConfig, shape: dict):
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from .copy_rows_kernel import _copy_rows_kernel
+    const = kernel_constants(config, dict(shape, target=target))
+    word_type = {1: "*u8", 2: "*i16", 4: "*i32", 8: "*i64"}[const["WORD"]]
+    idx = f"*i{shape['index_bits']}"
+    ptrs = {"src_ptr": word_type, "dst_ptr": word_type, "src_table": "*i64", "dst_table": "*i64",
+            "src_idx": idx, "dst_idx": idx}
+    names = _copy_rows_kernel.arg_names
+    sig = {n: ptrs.get(n, "constexpr" if n in const else "i64") for n in names}
+    # Pointer arguments from torch allocations are 16-byte aligned; Triton specializes them so.
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n in ptrs}
+    src = ASTSource(fn=_copy_rows_kernel, signature=sig, constexprs=const, attrs=attrs)
+    kind, arch, warp = TARGETS[target]
+    options = {"num_warps": config.num_warps}
+    return triton.compile(src, target=GPUTarget(kind, arch, warp), options=options)
+
+
+def _fill_cuda(rep: KernelReport, compiled) -> None:
+    loads, stores = Counter(), Counter()
+    for op, vec, bits in _PTX_ACCESS.findall(compiled.asm["ptx"]):
+        (loads if op == "ld" else stores)[int(vec or 1) * int(bits) // 8] += 1
+    rep.load_widths, rep.store_widths = dict(loads), dict(stores)
+    cubin = compiled.asm.get("cubin")
+    if cubin is None:
+        return
+    usage = cuobjdump_usage(cubin)
+    if usage:
+        rep.registers = usage.get("REG")
+        rep.spills = usage.get("STACK", 0) + usage.get("LOCAL", 0)
+
+
+def cuobjdump_usage(cubin: bytes) -> dict:
+    """REG / STACK / LOCAL / SHARED from ``cuobjdump --dump-resource-usage``."""
+    tool = _nvidia_tool("cuobjdump")
+    if tool is None:
+        return {}
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(cubin)
+        path = f.name
+    try:
+        out = subprocess.run([tool, "--dump-resource-usage", path], capture_output=True, text=True,
+                             timeout=60).stdout
+    finally:
+        os.unlink(path)
+    return {k: int(v) for k, v in re.findall(r"\b(REG|STACK|SHARED|LOCAL):(\d+)", out)}
+
+
+def _nvidia_tool(name: str) -> Optional[str]:
+    try:
+        import triton
+        path = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
+        return path if os.path.exists(path) else None
+    except ImportError:
+        return None
+
+
+def _fill_amd(rep: KernelReport, compiled) -> None:
+    asm = compiled.asm.get("amdgcn", "")
+    loads, stores = Counter(), Counter()
+    for op, kind in _GCN_ACCESS.findall(asm):
+        (loads if op == "load" else stores)[_GCN_BYTES[kind]] += 1
+    rep.load_widths, rep.store_widths = dict(loads), dict(stores)
+    get = lambda key: [int(v) for v in re.findall(rf"\.{key}:\s*(\d+)", asm)]
+    vgprs = get("vgpr_count")
+    rep.registers = max(vgprs) if vgprs else None
+    spills = get("vgpr_spill_count") + get("sgpr_spill_count")
+    rep.spills = sum(spills) if spills else None
+
+
+def default_sweep(target: str = "sm90"):
+    """The configurations `kvtier codegen` reports: the platform default and a few
+    neighbours, for the row sizes engines use, in all four addressing-mode pairs."""
+    from .config import default_config
+    platform = "rocm" if target.startswith("gfx") else "cuda"
+    configs = [default_config(platform), default_config(platform, crosses_link=False),
+               CopyConfig(num_programs=4, rows=16, block_bytes=2048, num_warps=8),
+               CopyConfig(num_programs=4, rows=64, block_bytes=1024, num_warps=4)]
+    shapes = []
+    for row in (256, 576, 656, 1024, 4096):
+        for st, dt in ((True, False), (False, True), (False, False), (True, True)):
+            shapes.append(dict(row_bytes=row, src_table=st, dst_table=dt))
+    seen = set()
+    for c in configs:
+        if c in seen:
+            continue
+        seen.add(c)
+        for s in shapes:
+            yield c, s

@@ -1,0 +1,71 @@
+"""The row-copy Triton kernel (its launcher is kvtier.kernels.copy_rows).
+
+Kept in its own module so that importing kvtier does not import Triton: Triton decides
+at import time whether kernels run compiled or in its CPU interpreter.
+"""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _copy_rows_kernel(
+    src_ptr, src_table, src_idx, dst_ptr, dst_table, dst_idx,
+    n_rows, n_layers, src_layer0, dst_layer0, src_table_layers, dst_table_layers,
+    src_comp_stride, src_layer_stride, src_page_stride, src_token_stride, src_chunk_stride,
+    dst_comp_stride, dst_layer_stride, dst_page_stride, dst_token_stride, dst_chunk_stride,
+    SRC_TABLE: tl.constexpr, DST_TABLE: tl.constexpr, WORD: tl.constexpr,
+    SRC_PAGE: tl.constexpr, DST_PAGE: tl.constexpr,
+    N_COMP: tl.constexpr, N_CHUNKS: tl.constexpr, CHUNK_WORDS: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK: tl.constexpr, LOG_BLOCK: tl.constexpr, ALIGN: tl.constexpr,
+):
+    """Persistent copy of ``ROWS x CHUNK_WORDS`` word tiles.
+
+    Work items are (component, layer, tile of ROWS indices); program p takes items
+    p, p + grid, p + 2 * grid, ... Each item loads ROWS source and destination
+    indices (a tail tile repeats its last row, which rewrites the same bytes, so no
+    row mask is needed), turns them into word offsets by the row-map formula, then
+    copies every chunk of the rows in [ROWS, BLOCK] tiles. The row tail that does not
+    fill a BLOCK is copied as power-of-two pieces, so no copy carries a mask. Strides
+    arrive in units of ALIGN words, so the compiler sees the alignment of every offset and
+    may use 16-byte accesses, even through pointers loaded from a table.
+    """
+    pid = tl.program_id(0)
+    grid = tl.num_programs(0)
+    tiles = (n_rows + ROWS - 1) // ROWS
+    total = N_COMP * n_layers * tiles
+    MAIN: tl.constexpr = (CHUNK_WORDS // BLOCK) * BLOCK
+    TAIL: tl.constexpr = CHUNK_WORDS - MAIN
+    for w in range(pid, total, grid):
+        tile = w % tiles
+        cl = w // tiles
+        layer = (cl % n_layers).to(tl.int64)
+        comp = (cl // n_layers).to(tl.int64)
+        r = tile * ROWS + tl.arange(0, ROWS)
+        r = tl.minimum(r, n_rows - 1)
+        si = tl.load(src_idx + r).to(tl.int64)
+        di = tl.load(dst_idx + r).to(tl.int64)
+        # Strides arrive in units of ALIGN words; multiplying by the constant ALIGN
+        # tells the compiler every offset's alignment (a multiple_of hint on a sum can
+        # be folded away with the sum).
+        s_off = ((si // SRC_PAGE) * src_page_stride + (si % SRC_PAGE) * src_token_stride) * ALIGN
+        d_off = ((di // DST_PAGE) * dst_page_stride + (di % DST_PAGE) * dst_token_stride) * ALIGN
+        if SRC_TABLE:
+            s_addr = tl.load(src_table + comp * src_table_layers + src_layer0 + layer)
+            s_base = tl.multiple_of(s_addr.to(tl.pointer_type(src_ptr.dtype.element_ty)), ALIGN * WORD)
+        else:
+            s_base = src_ptr + (comp * src_comp_stride + (src_layer0 + layer) * src_layer_stride) * ALIGN
+        if DST_TABLE:
+            d_addr = tl.load(dst_table + comp * dst_table_layers + dst_layer0 + layer)
+            d_base = tl.multiple_of(d_addr.to(tl.pointer_type(dst_ptr.dtype.element_ty)), ALIGN * WORD)
+        else:
+            d_base = dst_ptr + (comp * dst_comp_stride + (dst_layer0 + layer) * dst_layer_stride) * ALIGN
+        for ch in range(N_CHUNKS):
+            sp = s_base + (s_off + ch * src_chunk_stride * ALIGN)[:, None]
+            dp = d_base + (d_off + ch * dst_chunk_stride * ALIGN)[:, None]
+            for b in range(0, MAIN, BLOCK):
+                cols = b + tl.arange(0, BLOCK)[None, :]
+                tl.store(dp + cols, tl.load(sp + cols))
+            for k in tl.static_range(LOG_BLOCK):
+                if (TAIL >> k) & 1:
+                    cols = (MAIN + ((TAIL >> (k + 1)) << (k + 1))) + tl.arange(0, 1 << k)[None, :]
+                    tl.store(dp + cols, tl.load(sp + cols))
