@@ -124,10 +124,17 @@ def _compile(target: str, config: CopyConfig, shape: dict):
     sig = {n: ptrs.get(n, "constexpr" if n in const else "i64") for n in names}
     # Pointer arguments from torch allocations are 16-byte aligned; Triton specializes them so.
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n in ptrs}
-    src = ASTSource(fn=_copy_rows_kernel, signature=sig, constexprs=const, attrs=attrs)
+    src = ASTSource(fn=_compilable(_copy_rows_kernel), signature=sig, constexprs=const, attrs=attrs)
     kind, arch, warp = TARGETS[target]
     options = {"num_warps": config.num_warps}
     return triton.compile(src, target=GPUTarget(kind, arch, warp), options=options)
+
+
+def _compilable(kernel):
+    """The kernel as a JITFunction, also when Triton's interpreter wrapped it (the
+    compiler needs the JIT form; the interpreter form only runs on CPU tensors)."""
+    from triton.runtime.jit import JITFunction
+    return kernel if isinstance(kernel, JITFunction) else JITFunction(kernel.fn)
 
 
 def _fill_cuda(rep: KernelReport, compiled) -> None:

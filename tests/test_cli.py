@@ -1,0 +1,29 @@
+"""The kvtier command: info, demo and codegen run in-process."""
+import pytest
+
+from kvtier.cli.main import main
+
+
+def test_info(capsys):
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert "torch" in out and "platform" in out and "interpreter" in out
+
+
+def test_demo_checks_every_byte(capsys):
+    assert main(["demo", "--layers", "2", "--pages", "8", "--page-size", "4", "--heads", "2",
+                 "--head-dim", "16", "--moved-pages", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "every byte checked: OK" in out and "GB/s" in out
+
+
+@pytest.mark.parametrize("layout", ["layer_first", "page_first", "page_head"])
+def test_demo_layouts(layout, capsys):
+    assert main(["demo", "--layers", "2", "--pages", "4", "--page-size", "2", "--heads", "2",
+                 "--head-dim", "8", "--moved-pages", "2", "--layout", layout]) == 0
+    assert "OK" in capsys.readouterr().out
+
+
+def test_codegen_unknown_target(capsys):
+    pytest.importorskip("triton")
+    assert main(["codegen", "--target", "nope"]) == 2
