@@ -1,14 +1,30 @@
 """kvtier.autotune: per-device configuration search and its persistent results.
 
-`select_config` is the hot-path lookup the pools call for every transfer.
+- `select_config`: the hot-path lookup pools call for every transfer (a dictionary hit;
+  tuned result for this device, nearest size bucket, or the shipped default).
+- `tune`: measure the candidate configurations of a pool shape and record the winners
+  (what `kvtier autotune` runs).
+
+Modules: key (what a result is keyed by), space (candidates), prune (spill pruning via
+the codegen report), timing (device timers), workload (transfers to time), search (the
+tuning loop), cache (the JSON file per device), select (the lookup), report (tables).
+The search modules import torch-heavy code only when `tune` is used.
 """
 from __future__ import annotations
 
-from kvtier.kernels.config import CopyConfig, default_config
+from .select import select_config, resolve, invalidate
+from .key import TuneKey, DeviceId, rows_bucket, OPS
+
+__all__ = ["select_config", "resolve", "invalidate", "tune", "PoolShape", "TuneKey", "DeviceId",
+           "rows_bucket", "OPS"]
 
 
-def select_config(op: str, platform: str, *, row_bytes: int, page_size: int, num_rows: int,
-                  num_layers: int, crosses_link: bool, device_name: str = "") -> CopyConfig:
-    """The configuration to use for one transfer (placeholder until tuning lands: the
-    shipped default for the platform)."""
-    return default_config(platform, crosses_link=crosses_link)
+def __getattr__(name):
+    # The search pulls in the workload builders; load them on first use.
+    if name == "tune":
+        from .search import tune
+        return tune
+    if name == "PoolShape":
+        from .workload import PoolShape
+        return PoolShape
+    raise AttributeError(name)

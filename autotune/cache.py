@@ -1,0 +1,156 @@
+"""Tuned results on disk: one JSON file per device in the user's cache directory.
+
+    $KVTIER_CACHE_DIR, else $XDG_CACHE_HOME/kvtier, else ~/.cache/kvtier
+        autotune-<platform>-<device name>.json
+
+The file holds a format ``version``, the device identity and one entry per transfer key;
+each entry records the Triton and kvtier versions it was measured under. Writes merge
+with what is on disk under a file lock and land atomically (temporary file +
+os.replace), so concurrent tuners keep each other's entries and readers never see half
+a file. A file that cannot be read, has another format version, belongs to another
+device, or entries measured under other versions are ignored with a warning.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Dict, Optional
+
+from kvtier.kernels.config import CopyConfig
+
+from .key import DeviceId, TuneKey, versions
+
+FORMAT_VERSION = 1
+CACHE_ENV = "KVTIER_CACHE_DIR"
+
+
+def cache_dir() -> Path:
+    env = os.environ.get(CACHE_ENV)
+    if env:
+        return Path(env)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return Path(xdg) / "kvtier" if xdg else Path.home() / ".cache" / "kvtier"
+
+
+def cache_path(device: DeviceId) -> Path:
+    return cache_dir() / f"autotune-{device.slug()}.json"
+
+
+def _warn(path: Path, why: str) -> None:
+    warnings.warn(f"kvtier autotune cache {path}: {why}; it is ignored (run `kvtier autotune` "
+                  "to measure again)", RuntimeWarning, stacklevel=3)
+
+
+def _read_doc(path: Path, device: DeviceId) -> Optional[dict]:
+    """The file's document if it is readable, of this format and for this device."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        _warn(path, f"unreadable ({e})")
+        return None
+    try:
+        doc = json.loads(text)
+    except ValueError as e:
+        _warn(path, f"corrupt JSON ({e})")
+        return None
+    if not isinstance(doc, dict) or not isinstance(doc.get("entries"), dict):
+        _warn(path, "not an autotune cache")
+        return None
+    if doc.get("version") != FORMAT_VERSION:
+        _warn(path, f"format version {doc.get('version')!r}, this kvtier reads {FORMAT_VERSION}")
+        return None
+    dev = doc.get("device", {})
+    # A device named without its architecture (arch "") matches by name.
+    if dev.get("name") != device.name or (device.arch and dev.get("arch") != device.arch):
+        _warn(path, f"written for {dev.get('name')!r}/{dev.get('arch')!r}, not {device.name!r}/{device.arch!r}")
+        return None
+    return doc
+
+
+def _valid(key: str, entry) -> Optional[tuple]:
+    try:
+        return TuneKey.from_str(key), CopyConfig.from_dict(entry["config"])
+    except Exception:
+        return None
+
+
+def load(device: DeviceId, path: Optional[Path] = None) -> Dict[TuneKey, CopyConfig]:
+    """The usable results for ``device``: entries of the current Triton and kvtier
+    versions whose key and configuration parse. Never raises for a bad file."""
+    path = path or cache_path(device)
+    doc = _read_doc(path, device)
+    if doc is None:
+        return {}
+    now, out, stale, bad = versions(), {}, 0, 0
+    for key, entry in doc["entries"].items():
+        parsed = _valid(key, entry) if isinstance(entry, dict) else None
+        if parsed is None:
+            bad += 1
+        elif {k: entry.get(k) for k in now} != now:
+            stale += 1
+        else:
+            out[parsed[0]] = parsed[1]
+    if bad:
+        _warn(path, f"{bad} malformed entries")
+    if stale:
+        _warn(path, f"{stale} entries measured under other Triton/kvtier versions (now {now})")
+    return out
+
+
+def entries(device: DeviceId, path: Optional[Path] = None) -> dict:
+    """The raw entries of the device's file (for display), {} when it cannot be used."""
+    doc = _read_doc(path or cache_path(device), device)
+    return doc["entries"] if doc else {}
+
+
+def store(device: DeviceId, new: Dict[TuneKey, dict], path: Optional[Path] = None) -> Path:
+    """Merge ``new`` entries (key -> {"config": ..., "gbps": ..., ...}) into the device's
+    file under a lock and replace it atomically. Entries of other keys are kept, except
+    those measured under other versions; entries of the same key are replaced."""
+    path = path or cache_path(device)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    now = versions()
+    with _locked(path):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")   # a bad file is replaced, not reported twice
+            doc = _read_doc(path, device)
+        kept = {k: e for k, e in (doc or {}).get("entries", {}).items()
+                if isinstance(e, dict) and {v: e.get(v) for v in now} == now and _valid(k, e)}
+        for key, entry in new.items():
+            kept[key.to_str()] = dict(entry, **now, tuned_at=time.strftime("%Y-%m-%dT%H:%M:%S"))
+        out = {"version": FORMAT_VERSION, "device": device.to_dict(), "entries": dict(sorted(kept.items()))}
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(out, f, indent=1)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+    return path
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    """An exclusive lock on ``<path>.lock`` (POSIX flock; elsewhere merge-on-write alone)."""
+    with open(str(path) + ".lock", "a+") as f:
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - Windows
+            yield
+            return
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)

@@ -1,0 +1,121 @@
+"""What a tuned result is keyed by: the device, the software versions, and the transfer.
+
+A result holds for one device (name and architecture), one Triton and kvtier version,
+one operation (which fixes the direction), one row size, page size and layer count,
+and one bucket of transfer sizes: the number of rows rounded up to a power of two.
+"""
+from __future__ import annotations
+
+import functools
+import platform as _platform
+from dataclasses import dataclass, asdict
+from typing import Optional
+
+# Operations and whether they cross the device-host link.
+OPS = {"backup": True, "load": True, "gather": False, "scatter": False}
+
+
+def rows_bucket(num_rows: int) -> int:
+    """The power of two at or above ``num_rows`` (1 for empty transfers)."""
+    return 1 << (max(int(num_rows), 1) - 1).bit_length()
+
+
+@dataclass(frozen=True)
+class DeviceId:
+    """A device as the cache knows it: one cache file per (platform, name)."""
+    platform: str      # "cuda", "rocm", "npu", "cpu"
+    name: str          # e.g. "NVIDIA H200", "Ascend910B4"
+    arch: str          # e.g. "sm90", "gfx942", "Ascend910B4", "x86_64"
+    units: int = 0     # compute units: SMs, CUs, vector cores, CPU cores
+
+    def slug(self) -> str:
+        """A file-name-safe identity."""
+        raw = f"{self.platform}-{self.name}"
+        return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in raw)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class TuneKey:
+    """The transfer part of a key (the device and versions are the cache file's header)."""
+    op: str
+    crosses_link: bool
+    row_bytes: int
+    page_size: int
+    rows_bucket: int
+    num_layers: int
+
+    def to_str(self) -> str:
+        return (f"{self.op}|link={int(self.crosses_link)}|row={self.row_bytes}|page={self.page_size}"
+                f"|rows={self.rows_bucket}|layers={self.num_layers}")
+
+    @classmethod
+    def from_str(cls, s: str) -> "TuneKey":
+        op, *fields = s.split("|")
+        kv = dict(f.split("=", 1) for f in fields)
+        return cls(op=op, crosses_link=kv["link"] == "1", row_bytes=int(kv["row"]),
+                   page_size=int(kv["page"]), rows_bucket=int(kv["rows"]), num_layers=int(kv["layers"]))
+
+    @classmethod
+    def of(cls, op: str, *, row_bytes: int, page_size: int, num_rows: int, num_layers: int,
+           crosses_link: bool) -> "TuneKey":
+        return cls(op, bool(crosses_link), int(row_bytes), int(page_size), rows_bucket(num_rows),
+                   int(num_layers))
+
+
+def versions() -> dict:
+    """Triton and kvtier versions: a result measured under others is stale."""
+    return {"triton": _triton_version(), "kvtier": _kvtier_version()}
+
+
+@functools.lru_cache(maxsize=1)
+def _triton_version() -> str:
+    try:
+        import triton
+        return str(triton.__version__)
+    except ImportError:
+        return "none"
+
+
+@functools.lru_cache(maxsize=1)
+def _kvtier_version() -> str:
+    try:
+        from importlib.metadata import version
+        return version("kvtier")
+    except Exception:
+        return "unknown"
+
+
+@functools.lru_cache(maxsize=None)
+def device_identity(platform: str, index: Optional[int] = None) -> DeviceId:
+    """Name, architecture and compute units of the current (or ``index``) device of
+    ``platform``; queried once per process. torch_npu is imported only for "npu"."""
+    import torch
+    if platform in ("cuda", "rocm"):
+        i = torch.cuda.current_device() if index is None else index
+        props = torch.cuda.get_device_properties(i)
+        if platform == "rocm":
+            arch = str(getattr(props, "gcnArchName", "gfx")).split(":")[0]
+        else:
+            arch = f"sm{props.major}{props.minor}"
+        return DeviceId(platform, props.name, arch, int(props.multi_processor_count))
+    if platform == "npu":
+        import torch_npu  # noqa: F401  (only reached on an Ascend machine)
+        i = torch.npu.current_device() if index is None else index
+        name = str(torch.npu.get_device_name(i))
+        return DeviceId(platform, name, name, _npu_vector_cores(i))
+    import os
+    return DeviceId("cpu", _platform.processor() or _platform.machine() or "cpu",
+                    _platform.machine() or "cpu", os.cpu_count() or 1)
+
+
+def _npu_vector_cores(index: int) -> int:
+    """Vector-core count from triton-ascend's driver (0 when it cannot be read)."""
+    try:
+        import triton
+        props = triton.runtime.driver.active.utils.get_device_properties(index)
+        return int(props.get("num_vectorcore", 0))
+    except Exception:
+        return 0

@@ -1,0 +1,170 @@
+"""The search: for each operation and transfer size of a pool shape, time every candidate
+configuration, check that it moved the right bytes, and record the fastest.
+
+`tune` is what `kvtier autotune` runs; `tune_transfer` times one transfer and is what
+tests drive with a fake timer.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, List, Optional, Sequence
+
+import torch
+
+from kvtier.kernels.config import CopyConfig
+
+from . import cache, select
+from .key import OPS, DeviceId, TuneKey, device_identity
+from .prune import codegen_report, codegen_target, prune_spilling
+from .space import candidates, default_max_programs
+from .timing import Timer, default_timer
+from .workload import PoolShape, Transfer, accelerator, build_transfer
+
+Progress = Callable[[int, int, str], None]
+
+
+@dataclass
+class Measurement:
+    config: CopyConfig
+    seconds: float = math.inf
+    gbps: float = 0.0
+    error: Optional[str] = None     # the run raised, or moved wrong bytes
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+@dataclass
+class TuneResult:
+    """Every measurement of one transfer key, fastest first (failures last)."""
+    key: TuneKey
+    shape: str
+    nbytes: int
+    max_programs: int
+    measurements: List[Measurement]
+    pruned: List[CopyConfig] = field(default_factory=list)
+
+    @property
+    def best(self) -> Optional[Measurement]:
+        m = self.measurements[0] if self.measurements else None
+        return m if m is not None and m.ok else None
+
+    def entry(self, top: int = 5) -> dict:
+        """What the cache records for this key."""
+        best = self.best
+        return {"config": best.config.to_dict(), "gbps": float(f"{best.gbps:.6g}"), "seconds": best.seconds,
+                "max_programs": self.max_programs, "shape": self.shape, "timed": len(self.measurements),
+                "pruned": len(self.pruned),
+                "runners_up": [[m.config.to_dict(), float(f"{m.gbps:.6g}")] for m in self.measurements[1:top] if m.ok]}
+
+
+def detect_platform() -> str:
+    """The accelerator here: "cuda", "rocm", "npu" (only if torch_npu is already
+    imported), else "cpu"."""
+    import sys
+    if torch.cuda.is_available():
+        return "rocm" if getattr(torch.version, "hip", None) else "cuda"
+    if "torch_npu" in sys.modules and torch.npu.is_available():
+        return "npu"
+    return "cpu"
+
+
+def tune_transfer(transfer: Transfer, configs: Iterable[CopyConfig], timer: Timer, *,
+                  verify: bool = True, progress: Optional[Callable[[str], None]] = None) -> List[Measurement]:
+    """Time ``transfer`` under each configuration; fastest first, failures last.
+
+    With ``verify`` the destination is poisoned before each configuration and checked
+    bit for bit after it, so a configuration that moves wrong bytes cannot win."""
+    out = []
+    for cfg in configs:
+        m = Measurement(cfg)
+        if verify:
+            transfer.poison()
+        try:
+            seconds = float(timer(transfer.runner(cfg), config=cfg))
+            if not seconds > 0:
+                raise ValueError(f"timer returned {seconds}")
+            m.seconds, m.gbps = seconds, transfer.nbytes / seconds / 1e9
+            if verify and not transfer.verify():
+                m.error = "moved wrong bytes"
+        except Exception as e:   # a configuration the device rejects is skipped, not fatal
+            m.error = f"{type(e).__name__}: {e}"[:200]
+        out.append(m)
+        if progress:
+            progress(_label(transfer, cfg))
+    return sorted(out, key=lambda m: (not m.ok, m.seconds))
+
+
+def tune(shape: PoolShape, *, ops: Sequence[str] = ("backup", "load", "gather"),
+         sizes: Sequence[int] = (4096,), layer_counts: Optional[Sequence[int]] = None,
+         platform: Optional[str] = None, timer: Optional[Timer] = None,
+         max_programs: Optional[int] = None, quick: bool = False,
+         target: Optional[str] = "auto", report=codegen_report, verify: bool = True,
+         write: bool = True, progress: Optional[Progress] = None,
+         device: Optional[DeviceId] = None) -> List[TuneResult]:
+    """Tune ``ops`` of ``shape`` for transfers of ``sizes`` rows (and of ``layer_counts``
+    layers, default: all), write the winners to the device's cache file and make this
+    process's `select_config` see them.
+
+    ``target`` names the codegen target for spill pruning ("auto": the device's own;
+    None: no pruning); ``report`` is the codegen report function (tests inject one)."""
+    for op in ops:
+        if op not in OPS:
+            raise ValueError(f"ops: {op!r} is not one of {sorted(OPS)}")
+    platform = platform or detect_platform()
+    device = device or device_identity(platform)
+    dev = accelerator(platform)
+    timer = timer or default_timer(platform)
+    target = codegen_target(device) if target == "auto" else target
+    jobs = []
+    for op in ops:
+        cap = max_programs or default_max_programs(device, OPS[op])
+        for layers in (layer_counts or (shape.num_layers,)):
+            for n in sizes:
+                t = build_transfer(dataclasses.replace(shape, num_layers=layers), op, n, dev)
+                shape_kw = _codegen_shape(t)
+                cfgs = candidates(device, chunk_bytes=shape_kw["row_bytes"] // shape_kw["n_chunks"],
+                                  crosses_link=OPS[op], max_programs=cap, quick=quick)
+                kept, pruned = prune_spilling(cfgs, target=target, report=report, **shape_kw)
+                jobs.append((t, kept, pruned, cap))
+    total, done = sum(len(k) for _, k, _, _ in jobs), [0]
+
+    def tick(label: str) -> None:
+        done[0] += 1
+        if progress:
+            progress(done[0], total, label)
+
+    results = []
+    for t, kept, pruned, cap in jobs:
+        ms = tune_transfer(t, kept, timer, verify=verify, progress=tick)
+        key = TuneKey.of(t.op, row_bytes=shape.row_bytes, page_size=shape.page_size,
+                         num_rows=t.num_rows, num_layers=t.num_layers, crosses_link=t.crosses_link)
+        results.append(TuneResult(key, shape.describe(), t.nbytes, cap, ms, pruned))
+    winners = {r.key: r.entry() for r in results if r.best is not None}
+    if write and winners:
+        cache.store(device, winners)
+        select.invalidate()
+    return results
+
+
+def _codegen_shape(t: Transfer) -> dict:
+    """The compile-time shape the launcher will see for ``t`` (pages moved as rows where
+    both sides store a page contiguously)."""
+    src, dst = t.src, t.dst
+    as_pages = t.by_page and src.page_contiguous and dst.page_contiguous
+    return dict(row_bytes=src.row_bytes * (src.page_size if as_pages else 1),
+                src_table=src.is_table, dst_table=dst.is_table,
+                page_size=1 if as_pages else src.page_size,
+                n_chunks=1 if as_pages else max(src.n_chunks, dst.n_chunks),
+                num_components=src.num_components, align=min(src.align, dst.align))
+
+
+def _label(t: Transfer, cfg: CopyConfig) -> str:
+    return f"{t.op} rows={t.num_rows} L={t.num_layers} {describe_config(cfg)}"
+
+
+def describe_config(c: CopyConfig) -> str:
+    return f"{c.strategy} progs={c.num_programs} rows={c.rows} block={c.block_bytes} warps={c.num_warps}"

@@ -1,0 +1,102 @@
+"""The hot-path lookup: which configuration one transfer uses.
+
+Pools call `select_config` for every transfer, so after the first call for a given
+transfer shape and size bucket it is one dictionary hit: the device's cache file is read
+once per process, and every resolved answer is memoised. Resolution: the exact key, else
+the nearest tuned bucket of the same operation, row size and page size (distance in
+powers of two of rows and layers), else the shipped default for the platform. Nothing
+is tuned here.
+"""
+from __future__ import annotations
+
+import math
+from typing import Dict, Optional, Tuple
+
+from kvtier.kernels.config import CopyConfig, default_config
+
+from . import cache
+from .key import DeviceId, TuneKey, device_identity, rows_bucket
+
+_RESOLVED: Dict[tuple, CopyConfig] = {}
+_TABLES: Dict[DeviceId, "Table"] = {}
+
+
+class Table:
+    """The tuned results of one device, indexed for exact and nearest-bucket lookups."""
+
+    def __init__(self, results: Dict[TuneKey, CopyConfig]):
+        self.exact = dict(results)
+        self.families: Dict[tuple, list] = {}
+        for k, cfg in results.items():
+            self.families.setdefault(_family(k), []).append((k, cfg))
+
+    def lookup(self, key: TuneKey) -> Tuple[Optional[CopyConfig], str]:
+        """(config, "exact" | "nearest") or (None, "default")."""
+        cfg = self.exact.get(key)
+        if cfg is not None:
+            return cfg, "exact"
+        near = self.families.get(_family(key))
+        if not near:
+            return None, "default"
+        # Ties go to the larger bucket: a config tuned for more rows keeps the link busy.
+        best = min(near, key=lambda kc: (_distance(kc[0], key), -kc[0].rows_bucket, -kc[0].num_layers))
+        return best[1], "nearest"
+
+
+def _family(k: TuneKey) -> tuple:
+    return (k.op, k.crosses_link, k.row_bytes, k.page_size)
+
+
+def _distance(a: TuneKey, b: TuneKey) -> float:
+    return (abs(math.log2(a.rows_bucket) - math.log2(b.rows_bucket))
+            + abs(math.log2(max(a.num_layers, 1)) - math.log2(max(b.num_layers, 1))))
+
+
+def select_config(op: str, platform: str, *, row_bytes: int, page_size: int, num_rows: int,
+                  num_layers: int, crosses_link: bool, device_name: str = "") -> CopyConfig:
+    """The configuration for one transfer: tuned for this device if `kvtier autotune` has
+    measured it (exact key or nearest bucket), else `default_config(platform, crosses_link)`."""
+    q = (op, platform, device_name, row_bytes, page_size, rows_bucket(num_rows), num_layers, crosses_link)
+    cfg = _RESOLVED.get(q)
+    if cfg is None:
+        cfg = _RESOLVED[q] = resolve(op, platform, row_bytes=row_bytes, page_size=page_size,
+                                     num_rows=num_rows, num_layers=num_layers,
+                                     crosses_link=crosses_link, device_name=device_name)[0]
+    return cfg
+
+
+def resolve(op: str, platform: str, *, row_bytes: int, page_size: int, num_rows: int, num_layers: int,
+            crosses_link: bool, device_name: str = "") -> Tuple[CopyConfig, str]:
+    """(config, source) without memoisation; source is "exact", "nearest" or "default"."""
+    key = TuneKey.of(op, row_bytes=row_bytes, page_size=page_size, num_rows=num_rows,
+                     num_layers=num_layers, crosses_link=crosses_link)
+    device = _device(platform, device_name)
+    if device is not None:
+        cfg, source = table(device).lookup(key)
+        if cfg is not None:
+            return cfg, source
+    return default_config(platform, crosses_link=crosses_link), "default"
+
+
+def table(device: DeviceId) -> Table:
+    """The device's results, read from its cache file once per process."""
+    t = _TABLES.get(device)
+    if t is None:
+        t = _TABLES[device] = Table(cache.load(device))
+    return t
+
+
+def _device(platform: str, device_name: str) -> Optional[DeviceId]:
+    try:
+        here = device_identity(platform)
+    except Exception:          # no such device here: only a named device can be looked up
+        here = None
+    if here is not None and device_name in ("", here.name):
+        return here
+    return DeviceId(platform, device_name, "") if device_name else None
+
+
+def invalidate() -> None:
+    """Forget what was read and resolved (after tuning, or when the cache dir changes)."""
+    _RESOLVED.clear()
+    _TABLES.clear()
