@@ -7,7 +7,6 @@ and one bucket of transfer sizes: the number of rows rounded up to a power of tw
 from __future__ import annotations
 
 import functools
-import platform as _platform
 from dataclasses import dataclass, asdict
 from typing import Optional
 
@@ -25,8 +24,9 @@ class DeviceId:
     """A device as the cache knows it: one cache file per (platform, name)."""
     platform: str      # "cuda", "rocm", "npu", "cpu"
     name: str          # e.g. "NVIDIA H200", "Ascend910B4"
-    arch: str          # e.g. "sm90", "gfx942", "Ascend910B4", "x86_64"
+    arch: str          # e.g. "sm_90", "gfx942", "Ascend910B4", "x86_64"
     units: int = 0     # compute units: SMs, CUs, vector cores, CPU cores
+    ub_bytes: int = 0  # Ascend Unified Buffer (bounds the tile); 0 elsewhere
 
     def slug(self) -> str:
         """A file-name-safe identity."""
@@ -89,33 +89,11 @@ def _kvtier_version() -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def device_identity(platform: str, index: Optional[int] = None) -> DeviceId:
-    """Name, architecture and compute units of the current (or ``index``) device of
-    ``platform``; queried once per process. torch_npu is imported only for "npu"."""
-    import torch
-    if platform in ("cuda", "rocm"):
-        i = torch.cuda.current_device() if index is None else index
-        props = torch.cuda.get_device_properties(i)
-        if platform == "rocm":
-            arch = str(getattr(props, "gcnArchName", "gfx")).split(":")[0]
-        else:
-            arch = f"sm{props.major}{props.minor}"
-        return DeviceId(platform, props.name, arch, int(props.multi_processor_count))
-    if platform == "npu":
-        import torch_npu  # noqa: F401  (only reached on an Ascend machine)
-        i = torch.npu.current_device() if index is None else index
-        name = str(torch.npu.get_device_name(i))
-        return DeviceId(platform, name, name, _npu_vector_cores(i))
-    import os
-    return DeviceId("cpu", _platform.processor() or _platform.machine() or "cpu",
-                    _platform.machine() or "cpu", os.cpu_count() or 1)
-
-
-def _npu_vector_cores(index: int) -> int:
-    """Vector-core count from triton-ascend's driver (0 when it cannot be read)."""
-    try:
-        import triton
-        props = triton.runtime.driver.active.utils.get_device_properties(index)
-        return int(props.get("num_vectorcore", 0))
-    except Exception:
-        return 0
+def device_identity(platform: str) -> DeviceId:
+    """Name, architecture and compute units of the current device of ``platform``
+    (queried once per process through kvtier.kernels.platform, which loads torch_npu
+    only for "npu")."""
+    from kvtier.kernels.platform import default_device, device_properties
+    p = device_properties(default_device(platform))
+    return DeviceId(platform, str(p["name"]), str(p["arch"]), int(p.get("compute_units") or 0),
+                    int(p.get("ub_bytes") or 0))

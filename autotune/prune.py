@@ -16,10 +16,8 @@ ReportFn = Callable[..., object]
 
 def codegen_target(device) -> Optional[str]:
     """The codegen target for a device (a `key.DeviceId`), or None where none exists."""
-    if device.platform == "cuda":
-        return device.arch        # "sm90"
-    if device.platform == "rocm":
-        return device.arch        # "gfx942"
+    if device.platform in ("cuda", "rocm"):
+        return device.arch.replace("_", "").split(":")[0]     # "sm_90" -> "sm90"; "gfx942"
     return None
 
 

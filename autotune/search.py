@@ -11,8 +11,6 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, List, Optional, Sequence
 
-import torch
-
 from kvtier.kernels.config import CopyConfig
 
 from . import cache, select
@@ -20,7 +18,7 @@ from .key import OPS, DeviceId, TuneKey, device_identity
 from .prune import codegen_report, codegen_target, prune_spilling
 from .space import candidates, default_max_programs
 from .timing import Timer, default_timer
-from .workload import PoolShape, Transfer, accelerator, build_transfer
+from .workload import PoolShape, Transfer, build_transfer
 
 Progress = Callable[[int, int, str], None]
 
@@ -59,17 +57,6 @@ class TuneResult:
                 "max_programs": self.max_programs, "shape": self.shape, "timed": len(self.measurements),
                 "pruned": len(self.pruned),
                 "runners_up": [[m.config.to_dict(), float(f"{m.gbps:.6g}")] for m in self.measurements[1:top] if m.ok]}
-
-
-def detect_platform() -> str:
-    """The accelerator here: "cuda", "rocm", "npu" (only if torch_npu is already
-    imported), else "cpu"."""
-    import sys
-    if torch.cuda.is_available():
-        return "rocm" if getattr(torch.version, "hip", None) else "cuda"
-    if "torch_npu" in sys.modules and torch.npu.is_available():
-        return "npu"
-    return "cpu"
 
 
 def tune_transfer(transfer: Transfer, configs: Iterable[CopyConfig], timer: Timer, *,
@@ -114,9 +101,10 @@ def tune(shape: PoolShape, *, ops: Sequence[str] = ("backup", "load", "gather"),
     for op in ops:
         if op not in OPS:
             raise ValueError(f"ops: {op!r} is not one of {sorted(OPS)}")
+    from kvtier.kernels.platform import default_device, detect_platform
     platform = platform or detect_platform()
     device = device or device_identity(platform)
-    dev = accelerator(platform)
+    dev = default_device(platform)
     timer = timer or default_timer(platform)
     target = codegen_target(device) if target == "auto" else target
     jobs = []

@@ -7,6 +7,7 @@ would clamp to the same kernel) and tiles that cannot fit removed.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from typing import List, Optional
@@ -32,7 +33,7 @@ class Space:
 # Full and quick spaces per platform.
 #  - cuda/rocm: a tile is held in registers; 16 KiB per program at most.
 #  - npu: no warps; wide tiles within half the Unified Buffer (double buffering), set
-#    from the device's figure by `npu_space`.
+#    from the device's figure by `space_for` (96 KiB: half the smallest, 192 KB).
 #  - cpu: the interpreter runs programs in turn; few wide tiles keep the search short.
 _SPACES = {
     "cuda": Space((1, 2, 4, 8, 16), (256, 512, 1024, 2048, 4096), (1, 2, 4, 8), 16384, 32),
@@ -46,9 +47,6 @@ _QUICK = {
     "npu": Space((1, 4), (8192, 16384), (1,), 96 * 1024, 0),
     "cpu": Space((16,), (1024, 4096), (1,), 1 << 20, 0),
 }
-# Unified Buffer bytes per Ascend model where the driver does not report it.
-_NPU_UB = {"Ascend910B4": 192 * 1024, "Ascend910B3": 192 * 1024, "Ascend910B2": 192 * 1024,
-           "Ascend910B1": 256 * 1024}
 
 
 def default_max_programs(device: DeviceId, crosses_link: bool) -> int:
@@ -86,21 +84,21 @@ def strategies(device: DeviceId, crosses_link: bool) -> tuple:
     return ("kernel", "dma")
 
 
-def space_for(device: DeviceId, quick: bool = False, ub_bytes: Optional[int] = None) -> Space:
+def space_for(device: DeviceId, quick: bool = False) -> Space:
     table = _QUICK if quick else _SPACES
     space = table.get(device.platform, table["cpu"])
-    if device.platform == "npu":
-        ub = ub_bytes or _NPU_UB.get(device.arch, 192 * 1024)
-        space = Space(space.rows, space.block_bytes, space.num_warps, ub // 2, 0)
+    if device.platform == "npu" and device.ub_bytes:
+        from kvtier.kernels.platform import npu_launch_limits
+        tile = npu_launch_limits(props={"ub_bytes": device.ub_bytes, "compute_units": device.units})
+        space = dataclasses.replace(space, tile_limit=tile["max_tile_bytes"])
     return space
 
 
 def candidates(device: DeviceId, *, chunk_bytes: int, crosses_link: bool,
-               max_programs: Optional[int] = None, quick: bool = False,
-               ub_bytes: Optional[int] = None) -> List[CopyConfig]:
+               max_programs: Optional[int] = None, quick: bool = False) -> List[CopyConfig]:
     """Every configuration worth timing for rows made of ``chunk_bytes`` chunks."""
     cap = max_programs or default_max_programs(device, crosses_link)
-    space = space_for(device, quick, ub_bytes)
+    space = space_for(device, quick)
     widest = 1 << (max(chunk_bytes, 1).bit_length() - 1)   # the launcher's block clamp
     programs = program_counts(cap)
     out, seen = [], set()

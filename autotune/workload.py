@@ -20,7 +20,7 @@ from typing import Callable, List, Optional, Tuple
 
 import torch
 
-from kvtier.kernels import CopyConfig, RowMap, copy_rows
+from kvtier.kernels import CopyConfig, RowMap, copy_rows, platform
 from kvtier.kernels.reference import layer_rows
 
 from .key import OPS
@@ -129,15 +129,6 @@ class Transfer:
         return True
 
 
-def accelerator(platform: str) -> torch.device:
-    if platform in ("cuda", "rocm"):
-        return torch.device("cuda")
-    if platform == "npu":
-        import torch_npu  # noqa: F401  (only on Ascend)
-        return torch.device("npu")
-    return torch.device("cpu")
-
-
 def build_transfer(shape: PoolShape, op: str, num_rows: int, device: torch.device,
                    seed: int = 0) -> Transfer:
     """Tensors and maps for ``op`` moving ``num_rows`` rows (rounded up to whole pages)
@@ -158,7 +149,7 @@ def build_transfer(shape: PoolShape, op: str, num_rows: int, device: torch.devic
         other_tensors = [buf]
     else:
         host = _random((shape.num_components, *_host_shape(shape, n)), shape.dtype, torch.device("cpu"),
-                       gen, pin=device.type == "cuda")
+                       gen, pin=device.type != "cpu")
         other = RowMap.stack([RowMap.from_host_layout(host[c], shape.host_layout, P)
                               for c in range(shape.num_components)])
         other_tensors = [host]
@@ -194,8 +185,8 @@ def _device_pool(shape: PoolShape, slots: int, device, gen):
 def _random(shape, dtype, device, gen, pin=False) -> torch.Tensor:
     item = torch.empty(0, dtype=dtype).element_size()
     raw = torch.randint(0, 256, (math.prod(shape) * item,), dtype=torch.uint8, generator=gen)
-    if pin and torch.cuda.is_available():
-        raw = raw.pin_memory()
+    if pin:
+        raw = platform.pin(raw)
     return raw.to(device).view(dtype).view(shape)
 
 
