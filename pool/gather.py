@@ -1,0 +1,99 @@
+"""Gather and scatter: all layers' rows of a device pool at given slots (or pages) into
+one contiguous buffer per component, and back (prefill-decode transfer, storage
+backends, CPU copies). One launch per group of components covers every layer."""
+from __future__ import annotations
+
+from typing import Dict, List, Optional
+
+import torch
+
+from kvtier.kernels import RowMap
+from kvtier.kernels.errors import fail
+from kvtier.kernels.validate import check_index, check_range
+
+from .dispatch import run_copy
+
+
+def slots_of(pool, indices: torch.Tensor, pages: bool) -> torch.Tensor:
+    """Validated token slots for slot or page ``indices`` (all value checks run here)."""
+    check_index("indices", indices, pool.index_device)
+    if not pages:
+        check_range("indices", indices, pool.size)
+        return indices
+    check_range("indices", indices, pool.size // pool.page_size)
+    p = pool.page_size
+    offs = torch.arange(p, dtype=indices.dtype, device=indices.device)
+    return (indices[:, None] * p + offs).reshape(-1)
+
+
+def group_shape(pool, names, n_slots: int, pages: bool):
+    """Shape of one group's contiguous buffer: ``(C, L, n, *row)`` or ``(C, L, n/P, P, *row)``."""
+    c = pool.components[names[0]]
+    tok = (n_slots // pool.page_size, pool.page_size) if pages else (n_slots,)
+    return (len(names), c.num_layers, *tok, *c.row_shape)
+
+
+def contiguous_map(t: torch.Tensor, pool, pages: bool) -> RowMap:
+    """Map over a ``(C, L, tokens..., *row)`` buffer, all its components in one map."""
+    maps = [RowMap.from_stacked(t[i], pool.page_size if pages else 1, paged_dims=pages)
+            for i in range(t.shape[0])]
+    return RowMap.stack(maps)
+
+
+def gather_groups(pool, slots: torch.Tensor, pages: bool, op: str = "gather") -> List[torch.Tensor]:
+    """One contiguous buffer per group in ``pool.groups``, filled from ``slots``."""
+    out = []
+    dst_idx = torch.arange(slots.numel(), dtype=slots.dtype, device=slots.device)
+    for names, m in pool.groups:
+        c = pool.components[names[0]]
+        buf = torch.empty(group_shape(pool, names, slots.numel(), pages), dtype=c.dtype, device=pool.device)
+        if slots.numel():
+            run_copy(op, m, slots, contiguous_map(buf, pool, pages), dst_idx,
+                     num_layers=c.num_layers, by_page=pages)
+        out.append(buf)
+    return out
+
+
+def scatter_groups(pool, slots: torch.Tensor, bufs: List[torch.Tensor], pages: bool,
+                   op: str = "scatter") -> None:
+    """Write group buffers (shapes as `gather_groups` makes them) back at ``slots``."""
+    src_idx = torch.arange(slots.numel(), dtype=slots.dtype, device=slots.device)
+    if not slots.numel():
+        return
+    for (names, m), buf in zip(pool.groups, bufs):
+        run_copy(op, contiguous_map(buf, pool, pages), src_idx, m, slots,
+                 num_layers=pool.components[names[0]].num_layers, by_page=pages)
+
+
+def gather(pool, indices: torch.Tensor, *, pages: bool = False) -> Dict[str, torch.Tensor]:
+    slots = slots_of(pool, indices, pages)
+    bufs = gather_groups(pool, slots, pages)
+    return {name: buf[i] for (names, _), buf in zip(pool.groups, bufs) for i, name in enumerate(names)}
+
+
+def scatter(pool, indices: torch.Tensor, data: Dict[str, torch.Tensor], *, pages: bool = False) -> None:
+    slots = slots_of(pool, indices, pages)
+    if not isinstance(data, dict) or set(data) != set(pool.components):
+        raise fail("data", sorted(data) if isinstance(data, dict) else type(data).__name__,
+                   f"must be a dict with exactly the pool's components {sorted(pool.components)}")
+    bufs = []
+    for names, _ in pool.groups:
+        shape = group_shape(pool, names, slots.numel(), pages)[1:]
+        for name in names:
+            t, c = data[name], pool.components[name]
+            if not isinstance(t, torch.Tensor) or (tuple(t.shape), t.dtype, t.device) != (shape, c.dtype, pool.device):
+                got = (tuple(t.shape), t.dtype, str(t.device)) if isinstance(t, torch.Tensor) else type(t).__name__
+                raise fail(f"data[{name!r}]", got, f"must be {(shape, c.dtype, str(pool.device))}")
+        # One contiguous buffer per group: a copy unless the caller passed gather()'s views.
+        bufs.append(_group_of(data, names))
+    scatter_groups(pool, slots, bufs, pages)
+
+
+def _group_of(data, names) -> torch.Tensor:
+    parts = [data[n] for n in names]
+    base = parts[0]._base
+    if base is not None and base.shape[0] == len(names) and all(
+            p._base is base and p.data_ptr() == base[i].data_ptr() and p.is_contiguous()
+            for i, p in enumerate(parts)) and base.is_contiguous():
+        return base
+    return torch.stack([p.contiguous() for p in parts])

@@ -1,0 +1,295 @@
+"""Host KV pool (HiCache's host tier): pinned host memory in a named layout, packing a
+target model's device pool and its draft models' pools, with a page allocator and
+backup / load methods named as in SGLang's HiCache.
+
+Ordering rules (CUDA/ROCm/NPU): every method enqueues its work on the caller's current
+stream and returns before the bytes have moved. See docs/pools.md.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+
+from kvtier.kernels import RowMap
+from kvtier.kernels.errors import KvtierError, fail
+from kvtier.kernels.validate import check_index, check_page_aligned, check_range, host_addressable
+
+from . import dma, layouts
+from .allocator import PageAllocator
+from .device import DevicePool
+from .dispatch import config_for, platform_of, run_copy
+from .spec import Component
+
+STRATEGIES = ("auto", "kernel", "dma")
+
+
+@dataclass(frozen=True)
+class Move:
+    """One launch of a transfer: a device map and the host map (and buffer) it pairs with."""
+
+    names: Tuple[str, ...]
+    dev_map: RowMap
+    host_map: RowMap
+    host_buf: torch.Tensor      # (C, ...) in the host layout, the components of this move
+    num_layers: int             # the device pool's layers of these components
+    host_layer: int             # where the device pool's layer 0 sits in the host buffer
+
+
+class HostPool:
+    """Host memory for ``device_pools`` (target first, then drafts: their layers are
+    packed after the target's), sized in tokens or in GB (10^9 bytes).
+
+    layout: "layer_first" | "page_first" | "page_first_direct" | "page_head".
+    strategy: "kernel", "dma" or "auto" (per transfer, as `select_config` says; "dma" on
+        Ascend, whose kernels cannot address plain pinned memory).
+    pin_memory: default True when the device pools live on an accelerator.
+    check: validate index values (ranges, whole pages); costs a device sync per call.
+    factory: ``(shape, dtype, pin) -> tensor`` to supply host memory (registered memory,
+        shared memory); default ``torch.empty``.
+    """
+
+    def __init__(self, device_pools: Union[DevicePool, Sequence[DevicePool]], *,
+                 layout: str = "layer_first", size_tokens: Optional[int] = None,
+                 size_gb: Optional[float] = None, pin_memory: Optional[bool] = None,
+                 strategy: str = "auto", check: bool = True, factory=None):
+        pools = [device_pools] if isinstance(device_pools, DevicePool) else list(device_pools)
+        if not pools or not all(isinstance(p, DevicePool) for p in pools):
+            raise fail("device_pools", device_pools, "must be a DevicePool or a list of them (target first)")
+        layouts.check_layout(layout)
+        if strategy not in STRATEGIES:
+            raise fail("strategy", strategy, f"must be one of {STRATEGIES}")
+        target = pools[0]
+        for i, p in enumerate(pools[1:], 1):
+            _check_rows(f"device_pools[{i}]", p, target)
+        self.pools, self.layout, self.strategy, self.check = pools, layout, strategy, check
+        self.page_size = target.page_size
+        self.device = target.device
+        # Host layers per component: each pool's layers, target first.
+        self.offsets: List[Dict[str, int]] = []
+        totals = {n: 0 for n in target.components}
+        for p in pools:
+            self.offsets.append(dict(totals))
+            for n, c in p.components.items():
+                totals[n] += c.num_layers
+        self.components = {n: Component(n, totals[n], c.row_shape, c.dtype) for n, c in target.components.items()}
+        self.size = self._size(size_tokens, size_gb)
+        if pin_memory is None:
+            pin_memory = self.device.type != "cpu"
+        self.pin_memory = pin_memory
+        factory = factory or (lambda shape, dtype, pin: torch.empty(shape, dtype=dtype, pin_memory=pin))
+        self._build_buffers(pools, factory)
+        self.allocator = PageAllocator(self.size, self.page_size)
+        self._moves: Dict[int, List[Move]] = {}
+
+    # ------------------------------------------------------------------ construction
+    def _size(self, size_tokens, size_gb) -> int:
+        if (size_tokens is None) == (size_gb is None):
+            raise fail("size_tokens", size_tokens, "give exactly one of size_tokens and size_gb")
+        if size_gb is not None:
+            if not isinstance(size_gb, (int, float)) or size_gb <= 0:
+                raise fail("size_gb", size_gb, "must be positive")
+            size_tokens = int(size_gb * 1e9) // self.bytes_per_token
+        if not isinstance(size_tokens, int) or size_tokens < self.page_size:
+            raise fail("size_tokens", size_tokens, f"must hold at least one page of {self.page_size} tokens")
+        return size_tokens // self.page_size * self.page_size
+
+    @property
+    def bytes_per_token(self) -> int:
+        return sum(c.row_bytes * c.num_layers for c in self.components.values())
+
+    def _build_buffers(self, pools, factory) -> None:
+        """One host tensor per group of components with equal rows and equal layer counts
+        in every packed pool (K and V: one ``(2, ...)`` tensor, one host map)."""
+        buckets: Dict[tuple, List[str]] = {}
+        for n, c in self.components.items():
+            per_pool = tuple(p.components[n].num_layers for p in pools)
+            buckets.setdefault((c.row_shape, c.dtype, per_pool), []).append(n)
+        self.groups: List[Tuple[Tuple[str, ...], RowMap, torch.Tensor]] = []
+        self.maps: Dict[str, RowMap] = {}
+        self.buffers: Dict[str, torch.Tensor] = {}
+        for (row, dtype, _), names in buckets.items():
+            c = self.components[names[0]]
+            shape = layouts.shape(self.layout, comps=len(names), layers=c.num_layers, slots=self.size,
+                                  page_size=self.page_size, row_shape=row)
+            buf = factory(shape, dtype, self.pin_memory)
+            if tuple(buf.shape) != shape or buf.dtype != dtype or not buf.is_contiguous():
+                raise fail("factory", (tuple(buf.shape), buf.dtype), f"must return a contiguous {shape} {dtype} tensor")
+            maps = [RowMap.from_host_layout(buf[i], self.layout, self.page_size) for i in range(len(names))]
+            self.maps.update(zip(names, maps))
+            self.buffers.update({n: buf[i] for i, n in enumerate(names)})
+            self.groups.append((tuple(names), RowMap.stack(maps), buf))
+
+    def __repr__(self) -> str:
+        return (f"HostPool({self.layout}, size={self.size}, page_size={self.page_size}, "
+                f"{len(self.pools)} device pool(s), strategy={self.strategy}, pinned={self.pin_memory})")
+
+    # ------------------------------------------------------------------ allocator
+    def alloc(self, need_size: int) -> Optional[torch.Tensor]:
+        return self.allocator.alloc(need_size)
+
+    def free(self, indices: torch.Tensor) -> int:
+        return self.allocator.free(indices)
+
+    def available_size(self) -> int:
+        return self.allocator.available_size()
+
+    def clear(self) -> None:
+        self.allocator.clear()
+
+    # ------------------------------------------------------------------ transfers
+    def backup_from_device_all_layer(self, device_pool, host_indices: torch.Tensor,
+                                     device_indices: torch.Tensor) -> None:
+        """Device -> host, every layer of every component. Passing the target pool moves
+        the packed draft pools' layers too (they share the target's token slots)."""
+        self._transfer("backup", device_pool, host_indices, device_indices, None)
+
+    def load_to_device_all_layer(self, device_pool, host_indices: torch.Tensor,
+                                 device_indices: torch.Tensor) -> None:
+        """Host -> device, every layer (target pool: drafts too)."""
+        self._transfer("load_all", device_pool, host_indices, device_indices, None)
+
+    def load_to_device_per_layer(self, device_pool, host_indices: torch.Tensor,
+                                 device_indices: torch.Tensor, layer_id: int) -> None:
+        """Host -> device for model layer ``layer_id`` of ``device_pool`` only (layer-wise
+        overlap with the forward pass). Indexer rows move for layers that have them."""
+        self._transfer("load_layer", device_pool, host_indices, device_indices, layer_id)
+
+    def _transfer(self, op, device_pool, host_indices, device_indices, layer_id) -> None:
+        slots = self._resolve(device_pool, whole=layer_id is None)
+        if layer_id is not None:
+            local = slots[0][1].local_layer(layer_id)
+        hidx = self._check_indices(slots, host_indices, device_indices)
+        n = device_indices.numel()
+        if n == 0:
+            return
+        by_page = layouts.is_paged(self.layout) and self.page_size > 1
+        run_list = None
+        for slot, pool in slots:
+            for mv in self._moves_for(slot, pool):
+                if layer_id is None:
+                    dev_layer, count = 0, mv.num_layers
+                elif local < mv.num_layers:
+                    dev_layer, count = local, 1
+                else:
+                    continue    # an indexer with fewer layers than the model
+                host_layer = mv.host_layer + dev_layer
+                config = config_for(op, pool.device, mv.dev_map, n, count, crosses_link=True)
+                if self._strategy(config, pool) == "kernel":
+                    h = hidx.to(pool.device, non_blocking=True)
+                    if op == "backup":
+                        run_copy(op, mv.dev_map, device_indices, mv.host_map, h, src_layer=dev_layer,
+                                 dst_layer=host_layer, num_layers=count, by_page=by_page, config=config)
+                    else:
+                        run_copy(op, mv.host_map, h, mv.dev_map, device_indices, src_layer=host_layer,
+                                 dst_layer=dev_layer, num_layers=count, by_page=by_page, config=config)
+                    continue
+                if run_list is None:
+                    h = hidx.cpu()
+                    run_list = dma.runs(h[::self.page_size] // self.page_size
+                                        if layouts.is_paged(self.layout) else h)
+                move = dma.backup if op == "backup" else dma.load
+                move(op, mv.dev_map, device_indices, mv.host_buf, self.layout, self.page_size,
+                     dev_layer, host_layer, count, run_list, by_page, config)
+
+    def _strategy(self, config, pool) -> str:
+        if self.strategy != "auto":
+            return self.strategy
+        if platform_of(pool.device) == "npu":
+            return "dma"   # Ascend kernels reach only registered host memory
+        return config.strategy
+
+    # ------------------------------------------------------------------ resolution and checks
+    def _resolve(self, device_pool, whole: bool) -> List[Tuple[int, DevicePool]]:
+        """(packed slot, pool) pairs a call moves: the target moves every packed pool
+        for all-layer calls; another pool with the target's rows stands in for it."""
+        for i, p in enumerate(self.pools):
+            if p is device_pool:
+                return list(enumerate(self.pools)) if i == 0 and whole else [(i, p)]
+        if not isinstance(device_pool, DevicePool):
+            raise fail("device_pool", type(device_pool).__name__, "must be a DevicePool")
+        _check_rows("device_pool", device_pool, self.pools[0], layers=True)
+        return [(0, device_pool)]
+
+    def _check_indices(self, slots, host_indices, device_indices) -> torch.Tensor:
+        if not isinstance(host_indices, torch.Tensor):
+            raise fail("host_indices", type(host_indices).__name__, "must be a torch.Tensor of int32 or int64")
+        hdev = host_indices.device if host_indices.device.type == "cpu" else self.device
+        check_index("host_indices", host_indices, hdev)
+        for _, pool in slots:
+            check_index("device_indices", device_indices, pool.index_device)
+        if host_indices.numel() != device_indices.numel():
+            raise fail("device_indices", f"{device_indices.numel()} indices",
+                       f"host_indices has {host_indices.numel()}; counts must match")
+        if self.check:
+            check_range("host_indices", host_indices, self.size)
+            for _, pool in slots:
+                check_range("device_indices", device_indices, pool.size)
+            if layouts.is_paged(self.layout):   # page layouts move whole pages
+                check_page_aligned("host_indices", host_indices, self.page_size)
+                check_page_aligned("device_indices", device_indices, self.page_size)
+        return host_indices
+
+    def _moves_for(self, slot: int, pool: DevicePool) -> List[Move]:
+        """Per host group: one move with the pool's matching group map, else one move per
+        component (the pool keeps those components in separate allocations)."""
+        key = (slot, id(pool))
+        moves = self._moves.get(key)
+        if moves is not None and moves[0].dev_map is _first_map(pool):
+            return moves
+        dev_groups = {names: m for names, m in pool.groups}
+        moves = []
+        for names, host_map, buf in self.groups:
+            layers = pool.components[names[0]].num_layers
+            off = self.offsets[slot][names[0]]
+            if names in dev_groups:
+                moves.append(Move(names, dev_groups[names], host_map, buf, layers, off))
+            else:
+                moves.extend(Move((n,), pool.maps[n], self.maps[n], buf[i:i + 1], layers, off)
+                             for i, n in enumerate(names))
+        self._moves[key] = moves
+        return moves
+
+    # ------------------------------------------------------------------ pages
+    def get_page(self, index: int) -> torch.Tensor:
+        """The bytes of the page starting at host slot ``index``, all layers and
+        components, as one flat uint8 tensor (in the host layout's order)."""
+        from .pages import get_page
+        return get_page(self, index)
+
+    def set_page(self, index: int, data: torch.Tensor) -> None:
+        """Write a `get_page` result into the page starting at host slot ``index``."""
+        from .pages import set_page
+        set_page(self, index, data)
+
+    @property
+    def page_bytes(self) -> int:
+        return self.bytes_per_token * self.page_size
+
+    def get_page_buffer_meta(self, indices: torch.Tensor):
+        """(addresses, sizes) of every contiguous region of the pages at ``indices``
+        (page-aligned host slots, page_size per page), page by page."""
+        from .pages import get_page_buffer_meta
+        return get_page_buffer_meta(self, indices)
+
+
+def _first_map(pool: DevicePool) -> RowMap:
+    return pool.groups[0][1]
+
+
+def _check_rows(arg: str, pool: DevicePool, target: DevicePool, layers: bool = False) -> None:
+    """``pool`` must hold the target's components with the same rows (and, standing in
+    for the target, the same layer counts and page size)."""
+    if set(pool.components) != set(target.components):
+        raise fail(f"{arg}.components", sorted(pool.components), f"the host pool holds {sorted(target.components)}")
+    if pool.page_size != target.page_size:
+        raise fail(f"{arg}.page_size", pool.page_size, f"the host pool uses {target.page_size}")
+    for n, c in target.components.items():
+        bad = c.mismatch(pool.components[n])
+        if bad:
+            raise fail(f"{arg}.{n}.{bad[0]}", bad[1], f"the host pool holds {bad[2]}")
+        if layers and pool.components[n].num_layers != c.num_layers:
+            raise fail(f"{arg}.{n}.layer_num", pool.components[n].num_layers,
+                       f"the host pool holds {c.num_layers} layers for this pool")

@@ -1,0 +1,59 @@
+"""Page access for storage tiers: one host page's bytes across all layers and
+components, and the address/size of each contiguous region of a page (zero copy)."""
+from __future__ import annotations
+
+from typing import Iterator, List, Tuple
+
+import torch
+
+from kvtier.kernels.errors import fail
+from kvtier.kernels.validate import check_index, check_page_aligned, check_range
+
+from . import layouts
+
+
+def _check_page_index(host, index) -> None:
+    if not isinstance(index, int) or isinstance(index, bool):
+        raise fail("index", index, "must be an int (the page's first host slot)")
+    if not 0 <= index < host.size or index % host.page_size:
+        raise fail("index", index, f"must be a page start (multiple of {host.page_size}) below {host.size}")
+
+
+def page_views(host, index: int) -> Iterator[torch.Tensor]:
+    """One view per host group of the page starting at slot ``index`` (layout order)."""
+    ud = layouts.unit_dim(host.layout)
+    paged = layouts.is_paged(host.layout)
+    start, length = (index // host.page_size, 1) if paged else (index, host.page_size)
+    for _, _, buf in host.groups:
+        yield buf.narrow(ud, start, length)
+
+
+def get_page(host, index: int) -> torch.Tensor:
+    _check_page_index(host, index)
+    return torch.cat([v.view(torch.uint8).reshape(-1) for v in page_views(host, index)])
+
+
+def set_page(host, index: int, data: torch.Tensor) -> None:
+    _check_page_index(host, index)
+    if not isinstance(data, torch.Tensor) or data.dtype != torch.uint8 or data.shape != (host.page_bytes,):
+        got = (tuple(data.shape), data.dtype) if isinstance(data, torch.Tensor) else type(data).__name__
+        raise fail("data", got, f"must be a flat uint8 tensor of {host.page_bytes} bytes (get_page's form)")
+    off = 0
+    for v in page_views(host, index):
+        b = v.view(torch.uint8)
+        b.copy_(data[off:off + b.numel()].view(b.shape))
+        off += b.numel()
+
+
+def get_page_buffer_meta(host, indices: torch.Tensor) -> Tuple[List[int], List[int]]:
+    check_index("indices", indices, indices.device if isinstance(indices, torch.Tensor) else None)
+    indices = indices.cpu()
+    check_range("indices", indices, host.size)
+    check_page_aligned("indices", indices, host.page_size)
+    ptrs, sizes = [], []
+    for index in indices[::host.page_size].tolist():
+        for v in page_views(host, index):
+            for (piece,) in layouts.contiguous_pieces(v):
+                ptrs.append(piece.data_ptr())
+                sizes.append(piece.numel() * piece.element_size())
+    return ptrs, sizes

@@ -1,0 +1,56 @@
+"""Prefill-decode transfer check: both sides must agree on the layout before a byte is
+sent, or the receiver would read rows of the wrong size or layer."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Tuple, Union
+
+from kvtier.kernels.errors import fail
+
+
+@dataclass(frozen=True)
+class TransferLayout:
+    """What a transfer peer must match.
+
+    item_bytes: bytes of one transferred item per component (a row, or a page of rows),
+        in the pool's component order.
+    num_layers: layers per component (the first component's; indexers may differ).
+    attn_tp_size: attention tensor-parallel size (heads are split across ranks).
+    num_regions: registered memory regions (one per component per layer).
+    """
+
+    item_bytes: Tuple[int, ...]
+    num_layers: int
+    attn_tp_size: int
+    num_regions: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def transfer_layout(pool, *, attn_tp_size: int = 1, by_page: bool = True) -> TransferLayout:
+    if not isinstance(attn_tp_size, int) or attn_tp_size <= 0:
+        raise fail("attn_tp_size", attn_tp_size, "must be a positive int")
+    comps = pool.spec()
+    per = pool.page_size if by_page else 1
+    return TransferLayout(item_bytes=tuple(c.row_bytes * per for c in comps),
+                          num_layers=pool.num_layers, attn_tp_size=attn_tp_size,
+                          num_regions=sum(c.num_layers for c in comps))
+
+
+def check_transfer_layout(pool, remote: Union[TransferLayout, dict], *, attn_tp_size: int = 1,
+                          by_page: bool = True) -> None:
+    """Raise `KvtierError` naming the first field where ``remote`` (a `TransferLayout`, or
+    its ``to_dict()`` received from the peer) differs from this pool's layout."""
+    local = transfer_layout(pool, attn_tp_size=attn_tp_size, by_page=by_page)
+    if isinstance(remote, TransferLayout):
+        remote = remote.to_dict()
+    if not isinstance(remote, dict):
+        raise fail("remote", type(remote).__name__, "must be a TransferLayout or its to_dict()")
+    for f in fields(TransferLayout):
+        if f.name not in remote:
+            raise fail("remote", sorted(remote), f"lacks {f.name!r}")
+        theirs, ours = remote[f.name], getattr(local, f.name)
+        if (tuple(theirs) if isinstance(ours, tuple) else theirs) != ours:
+            raise fail(f"remote.{f.name}", theirs, f"this side has {ours}; the layouts must match "
+                       "before anything is sent")
