@@ -219,6 +219,39 @@ class RowMap:
         return m
 
     @classmethod
+    def from_table(cls, table: torch.Tensor, *, row_bytes: int, num_rows: int, page_size: int = 1,
+                   token_stride: Optional[int] = None, page_stride: Optional[int] = None,
+                   owners: Optional[Sequence[torch.Tensor]] = None) -> "RowMap":
+        """Layers known only by a table of base addresses (an engine's per-layer pointer
+        array, such as SGLang's ``k_data_ptrs``): ``table`` is 1-D int64 or uint64, one
+        address per layer, on the device whose kernels read it. Row ``i`` of layer ``l`` is
+        at ``table[l] + (i // P) * page_stride + (i % P) * token_stride`` (default: rows
+        packed). A table carries no sizes, so ``num_rows`` is the caller's word; ``owners``
+        (the tensor each address points into) lets the rows be checked to stay inside them
+        and lets the torch reference read them. Reads the table once (a device sync) for
+        the addresses' alignment."""
+        if (not isinstance(table, torch.Tensor) or table.dtype not in _ADDRESS_DTYPES
+                or table.dim() != 1 or table.numel() == 0):
+            raise fail("table", getattr(table, "dtype", type(table).__name__),
+                       "must be a non-empty 1-D int64 or uint64 tensor of addresses")
+        table = table.contiguous().view(torch.int64)  # same bytes; the kernel reads int64
+        addrs = table.tolist()
+        if min(addrs) <= 0:
+            raise fail("table", min(addrs), "holds a null or negative address")
+        token_stride = row_bytes if token_stride is None else token_stride
+        page_stride = token_stride * page_size if page_stride is None else page_stride
+        if owners is not None and len(owners) != len(addrs):
+            raise fail("owners", len(owners), f"must name one tensor per table entry ({len(addrs)})")
+        m = cls(num_components=1, num_layers=len(addrs), num_rows=num_rows, page_size=page_size,
+                row_bytes=row_bytes, chunk_bytes=row_bytes, n_chunks=1, chunk_stride=0,
+                token_stride=token_stride, page_stride=page_stride, layer_stride=0, comp_stride=0,
+                base=0, table=table, device=table.device,
+                align=_pow2_align(row_bytes, token_stride, page_stride, *addrs),
+                segments=tuple(zip(owners, addrs)) if owners is not None else ())
+        m._check_bounds()
+        return m
+
+    @classmethod
     def from_host_layout(cls, t: torch.Tensor, layout: str, page_size: int) -> "RowMap":
         """One component of a host pool buffer in a named layout:
 
@@ -318,6 +351,8 @@ class RowMap:
 
 
 _WORD_DTYPES = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+# Address tables: int64, or uint64 as engines build them (torch.uint64 needs torch >= 2.3).
+_ADDRESS_DTYPES = tuple(d for d in (torch.int64, getattr(torch, "uint64", None)) if d is not None)
 
 
 def _check_tensor(arg: str, t, min_dim: int) -> None:

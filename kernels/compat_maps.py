@@ -1,0 +1,221 @@
+"""Engine arguments as row maps, and the one copy every engine adapter ends in.
+
+The engine adapters (`kvtier.kernels.compat`) take an engine's own arguments: tensors
+addressed by byte arithmetic from ``item_size`` and ``layout_dim``, per-layer pointer
+tables, lists of per-layer tensors, token indices wherever they live. This module turns
+each of those into a `RowMap` (the layouts stay data: strides, not branches), and
+`run_copy` validates every component of a transfer before the first byte moves, then
+copies them, in one launch where the components can share it.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+
+from .copy_rows import copy_rows, interpreter_active, triton_available
+from .errors import KvtierError, fail
+from .rowmap import RowMap
+from .validate import check_copy, check_index, compute_device
+
+# Rows assumed behind a raw address table: it carries no size, so indices into a table
+# side are checked for sign only (as the engines' own kernels do not check them at all).
+UNSIZED_ROWS = 1 << 40
+
+
+# ---------------------------------------------------------------- tensors by byte arithmetic
+def _dense_bytes(arg: str, t, outer: int) -> int:
+    """Bytes of tensor ``t``, which an engine kernel addresses as ``base + i * outer + ...``:
+    it must be contiguous (byte arithmetic ignores strides) and hold at least one ``outer``
+    run; where it has a leading dim, that dim's stride must be ``outer`` (which catches an
+    ``item_size`` given in elements rather than bytes)."""
+    if not isinstance(t, torch.Tensor):
+        raise fail(arg, type(t).__name__, "must be a torch.Tensor")
+    if not t.is_contiguous():
+        raise fail(arg, tuple(t.stride()), "must be contiguous: the call addresses it by byte offsets")
+    nbytes = t.numel() * t.element_size()
+    if nbytes < outer:
+        raise fail(arg, tuple(t.shape), f"holds {nbytes} bytes, less than one {outer}-byte row run")
+    if t.dim() >= 2 and t.shape[0] > 1 and t.stride(0) * t.element_size() != outer:
+        raise fail(arg, tuple(t.shape), f"rows {t.stride(0) * t.element_size()} bytes apart along dim 0; "
+                   f"the call implies {outer} (item_size and layout_dim are in bytes)")
+    return nbytes
+
+
+def _positive(arg: str, v) -> int:
+    if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+        raise fail(arg, v, "must be a positive int")
+    return v
+
+
+def _layers_in(layout_dim: int, item_size: int, arg: str = "layout_dim") -> int:
+    _positive(arg, layout_dim)
+    if layout_dim % item_size:
+        raise fail(arg, layout_dim, f"must be a whole number of item_size={item_size}-byte rows")
+    return layout_dim // item_size
+
+
+def layer_first(arg: str, t: torch.Tensor, item_size: int) -> RowMap:
+    """One layer, rows packed: row i at ``base + i * item_size`` (SGLang's ``lf``)."""
+    _positive("item_size", item_size)
+    rows = _dense_bytes(arg, t, item_size) // item_size
+    return RowMap.from_strides(t, num_layers=1, num_rows=rows, page_size=1, row_bytes=item_size,
+                               token_stride=item_size, page_stride=item_size, layer_stride=0)
+
+
+def page_first(arg: str, t: torch.Tensor, item_size: int, layout_dim: int) -> RowMap:
+    """All layers of a token together: row (i, l) at ``base + i * layout_dim + l * item_size``
+    (SGLang's ``pf``; ``layout_dim`` = layers x item_size bytes)."""
+    _positive("item_size", item_size)
+    layers = _layers_in(layout_dim, item_size)
+    rows = _dense_bytes(arg, t, layout_dim) // layout_dim
+    return RowMap.from_strides(t, num_layers=layers, num_rows=rows, page_size=1, row_bytes=item_size,
+                               token_stride=layout_dim, page_stride=layout_dim, layer_stride=item_size)
+
+
+def page_head(arg: str, t: torch.Tensor, item_size: int, layout_dim: int, page_size: int,
+              head_num: int) -> RowMap:
+    """The page_head layout (pages, heads, page_size, layers, head bytes): a row is
+    ``head_num`` chunks, one per head (SGLang's ``ph``)."""
+    _positive("item_size", item_size)
+    _positive("page_size", page_size)
+    _positive("head_num", head_num)
+    if item_size % head_num:
+        raise fail("head_num", head_num, f"must divide item_size={item_size}")
+    layers = _layers_in(layout_dim, item_size)
+    head_bytes, page_bytes = item_size // head_num, page_size * layout_dim
+    pages = _dense_bytes(arg, t, page_bytes) // page_bytes
+    return RowMap.from_strides(t, num_layers=layers, num_rows=pages * page_size, page_size=page_size,
+                               row_bytes=item_size, token_stride=layout_dim // head_num,
+                               page_stride=page_bytes, layer_stride=head_bytes, n_chunks=head_num,
+                               chunk_stride=page_size * layout_dim // head_num)
+
+
+def layer_table(arg: str, layers, item_size: int, num_layers: int, exact: bool = True) -> RowMap:
+    """Per-layer bases: a uint64/int64 address table (rows packed, ``item_size`` apart, no
+    size known) or, as an extension, a list of per-layer tensors (sizes checked). The
+    source table must list exactly ``num_layers`` layers (SGLang checks that too); a
+    destination (``exact=False``) may list more."""
+    _positive("item_size", item_size)
+    _positive("num_layers", num_layers)
+    count = layers.numel() if isinstance(layers, torch.Tensor) and layers.dim() == 1 else (
+        len(layers) if isinstance(layers, (list, tuple)) else None)
+    if count is not None and (count < num_layers or (exact and count != num_layers)):
+        raise fail(f"{arg}.size(0)", count, f"does not match num_layers={num_layers}")
+    if isinstance(layers, torch.Tensor):
+        try:
+            return RowMap.from_table(layers, row_bytes=item_size, num_rows=UNSIZED_ROWS)
+        except KvtierError as e:
+            raise KvtierError(f"{arg}: {e}") from None
+    m = per_layer_list(arg, layers)
+    if m.row_bytes != item_size:
+        raise fail("item_size", item_size, f"the rows of {arg} are {m.row_bytes} bytes")
+    return m
+
+
+def per_layer_list(arg: str, layers: Sequence[torch.Tensor], page_size: int = 1) -> RowMap:
+    """A list of per-layer tensors ``(N, *row)``; with ``page_size`` > 1 only whole pages
+    are mapped (a trailing partial page cannot hold a page)."""
+    if isinstance(layers, torch.Tensor) or not isinstance(layers, (list, tuple)) or not layers:
+        raise fail(arg, type(layers).__name__, "must be a non-empty list of per-layer tensors")
+    if page_size > 1:
+        layers = [t[: t.shape[0] // page_size * page_size] if isinstance(t, torch.Tensor) and t.dim() else t
+                  for t in layers]
+    try:
+        return RowMap.from_layers(list(layers), page_size=page_size)
+    except KvtierError as e:
+        raise KvtierError(f"{arg}: {e}") from None
+
+
+# ---------------------------------------------------------------- indices
+def indices(src_indices, dst_indices, device: torch.device, *, skip_negative: bool = False,
+            check: bool = True) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Both index lists checked (tensor, int32/int64, 1-D, equal lengths) and moved to the
+    device where the copy runs. ``skip_negative`` drops every pair with a negative index,
+    as SGLang's kernels skip them; that needs a device sync, so it is done with the other
+    value checks (``check=True``) only."""
+    for arg, idx in (("src_indices", src_indices), ("dst_indices", dst_indices)):
+        check_index(arg, idx, idx.device if isinstance(idx, torch.Tensor) else device)
+    if src_indices.numel() != dst_indices.numel():
+        raise fail("dst_indices", f"{dst_indices.numel()} indices",
+                   f"src_indices has {src_indices.numel()}; counts must match")
+    si, di = (i if i.device == device else i.to(device, non_blocking=True)
+              for i in (src_indices, dst_indices))
+    if skip_negative and check and si.numel():
+        keep = (si >= 0) & (di >= 0)
+        if not bool(keep.all()):
+            si, di = si[keep], di[keep]
+    return si, di
+
+
+def page_count(indices_numel: int, page_size: int, arg: str = "src_indices") -> None:
+    """The direct and Ascend calls move whole pages: the index count must be a multiple."""
+    _positive("page_size", page_size)
+    if indices_numel % page_size:
+        raise fail(f"len({arg})", indices_numel, f"must be a multiple of page_size={page_size}")
+
+
+# ---------------------------------------------------------------- the copy
+Pair = Tuple[RowMap, RowMap]
+# One layer map over some component pairs: (pairs, src_layer, dst_layer, num_layers).
+Job = Tuple[Sequence[Pair], int, int, Optional[int]]
+
+
+def run_copy(pairs: Sequence[Pair], src_indices, dst_indices, *, src_layer: int = 0,
+             dst_layer: int = 0, num_layers: Optional[int] = None, **kw) -> None:
+    """Copy every (src, dst) component pair over one layer map at the same indices."""
+    run_jobs([(pairs, src_layer, dst_layer, num_layers)], src_indices, dst_indices, **kw)
+
+
+def run_jobs(jobs: Sequence[Job], src_indices, dst_indices, *, op: str, by_page: bool = False,
+             skip_negative: bool = False, config=None, block_quota: Optional[int] = None,
+             check: bool = True) -> None:
+    """Copy several jobs (each its own layer map, as the Ascend indexer cache has) at the
+    same indices. Within a job, components that can share a launch (equal geometry, one
+    allocation or address tables) are stacked into one. Every copy is validated before
+    the first one runs, so a bad argument moves no byte."""
+    maps = [m for pairs, *_ in jobs for p in pairs for m in p]
+    device = compute_device(*maps)
+    si, di = indices(src_indices, dst_indices, device, skip_negative=skip_negative, check=check)
+    plans = []
+    for pairs, src_layer, dst_layer, num_layers in jobs:
+        for s, d in _stacked(list(pairs)):
+            _, n_layers = check_copy(s, si, d, di, src_layer, dst_layer, num_layers, by_page,
+                                     check_values=check)
+            plans.append((s, d, src_layer, dst_layer, n_layers))
+    if si.numel() == 0:
+        return
+    _require_runnable(maps, device)
+    for s, d, sl, dl, nl in plans:
+        cfg = config or _config(op, device, s, si.numel(), nl, block_quota)
+        copy_rows(s, si, d, di, src_layer=sl, dst_layer=dl, num_layers=nl, by_page=by_page,
+                  config=cfg, check=False)
+
+
+def _stacked(pairs: List[Pair]) -> List[Pair]:
+    if len(pairs) > 1:
+        src, dst = RowMap.stack([s for s, _ in pairs]), RowMap.stack([d for _, d in pairs])
+        if src is not None and dst is not None:
+            return [(src, dst)]
+    return pairs
+
+
+def _config(op: str, device: torch.device, m: RowMap, n: int, num_layers: int,
+            block_quota: Optional[int]):
+    from kvtier.autotune import select_config
+    from .platform import platform_of
+    cfg = select_config(op, platform_of(device), row_bytes=m.row_bytes, page_size=m.page_size,
+                        num_rows=n, num_layers=num_layers, crosses_link=True)
+    if block_quota is not None:
+        cfg = replace(cfg, num_programs=_positive("block_quota", block_quota))
+    return cfg
+
+
+def _require_runnable(maps: Sequence[RowMap], device: torch.device) -> None:
+    """A map built from a bare address table has no tensors for the torch reference to
+    read; say so (before any byte moves) where the reference would have to run."""
+    kernel_runs = triton_available() and (device.type != "cpu" or interpreter_active())
+    if not kernel_runs and any(m.is_table and not m.segments for m in maps):
+        raise KvtierError("a pointer table side needs the Triton kernel (the torch reference "
+                          "cannot read raw addresses); install Triton, or pass per-layer tensors")
