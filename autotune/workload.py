@@ -78,12 +78,12 @@ class Transfer:
     by_page: bool
     nbytes: int                         # bytes one run moves
     num_rows: int
+    src_tensors: List[torch.Tensor] = field(repr=False, default_factory=list)
     dst_tensors: List[torch.Tensor] = field(repr=False, default_factory=list)
     # dma: the staging map, its indices and (destination, source) bulk-copy runs
     stage: Optional[RowMap] = None
     stage_idx: Optional[torch.Tensor] = None
     runs: List[Tuple[torch.Tensor, torch.Tensor]] = field(repr=False, default_factory=list)
-    keep: list = field(repr=False, default_factory=list)
 
     @property
     def crosses_link(self) -> bool:
@@ -122,11 +122,16 @@ class Transfer:
         """Whether every destination row holds its source row (bit for bit)."""
         for c in range(self.src.num_components):
             for layer in range(self.src.num_layers):
-                s = layer_rows(self.src, c, layer).reshape(-1, self.src.row_bytes)[self.src_idx.long()]
-                d = layer_rows(self.dst, c, layer).reshape(-1, self.dst.row_bytes)[self.dst_idx.long()]
-                if not torch.equal(s, d):
+                if not torch.equal(rows_of(self.src, c, layer, self.src_idx),
+                                   rows_of(self.dst, c, layer, self.dst_idx)):
                     return False
         return True
+
+
+def rows_of(m: RowMap, comp: int, layer: int, idx: torch.Tensor) -> torch.Tensor:
+    """The bytes of rows ``idx`` of one layer of one component, one row per line (a copy)."""
+    idx = idx.long()
+    return layer_rows(m, comp, layer)[idx // m.page_size, idx % m.page_size].reshape(idx.numel(), -1)
 
 
 def build_transfer(shape: PoolShape, op: str, num_rows: int, device: torch.device,
@@ -159,7 +164,8 @@ def build_transfer(shape: PoolShape, op: str, num_rows: int, device: torch.devic
     src, si, dst, di = (dev_maps, dev_idx, other, slots) if forward else (other, slots, dev_maps, dev_idx)
     t = Transfer(op=op, src=src, src_idx=si, dst=dst, dst_idx=di, by_page=P > 1,
                  nbytes=n * shape.row_bytes * shape.num_layers * shape.num_components, num_rows=n,
-                 dst_tensors=other_tensors if forward else dev_tensors, keep=dev_tensors + other_tensors)
+                 src_tensors=dev_tensors if forward else other_tensors,
+                 dst_tensors=other_tensors if forward else dev_tensors)
     if OPS[op]:
         _add_staging(t, shape, n, other_tensors[0], device)
     return t
@@ -200,7 +206,6 @@ def _add_staging(t: Transfer, shape: PoolShape, n: int, host: torch.Tensor, devi
     t.stage_idx = torch.arange(n, device=device)
     host_slice = host.narrow(dim + 1, 0, n // shape.page_size if paged else n)
     t.runs = list(_runs(host_slice, stage))
-    t.keep.append(stage)
 
 
 def _runs(a: torch.Tensor, b: torch.Tensor):

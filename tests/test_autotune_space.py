@@ -1,0 +1,76 @@
+"""The search space: program cap, clamping duplicates away, tile limits, strategies."""
+import pytest
+
+from kvtier.autotune.key import DeviceId
+from kvtier.autotune.space import (MAX_PROGRAMS_ENV, candidates, default_max_programs, program_counts,
+                                   space_for)
+
+H200 = DeviceId("cuda", "NVIDIA H200", "sm_90", 132)
+MI300 = DeviceId("rocm", "AMD Instinct MI300X", "gfx942", 304)
+NPU = DeviceId("npu", "Ascend910B4", "Ascend910B4", 40, 192 * 1024)
+CPU = DeviceId("cpu", "x86_64", "x86_64", 2)
+
+
+@pytest.fixture(autouse=True)
+def _no_env_cap(monkeypatch):
+    monkeypatch.delenv(MAX_PROGRAMS_ENV, raising=False)
+
+
+def test_program_counts():
+    assert program_counts(1) == [1]
+    assert program_counts(16) == [1, 2, 4, 8, 16]
+    assert program_counts(40) == [1, 2, 4, 8, 16, 32, 40]
+
+
+def test_default_cap_per_device_and_user_override(monkeypatch):
+    assert default_max_programs(H200, crosses_link=True) == 16        # an eighth of 132 SMs
+    assert default_max_programs(H200, crosses_link=False) == 132
+    assert default_max_programs(DeviceId("cuda", "small", "sm_80", 8), True) == 2
+    assert default_max_programs(NPU, True) == 40                      # one per vector core
+    monkeypatch.setenv(MAX_PROGRAMS_ENV, "6")
+    assert default_max_programs(H200, crosses_link=True) == 6
+
+
+@pytest.mark.parametrize("device", [H200, MI300])
+@pytest.mark.parametrize("chunk", [64, 656, 4096])
+def test_gpu_candidates_respect_cap_clamp_and_tile_limit(device, chunk):
+    cfgs = candidates(device, chunk_bytes=chunk, crosses_link=True, max_programs=12)
+    space = space_for(device)
+    assert len(cfgs) == len(set(cfgs)) > 0
+    assert {c.num_programs for c in cfgs} == {1, 2, 4, 8, 12}
+    assert {c.strategy for c in cfgs} == {"kernel", "dma"}
+    widest = 1 << (chunk.bit_length() - 1)
+    kernel = [c for c in cfgs if c.strategy == "kernel"]
+    assert max(c.block_bytes for c in kernel) == min(4096, widest)   # clamped like the launcher
+    assert all(c.rows * c.block_bytes <= space.tile_limit for c in kernel)
+    # more warps than the tile feeds 16 bytes each are dropped, the fewest warps stay
+    assert all(c.num_warps == 1 or c.rows * c.block_bytes >= c.num_warps * space.warp * 16 for c in kernel)
+    assert any(c.num_warps == 1 for c in kernel)
+    # 8 warps only where some tile feeds them: 16 rows x 64 B does not
+    assert any(c.num_warps == 8 for c in kernel) == (chunk >= 656)
+
+
+def test_device_local_copies_time_kernels_only():
+    cfgs = candidates(H200, chunk_bytes=1024, crosses_link=False)
+    assert {c.strategy for c in cfgs} == {"kernel"}
+    assert max(c.num_programs for c in cfgs) == 132
+
+
+def test_npu_space_has_no_warps_dma_across_the_link_and_fits_the_unified_buffer():
+    across = candidates(NPU, chunk_bytes=65536, crosses_link=True)
+    assert {c.strategy for c in across} == {"dma"}
+    local = candidates(NPU, chunk_bytes=65536, crosses_link=False)
+    assert {c.num_warps for c in local} == {1}
+    assert max(c.num_programs for c in local) == 40
+    assert all(c.rows * c.block_bytes <= 96 * 1024 for c in local)
+    assert any(c.rows * c.block_bytes == 65536 for c in local)
+
+
+def test_quick_space_is_smaller():
+    assert len(candidates(H200, chunk_bytes=1024, crosses_link=True, quick=True)) < \
+        len(candidates(H200, chunk_bytes=1024, crosses_link=True)) / 3
+
+
+def test_cpu_space_is_tiny():
+    cfgs = candidates(CPU, chunk_bytes=64, crosses_link=True)
+    assert 0 < len(cfgs) <= 8
