@@ -231,6 +231,7 @@ def host_device_address(tensor: torch.Tensor, platform: str) -> Optional[int]:
 _NPU_UB_BYTES = {"Ascend910B1": 256 << 10, "Ascend910B2": 256 << 10,
                  "Ascend910B3": 192 << 10, "Ascend910B4": 192 << 10}
 _NPU_UB_DEFAULT = 192 << 10
+NPU_MIN_ROWS = 2
 
 
 def _triton_npu_counts(device) -> dict:
@@ -275,13 +276,15 @@ def npu_launch_limits(device=None, *, props: Optional[dict] = None) -> dict:
     grid: one program per vector core (the grid is bound to physical cores; each program
     loops over its share). max_tile_bytes: the largest [ROWS, BLOCK] tile, half the Unified
     Buffer (a load and a store in flight, double-buffered) and a power of two.
+    min_rows: rows per tile at least 2: triton-ascend 3.2 cannot lower a gather whose row
+    dimension has size 1 (tests/ascend shows it); a short tile repeats its last row.
     ``props`` (from device_properties) can be passed to compute without a device.
     """
     props = props if props is not None else device_properties(device)
     cores = int(props.get("num_vectorcore") or props.get("compute_units") or 1)
     ub = int(props.get("ub_bytes") or _NPU_UB_DEFAULT)
     tile = 1 << ((ub // 2).bit_length() - 1)
-    return {"grid": max(1, cores), "max_tile_bytes": tile, "ub_bytes": ub}
+    return {"grid": max(1, cores), "max_tile_bytes": tile, "ub_bytes": ub, "min_rows": NPU_MIN_ROWS}
 
 
 def platform_info() -> dict:
