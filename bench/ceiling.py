@@ -1,0 +1,46 @@
+"""The ceilings each point is compared with, measured in the same run: one large pinned
+host -> device copy, one device -> host copy (the link), and one device -> device copy
+(the bound for gather). Bytes counted are the bytes delivered, as for every point."""
+from __future__ import annotations
+
+from dataclasses import dataclass, asdict
+
+import torch
+
+from .timing import gbps, time_calls
+
+# Which ceiling bounds which operation.
+CEILING_OF = {"backup_all": "d2h", "load_layer": "h2d", "load_all": "h2d", "gather": "d2d"}
+
+
+@dataclass(frozen=True)
+class Ceilings:
+    h2d: float   # GB/s
+    d2h: float
+    d2d: float
+    nbytes: int
+
+    def of(self, op: str) -> float:
+        return getattr(self, CEILING_OF[op])
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def measure_ceilings(device: torch.device, nbytes: int, *, warmup: int = 2, iters: int = 5) -> Ceilings:
+    """Bulk-copy bandwidth each way with ``nbytes`` buffers (pinned host memory where the
+    device has a link; on the CPU every copy is a memcpy)."""
+    pin = device.type != "cpu"
+    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin)
+    host.random_(0, 256)
+    dev = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    dev2 = torch.empty(nbytes, dtype=torch.uint8, device=device)
+
+    def rate(dst, src):
+        t = time_calls(lambda: dst.copy_(src, non_blocking=True), device, warmup=warmup, iters=iters)
+        return gbps(nbytes, t.device_s)
+
+    h2d = rate(dev, host)
+    d2h = rate(host, dev)
+    d2d = rate(dev2, dev)
+    return Ceilings(h2d=h2d, d2h=d2h, d2d=d2d, nbytes=nbytes)

@@ -1,0 +1,130 @@
+"""Run a sweep: measure the ceilings, then every point of every engine, each one
+verified byte for byte before it is timed."""
+from __future__ import annotations
+
+import datetime
+import functools
+import time
+from typing import Callable, Optional
+
+import torch
+
+from kvtier.kernels.platform import platform_of, synchronize
+
+from . import kvtier_engine, pool_engine, sgl_baseline, torch_baseline
+from .ceiling import measure_ceilings
+from .report import series
+from .sweep import Sweep
+from .timing import gbps, time_calls
+from .workload import Unsupported, Workload, verify
+
+# Seconds of timed calls a point aims for: fewer iterations for slow points.
+POINT_BUDGET_S = 0.25
+
+
+def environment(device: torch.device, sweep: Sweep) -> dict:
+    """Where and how the run was made; ``hardware_figures`` is False for CPU runs."""
+    from kvtier.kernels.copy_rows import interpreter_active, triton_available
+    env = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "device": kvtier_engine.device_name(device), "platform": platform_of(device),
+           "torch": torch.__version__, "triton_available": triton_available(),
+           "interpreter": interpreter_active(),
+           "hardware_figures": device.type != "cpu" and sweep.hardware}
+    try:
+        import triton
+        env["triton"] = triton.__version__
+    except ImportError:
+        pass
+    if device.type == "cpu":
+        env["note"] = ("CPU smoke run: kernels run under Triton's interpreter (or the torch "
+                       "reference); these figures are NOT hardware figures")
+    return env
+
+
+def _engines(sweep: Sweep, op: str, strategies: tuple, caps: tuple):
+    """(engine, strategy, cap, prepare(workload, op)) for every engine at one point."""
+    out = [("pool", st, 0, functools.partial(pool_engine.prepare, strategy=st))
+           for st in (("-",) if op == "gather" else strategies)]
+    out += [("copy_rows", "kernel", cap, functools.partial(kvtier_engine.prepare, num_programs=cap))
+            for cap in caps]
+    if "torch" in sweep.baselines:
+        out.append(("torch", "-", 0, torch_baseline.prepare))
+    kvio = sgl_baseline.load_kvcacheio() if "sgl_kernel" in sweep.baselines else None
+    if kvio is not None:
+        out.append(("sgl_kernel", "-", 0, functools.partial(sgl_baseline.prepare, kvio=kvio)))
+    return out
+
+
+def measure_point(w: Workload, op: str, prepare: Callable, sweep: Sweep, ceiling: float) -> dict:
+    """One engine at one point: prepare, poison the destination, run once, verify, time."""
+    rec = {"bytes": w.transfer(op).nbytes}
+    try:
+        p = prepare(w, op)
+    except Unsupported as e:
+        return {**rec, "skipped": str(e)}
+    except Exception as e:   # a failing engine must not end the run; the record says why
+        return {**rec, "error": f"{type(e).__name__}: {e}"}
+    try:
+        w.poison(op)
+        synchronize(w.device)
+        t0 = time.perf_counter()
+        p.fn()
+        synchronize(w.device)
+        once = time.perf_counter() - t0
+        t = p.written() if p.written else w.transfer(op)
+        wrong = verify(t)
+        if wrong:
+            return {**rec, "error": f"wrong bytes: {wrong}"}
+        iters = max(2, min(sweep.iters, int(POINT_BUDGET_S / max(once, 1e-9))))
+        tm = time_calls(p.fn, w.device, warmup=sweep.warmup, iters=iters)
+    except Exception as e:
+        return {**rec, "error": f"{type(e).__name__}: {e}"}
+    rate = gbps(rec["bytes"], tm.device_s)
+    return {**rec, "programs": p.programs, "iters": iters, "device_us": tm.device_s * 1e6,
+            "host_us": tm.host_s * 1e6, "gbps": rate,
+            "pct_ceiling": 100.0 * rate / ceiling if ceiling > 0 else None}
+
+
+def run_sweep(sweep: Sweep, device: torch.device, *, log: Optional[Callable[[str], None]] = print,
+              time_budget_s: Optional[float] = None) -> dict:
+    """Measure every point of ``sweep`` on ``device``; returns the run (JSON-ready)."""
+    log = log or (lambda s: None)
+    start = time.monotonic()
+    env = environment(device, sweep)
+    log(f"kvtier bench on {env['device']} ({env['platform']})" + (f": {env['note']}" if "note" in env else ""))
+    ceilings = measure_ceilings(device, sweep.ceiling_bytes)
+    log(f"ceilings: h2d {ceilings.h2d:.1f} GB/s, d2h {ceilings.d2h:.1f} GB/s, d2d {ceilings.d2d:.1f} GB/s "
+        f"({ceilings.nbytes >> 20} MiB copies)")
+    points, skipped, truncated = [], 0, False
+    w = None
+    for shape, op, strategies, caps in sweep.points():
+        if time_budget_s is not None and time.monotonic() - start > time_budget_s:
+            truncated = True
+            log(f"time budget of {time_budget_s:.0f} s spent: the remaining points are not measured")
+            break
+        if shape.supported():
+            skipped += 1
+            continue
+        if w is None or w.shape != shape:
+            w = None
+            if device.type != "cpu":
+                getattr(torch, device.type).empty_cache()
+            w = Workload(shape, device, seed=len(points))
+        for engine, strat, c, prepare in _engines(sweep, op, strategies, caps):
+            rec = {"op": op, "layout": shape.layout, "row_bytes": shape.row_bytes,
+                   "page_size": shape.page_size, "tokens": shape.tokens, "layers": w.transfer(op).num_layers,
+                   "components": shape.components, "engine": engine, "strategy": strat, "cap": c}
+            rec.update(measure_point(w, op, prepare, sweep, ceilings.of(op)))
+            points.append(rec)
+            log(_progress(rec))
+    return {"environment": env, "ceilings": ceilings.to_dict(), "points": points,
+            "skipped_shapes": skipped, "truncated": truncated,
+            "elapsed_s": round(time.monotonic() - start, 1)}
+
+
+def _progress(r: dict) -> str:
+    head = (f"{r['op']:<10} {r['layout']:<17} row {r['row_bytes']:>4} P {r['page_size']:>3} "
+            f"n {r['tokens']:>5} {series(r)}")
+    if "gbps" in r:
+        return f"{head}: {r['gbps']:.2f} GB/s"
+    return f"{head}: {r.get('skipped') or r.get('error')}"

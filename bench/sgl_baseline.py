@@ -1,0 +1,76 @@
+"""SGLang's sgl_kernel transfer functions as a baseline, when sgl_kernel is importable.
+
+Covers what those functions address directly: the layer_first host layout with token
+indices, for backup (all layers), load (one layer) and load (all layers); K/V pools
+(two components) through the MHA functions and single-component pools through the
+MLA ones. The launch uses sgl_kernel's default block quota (its programs per launch).
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+
+import torch
+
+from .workload import Prepared, Unsupported, Workload
+
+BLOCK_QUOTA = 2   # sgl_kernel's default: at most this many blocks per launch
+
+
+@functools.lru_cache(maxsize=None)
+def load_kvcacheio():
+    """sgl_kernel's kvcacheio module if it imports and has the API this baseline calls
+    (item_size in bytes, no io_backend argument), else None."""
+    try:
+        mod = importlib.import_module("sgl_kernel.kvcacheio")
+    except Exception:   # missing, or built for another torch / CUDA
+        return None
+    fn = getattr(mod, "transfer_kv_all_layer", None)
+    if fn is None:
+        return None
+    params = inspect.signature(fn).parameters
+    return mod if "item_size" in params and "io_backend" not in params else None
+
+
+def _pointers(tensors, device) -> torch.Tensor:
+    return torch.tensor([t.data_ptr() for t in tensors], dtype=torch.uint64, device=device)
+
+
+def prepare(w: Workload, op: str, kvio=None) -> Prepared:
+    kvio = kvio or load_kvcacheio()
+    if kvio is None:
+        raise Unsupported("sgl_kernel is not importable (or has another API)")
+    s = w.shape
+    if w.device.type != "cuda":
+        raise Unsupported("sgl_kernel runs on CUDA/ROCm devices only")
+    if s.layout != "layer_first":
+        raise Unsupported("this baseline drives sgl_kernel's layer_first functions only")
+    if op == "gather" or s.components > 2:
+        raise Unsupported(f"no sgl_kernel function for {op} with {s.components} components")
+    L, R = s.layers, s.row_bytes
+    dev = w.device_layers
+    host = [[w.host[c, l] for l in range(L)] for c in range(s.components)]
+    hi, di = w.host_slots.long(), w.device_slots.long()
+    mla = s.components == 1
+    if op == "load_layer":
+        l = L - 1
+        src, dst, si, ti = [h[l] for h in host], [d[l] for d in dev], hi, di
+        if mla:
+            return Prepared(lambda: kvio.transfer_kv_per_layer_mla(
+                src[0], dst[0], si, ti, R, block_quota=BLOCK_QUOTA), programs=BLOCK_QUOTA)
+        return Prepared(lambda: kvio.transfer_kv_per_layer(
+            src[0], dst[0], src[1], dst[1], si, ti, R, block_quota=BLOCK_QUOTA), programs=BLOCK_QUOTA)
+    if op == "backup_all":
+        src = [_pointers(d, w.device) for d in dev]
+        dst = [_pointers(h, w.device) for h in host]
+        si, ti = di, hi
+    else:  # load_all
+        src = [_pointers(h, w.device) for h in host]
+        dst = [_pointers(d, w.device) for d in dev]
+        si, ti = hi, di
+    if mla:
+        return Prepared(lambda: kvio.transfer_kv_all_layer_mla(
+            src[0], dst[0], si, ti, R, L, block_quota=BLOCK_QUOTA), programs=BLOCK_QUOTA)
+    return Prepared(lambda: kvio.transfer_kv_all_layer(
+        src[0], dst[0], src[1], dst[1], si, ti, R, L, block_quota=BLOCK_QUOTA), programs=BLOCK_QUOTA)

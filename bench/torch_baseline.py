@@ -1,0 +1,94 @@
+"""The plain-torch baseline: what engines fall back to without a transfer kernel.
+
+Per component and layer: index_select the source rows into a staging tensor on the
+source's side (pinned when it is the host), one non_blocking copy of the staging
+tensor across the link, then index_copy_ into the destination rows. A device -> host
+copy must wait for the link before the host can scatter, so it synchronises once per
+call. A same-device copy into rows 0..n-1 of a contiguous buffer (gather) selects
+straight into the destination, as an engine would write it.
+"""
+from __future__ import annotations
+
+import torch
+
+from kvtier.kernels.reference import layer_rows
+
+from .timing import synchronize
+from .workload import Prepared, Transfer, Workload
+
+
+class _Rows:
+    """One layer's rows, read and written by slot index. Layouts whose slots sit at one
+    stride (layer_first, page_first, device pools) get a (slots, ...) view and use
+    index_select / index_copy_; the others index (page, slot-in-page) pairs."""
+
+    def __init__(self, m, comp: int, layer: int, slots: torch.Tensor):
+        v = layer_rows(m, comp, layer)
+        self.row_shape = (m.n_chunks, m.chunk_bytes)
+        try:
+            self.flat, self.slots = v.view(m.num_rows, m.n_chunks, m.chunk_bytes), slots
+        except RuntimeError:
+            self.flat, self.view = None, v
+            self.pair = (slots // m.page_size, slots % m.page_size)
+
+    def select_into(self, out: torch.Tensor) -> None:
+        out = out.view(-1, *self.row_shape)
+        if self.flat is not None:
+            torch.index_select(self.flat, 0, self.slots, out=out)
+        else:
+            out.copy_(self.view[self.pair])
+
+    def prefix(self, n: int):
+        """The first n rows as one tensor, when the indices are exactly 0..n-1."""
+        if self.flat is None or not torch.equal(self.slots.cpu(), torch.arange(n)):
+            return None
+        return self.flat[:n]
+
+    def copy_from(self, rows: torch.Tensor) -> None:
+        rows = rows.view(-1, *self.row_shape)
+        if self.flat is not None:
+            self.flat.index_copy_(0, self.slots, rows)
+        else:
+            self.view.index_put_(self.pair, rows)
+
+
+def prepare(w: Workload, op: str) -> Prepared:
+    t: Transfer = w.transfer(op)
+    layers = range(t.num_layers)
+    C, n = t.src.num_components, t.src_indices.numel()
+    si = t.src_indices.to(t.src.device)
+    di = t.dst_indices.to(t.dst.device)
+    src = [[_Rows(t.src, c, t.src_layer + l, si) for l in layers] for c in range(C)]
+    dst = [[_Rows(t.dst, c, t.dst_layer + l, di) for l in layers] for c in range(C)]
+    cross = t.src.device != t.dst.device
+    direct = [[None if cross else d.prefix(n) for d in row] for row in dst]
+    if all(x is not None for row in direct for x in row):
+        def run():
+            for c in range(C):
+                for l in layers:
+                    src[c][l].select_into(direct[c][l])
+        return Prepared(run, programs=None)
+
+    shape = (C, t.num_layers, n, t.src.row_bytes)
+    stage_src = _staging(shape, t.src.device, pin=cross)
+    stage_dst = _staging(shape, t.dst.device, pin=True) if cross else stage_src
+
+    def run():
+        for c in range(C):
+            for l in layers:
+                src[c][l].select_into(stage_src[c, l])
+        if cross:
+            stage_dst.copy_(stage_src, non_blocking=True)
+            if t.dst.device.type == "cpu":
+                synchronize(w.device)
+        for c in range(C):
+            for l in layers:
+                dst[c][l].copy_from(stage_dst[c, l])
+
+    return Prepared(run, programs=None)
+
+
+def _staging(shape, device: torch.device, pin: bool) -> torch.Tensor:
+    """A staging tensor; pinned when it is host memory on the far side of a link."""
+    return torch.empty(shape, dtype=torch.uint8, device=device,
+                       pin_memory=pin and device.type == "cpu")

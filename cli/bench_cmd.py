@@ -1,0 +1,106 @@
+"""`kvtier bench`: GB/s of kvtier's transfers against the same-run link ceiling and
+the baselines (plain torch; sgl_kernel when importable), the host time a per-layer
+load spends before its launch, and a table, JSON and PNG of it all.
+
+On a machine without an accelerator it runs a small smoke sweep under Triton's
+interpreter and says that its figures are not hardware figures."""
+from __future__ import annotations
+
+import datetime
+import importlib
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+DIMENSIONS = (  # flag, Grid field, parse
+    ("--ops", "ops", str), ("--layouts", "layouts", str), ("--rows", "row_bytes", int),
+    ("--pages", "page_sizes", int), ("--tokens", "tokens", int),
+    ("--strategies", "strategies", str), ("--caps", "program_caps", int),
+)
+
+
+def register(sub) -> None:
+    p = sub.add_parser("bench", help="throughput against the link ceiling and the baselines",
+                       description=__doc__)
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--smoke", action="store_true", help="the small CPU sweep (default without an accelerator)")
+    size.add_argument("--full", action="store_true", help="every combination the sweep knows (hours on hardware)")
+    for flag, field, _ in DIMENSIONS:
+        p.add_argument(flag, metavar="LIST", help=f"comma list: only these {field.replace('_', ' ')}")
+    p.add_argument("--out", help="directory for bench.json, bench.png, bench.txt (default ./kvtier-bench-DATE)")
+    p.add_argument("--iters", type=int, help="timed calls per point (at most; slow points take fewer)")
+    p.add_argument("--time-budget", type=float, help="stop measuring new points after this many seconds")
+    p.add_argument("--no-plot", action="store_true", help="skip the PNG (no matplotlib needed)")
+    p.add_argument("--no-overhead", action="store_true", help="skip the host-overhead benchmark")
+    p.add_argument("--quiet", action="store_true", help="no per-point progress lines")
+    p.set_defaults(func=run)
+
+
+def load_bench():
+    """kvtier.bench; from the source tree beside this package when the installed
+    package list predates it (an editable install made before bench/ existed)."""
+    try:
+        return importlib.import_module("kvtier.bench")
+    except ModuleNotFoundError as e:
+        if e.name != "kvtier.bench":
+            raise
+    root = Path(__file__).resolve().parent.parent / "bench"
+    spec = importlib.util.spec_from_file_location("kvtier.bench", root / "__init__.py",
+                                                  submodule_search_locations=[str(root)])
+    if spec is None or not (root / "__init__.py").exists():
+        raise ModuleNotFoundError("kvtier.bench is not installed", name="kvtier.bench")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["kvtier.bench"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _sweep(args, bench, on_cpu: bool):
+    from dataclasses import replace
+    base = bench.FULL if args.full else bench.SMOKE if (args.smoke or on_cpu) else bench.HARDWARE
+    dims = {}
+    for flag, field, parse in DIMENSIONS:
+        text = getattr(args, flag[2:].replace("-", "_"))
+        if text:
+            try:
+                dims[field] = tuple(parse(x) for x in text.split(",") if x)
+            except ValueError:
+                raise SystemExit(f"kvtier bench: {flag}={text!r}: expected a comma list of {parse.__name__}")
+    sweep = bench.sweep.with_overrides(base, **dims)
+    return replace(sweep, iters=args.iters) if args.iters else sweep
+
+
+def run(args) -> int:
+    from kvtier.kernels.platform import default_device, detect_platform
+    on_cpu = detect_platform() == "cpu"
+    if on_cpu:
+        # Triton runs CPU tensors only in its interpreter, chosen before Triton is imported.
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    bench = load_bench()
+    from kvtier.bench import report
+    from kvtier.bench.overhead import format_overhead, measure_overhead
+
+    sweep = _sweep(args, bench, on_cpu)
+    device = default_device()
+    log = None if args.quiet else (lambda line: print(line, flush=True))
+    run_ = bench.run_sweep(sweep, device, log=log, time_budget_s=args.time_budget)
+    if not args.no_overhead:
+        run_["overhead"] = measure_overhead(device)
+    out = Path(args.out or f"kvtier-bench-{datetime.date.today().isoformat()}")
+    out.mkdir(parents=True, exist_ok=True)
+    table = report.format_table(run_)
+    summary = report.format_summary(run_)
+    text = table + "\n\n" + summary + ("\n" + format_overhead(run_["overhead"]) if "overhead" in run_ else "")
+    print("\n" + text)
+    (out / "bench.txt").write_text(text + "\n")
+    report.write_json(run_, out / "bench.json")
+    written = ["bench.txt", "bench.json"]
+    if not args.no_plot:
+        try:
+            report.plot(run_, out / "bench.png")
+            written.append("bench.png")
+        except ImportError:
+            print("kvtier bench: no PNG: matplotlib is not installed (pip install 'kvtier[bench]')")
+    print(f"wrote {', '.join(written)} to {out}")
+    return 1 if any("error" in p for p in run_["points"]) else 0
