@@ -154,8 +154,9 @@ def transfer_kv_dim_exchange(
     jobs = [([(h, dv) if h2d else (dv, h) for dv, h in pairs], start, start, count)
             for pairs, start, count in jobs]
     src_idx, dst_idx = (host_indices, device_indices) if h2d else (device_indices, host_indices)
-    run_jobs(jobs, src_idx, dst_idx, op="load" if h2d else "backup", by_page=True,
-             config=config, check=check)
+    run_jobs(jobs, src_idx, dst_idx, op="load" if h2d else "backup", by_page=True, config=config,
+             check=check, index_names=("host_indices", "device_indices") if h2d
+             else ("device_indices", "host_indices"))
 
 
 def transfer_kv_per_layer_dim_exchange(

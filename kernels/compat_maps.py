@@ -9,6 +9,7 @@ copies them, in one launch where the components can share it.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from typing import List, Optional, Sequence, Tuple
 
@@ -170,20 +171,27 @@ def run_copy(pairs: Sequence[Pair], src_indices, dst_indices, *, src_layer: int 
 
 def run_jobs(jobs: Sequence[Job], src_indices, dst_indices, *, op: str, by_page: bool = False,
              skip_negative: bool = False, config=None, block_quota: Optional[int] = None,
-             check: bool = True) -> None:
+             check: bool = True, index_names: Tuple[str, str] = ("src_indices", "dst_indices")) -> None:
     """Copy several jobs (each its own layer map, as the Ascend indexer cache has) at the
     same indices. Within a job, components that can share a launch (equal geometry, one
     allocation or address tables) are stacked into one. Every copy is validated before
-    the first one runs, so a bad argument moves no byte."""
+    the first one runs, so a bad argument moves no byte; errors about the indices name
+    them as the caller does (``index_names``)."""
     maps = [m for pairs, *_ in jobs for p in pairs for m in p]
     device = compute_device(*maps)
-    si, di = indices(src_indices, dst_indices, device, skip_negative=skip_negative, check=check)
-    plans = []
-    for pairs, src_layer, dst_layer, num_layers in jobs:
-        for s, d in _stacked(list(pairs)):
-            _, n_layers = check_copy(s, si, d, di, src_layer, dst_layer, num_layers, by_page,
-                                     check_values=check)
-            plans.append((s, d, src_layer, dst_layer, n_layers))
+    try:
+        si, di = indices(src_indices, dst_indices, device, skip_negative=skip_negative, check=check)
+        plans = []
+        for pairs, src_layer, dst_layer, num_layers in jobs:
+            for s, d in _stacked(list(pairs)):
+                _, n_layers = check_copy(s, si, d, di, src_layer, dst_layer, num_layers, by_page,
+                                         check_values=check)
+                plans.append((s, d, src_layer, dst_layer, n_layers))
+    except KvtierError as e:
+        names = dict(zip(("src_indices", "dst_indices"), index_names))
+        if names == {"src_indices": "src_indices", "dst_indices": "dst_indices"}:
+            raise
+        raise KvtierError(re.sub(r"\b(src|dst)_indices\b", lambda m: names[m.group(0)], str(e))) from None
     if si.numel() == 0:
         return
     _require_runnable(maps, device)
