@@ -1,0 +1,120 @@
+"""The adapters' shared pieces: RowMap.from_table (raw address tables), one launch for
+components that can share it, the launch configuration, and the no-kernel guard."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvtier.kernels import KvtierError, RowMap, copy_rows
+from kvtier.kernels import compat, compat_maps
+from test_compat_model import Memory, kernel_copy, lf, table
+
+
+# ------------------------------------------------------------------ RowMap.from_table
+@pytest.mark.parametrize("table_dtype", [torch.uint64, torch.int64])
+def test_from_table_copies_like_the_model(table_dtype):
+    mem = Memory(1)
+    src = [mem.buffer(f"s{l}", (10, 3, 4)) for l in range(3)]
+    dst = mem.buffer("dst", (3, 12, 3, 4), fill="poison")
+    item = 24
+    m = RowMap.from_table(table(src).to(table_dtype), row_bytes=item, num_rows=10, owners=src)
+    assert (m.num_layers, m.num_rows, m.row_bytes, m.token_stride, m.is_table) == (3, 10, 24, 24, True)
+    si, di = torch.tensor([9, 0, 4]), torch.tensor([11, 3, 0])
+    copy_rows(m, si, RowMap.from_stacked(dst), di)
+    kernel_copy(mem, [(lambda l, s: lf(src[l].data_ptr(), s, item),
+                       lambda l, d: lf(dst[l].data_ptr(), d, item))], si, di, range(3), item)
+    mem.assert_changes("dst")
+    mem.check()
+
+
+def test_from_table_alignment_comes_from_the_addresses():
+    buf = torch.zeros(64, dtype=torch.uint8)
+    m = RowMap.from_table(torch.tensor([buf.data_ptr() + 2], dtype=torch.uint64), row_bytes=16,
+                          num_rows=2, owners=[buf[2:]])
+    assert m.align == 2
+    assert RowMap.from_table(table([buf]), row_bytes=16, num_rows=2).align == 16
+
+
+@pytest.mark.parametrize("bad,arg", [
+    (lambda b: table([b]).double(), "table"),
+    (lambda b: table([b, b]).view(1, 2), "table"),
+    (lambda b: torch.empty(0, dtype=torch.uint64), "table"),
+    (lambda b: torch.tensor([0], dtype=torch.uint64), "table"),
+    ([1, 2], "table"),
+])
+def test_from_table_rejects_what_is_not_an_address_table(bad, arg):
+    buf = torch.zeros(64, dtype=torch.uint8)
+    with pytest.raises(KvtierError, match=arg):
+        RowMap.from_table(bad(buf) if callable(bad) else bad, row_bytes=16, num_rows=2)
+
+
+def test_from_table_checks_rows_against_owners():
+    buf = torch.zeros(64, dtype=torch.uint8)
+    with pytest.raises(KvtierError, match="owners"):
+        RowMap.from_table(table([buf]), row_bytes=16, num_rows=2, owners=[buf, buf])
+    with pytest.raises(KvtierError, match="layers"):
+        RowMap.from_table(table([buf]), row_bytes=16, num_rows=5, owners=[buf])
+
+
+# ------------------------------------------------------------------ launches and configuration
+@pytest.fixture
+def launches(monkeypatch):
+    """Records (row_bytes, num_components, config) of every copy_rows the adapters run."""
+    seen = []
+    real = compat_maps.copy_rows
+
+    def spy(src, si, dst, di, **kw):
+        seen.append((src.row_bytes, src.num_components, kw["config"]))
+        return real(src, si, dst, di, **kw)
+
+    monkeypatch.setattr(compat_maps, "copy_rows", spy)
+    return seen
+
+
+def test_k_and_v_tables_share_one_launch(launches):
+    mem = Memory(2)
+    dev = {c: [mem.buffer(f"{c}{l}", (8, 2, 4)) for l in range(2)] for c in "kv"}
+    host = mem.buffer("host", (2, 8, 2, 2, 4), fill="poison")
+    si, di = torch.tensor([1, 6]), torch.tensor([7, 0])
+    compat.transfer_kv_all_layer_lf_pf(table(dev["k"]), host[0], table(dev["v"]), host[1], si, di,
+                                       16, 32, 2, block_quota=3)
+    assert [(r, c) for r, c, _ in launches] == [(16, 2)]
+    assert launches[0][2].num_programs == 3
+    kernel_copy(mem, [(lambda l, s, c=c: lf(dev[c][l].data_ptr(), s, 16),
+                       lambda l, d, i=i: host[i].data_ptr() + d * 32 + l * 16) for i, c in enumerate("kv")],
+                si, di, range(2), 16)
+    mem.check()
+
+
+def test_separate_allocations_take_one_launch_each(launches):
+    mem = Memory(3)
+    k, v = mem.buffer("k", (8, 16)), mem.buffer("v", (8, 16))
+    dk, dv = mem.buffer("dk", (8, 16), fill="poison"), mem.buffer("dv", (8, 16), fill="poison")
+    idx = torch.tensor([2, 5])
+    compat.transfer_kv_per_layer(k, dk, v, dv, idx, idx, 32)
+    assert [(r, c) for r, c, _ in launches] == [(32, 1), (32, 1)]
+    kernel_copy(mem, [(lambda l, s, a=a: lf(a.data_ptr(), s, 32), lambda l, d, b=b: lf(b.data_ptr(), d, 32))
+                      for a, b in ((k, dk), (v, dv))], idx, idx, [0], 32)
+    mem.check()
+
+
+def test_a_bad_second_component_moves_no_byte_of_the_first():
+    mem = Memory(4)
+    k, v = mem.buffer("k", (8, 16)), mem.buffer("v", (8, 16))
+    dk, dv = mem.buffer("dk", (8, 16), fill="poison"), mem.buffer("dv", (4, 16), fill="poison")
+    with pytest.raises(KvtierError, match="dst_indices"):
+        compat.transfer_kv_per_layer(k, dk, v, dv, torch.tensor([1, 2]), torch.tensor([3, 6]), 32)
+    mem.check()
+
+
+def test_a_bare_table_needs_the_kernel(monkeypatch):
+    """Where only the torch reference could run, raw addresses cannot be read: say so
+    before any byte moves."""
+    monkeypatch.setattr(compat_maps, "triton_available", lambda: False)
+    mem = Memory(5)
+    dev = [mem.buffer("d0", (8, 16))]
+    host = mem.buffer("host", (1, 8, 16), fill="poison")
+    with pytest.raises(KvtierError, match="Triton"):
+        compat.transfer_kv_all_layer_mla(table(dev), table([host[0]]), torch.tensor([1]),
+                                         torch.tensor([2]), 32, 1)
+    mem.check()
