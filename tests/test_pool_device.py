@@ -1,0 +1,130 @@
+"""Device pools: storage forms, adoption, gather/scatter, CPU copies and the
+prefill-decode layout check, bit-exact against plain torch indexing."""
+import pytest
+import torch
+
+from kvtier.kernels import KvtierError
+from kvtier.pool import CpuCopy, IndexerSpec, MHADevicePool, MLADevicePool, TransferLayout
+from test_pool_support import KINDS, DeviceCase, assert_same, dev_rows, pages_to_slots, put_dev_rows
+
+
+def test_allocated_pools_describe_their_memory():
+    stacked = MHADevicePool(16, 4, 3, 2, 8, dtype=torch.float16, storage="stacked")
+    assert [n for n, _ in stacked.groups] == [("k", "v")]          # one launch for K and V
+    assert stacked.tables == {} and not stacked.groups[0][1].is_table
+    assert stacked.buffers["k"].shape == (3, 4, 4, 2, 8)
+    layers = MHADevicePool(16, 4, 3, 2, 8, v_head_dim=4, dtype=torch.float16,
+                           indexer=IndexerSpec(num_layers=2, index_head_dim=16))
+    assert [n for n, _ in layers.groups] == [("k",), ("v",), ("index_k",), ("index_scale",)]
+    assert set(layers.tables) == {"k", "v", "index_k", "index_scale"}
+    assert layers.tables["k"].tolist() == [t.data_ptr() for t in layers.buffers["k"]]
+    assert layers.components["index_scale"].num_layers == 2
+    mla = MLADevicePool(16, 4, 2, 12, 4, split=True, storage="stacked", start_layer=5)
+    assert list(mla.components) == ["latent", "rope"] and (mla.start_layer, mla.end_layer) == (5, 7)
+    with pytest.raises(KvtierError, match="storage='rows'"):
+        MHADevicePool(16, 4, 3, 2, 8, storage="rows")
+    with pytest.raises(KvtierError, match="size=10"):
+        MHADevicePool(10, 4, 3, 2, 8)
+    with pytest.raises(KvtierError, match="head_num=0"):
+        MHADevicePool(16, 4, 3, 0, 8)
+
+
+@pytest.mark.parametrize("pages", [False, True])
+@pytest.mark.parametrize("storage", ["layers", "stacked"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_gather_then_scatter(kind, storage, pages):
+    P = 4
+    dev = DeviceCase(kind, storage, P, size=24)
+    page_ids = torch.tensor([4, 1, 5])
+    slots = pages_to_slots(page_ids, P) if pages else torch.tensor([9, 2, 17, 3, 23])
+    idx = page_ids if pages else slots
+    original = dev.snapshot()
+    got = dev.pool.gather(idx, pages=pages)
+    assert_same(dev.model, original, "device after gather")
+    for name, layers in dev.model.items():
+        want = torch.stack([dev_rows(t, slots) for t in layers])
+        assert got[name].shape[:2 + pages] == ((len(layers), 3, P) if pages else (len(layers), 5))
+        assert torch.equal(got[name].view(torch.uint8).reshape(len(layers), slots.numel(), -1), want), name
+
+    # Scatter into other slots (fresh tensors, not gather's views) and back to the same ones.
+    dst_pages = torch.tensor([0, 3, 2])
+    dst_slots = pages_to_slots(dst_pages, P) if pages else torch.tensor([0, 5, 11, 12, 20])
+    dev.pool.scatter(dst_pages if pages else dst_slots, {n: t.clone() for n, t in got.items()}, pages=pages)
+    want = {n: [t.clone() for t in ts] for n, ts in original.items()}
+    for name, ts in want.items():
+        for l, t in enumerate(ts):
+            put_dev_rows(t, dst_slots, dev_rows(original[name][l], slots))
+    assert_same(dev.model, want, "device after scatter")
+    dev.check_margins()
+
+
+@pytest.mark.parametrize("chunk_size", [4, 3, 100])
+@pytest.mark.parametrize("storage", ["layers", "stacked"])
+@pytest.mark.parametrize("kind", ["mha_v_indexer", "mla"])
+def test_cpu_copy_round_trip(kind, storage, chunk_size):
+    dev = DeviceCase(kind, storage, 4, size=24)
+    idx = torch.tensor([3, 17, 4, 5, 22, 0, 9, 10])
+    original = dev.snapshot()
+    copy = dev.pool.get_cpu_copy(idx, chunk_size=chunk_size)
+    assert isinstance(copy, CpuCopy) and len(copy.chunks) == -(-8 // chunk_size)
+    assert all(t.device.type == "cpu" for c in copy.chunks for t in c)
+    for names, _ in dev.pool.groups:   # poison the rows, then restore them
+        for name in names:
+            for t in dev.model[name]:
+                put_dev_rows(t, idx, torch.full_like(dev_rows(t, idx), 0xA5))
+    dev.pool.load_cpu_copy(copy, idx)
+    assert_same(dev.model, original, "device after load_cpu_copy")
+    # Loading into other slots moves exactly those rows.
+    other = torch.tensor([1, 2, 6, 7, 8, 11, 12, 13])
+    dev.pool.load_cpu_copy(copy, other)
+    want = {n: [t.clone() for t in ts] for n, ts in original.items()}
+    for name, ts in want.items():
+        for l, t in enumerate(ts):
+            put_dev_rows(t, other, dev_rows(original[name][l], idx))
+    assert_same(dev.model, want, "device after load into other slots")
+    dev.check_margins()
+
+
+def test_bad_gather_scatter_and_cpu_copy_input_moves_nothing():
+    dev = DeviceCase("mha_v_indexer", "layers", 4, size=24)
+    before = dev.snapshot()
+    data = dev.pool.gather(torch.tensor([1, 2]))
+    copy = dev.pool.get_cpu_copy(torch.tensor([1, 2, 3]), chunk_size=2)
+    bad = [
+        (lambda: dev.pool.gather(torch.tensor([24])), "indices=24"),
+        (lambda: dev.pool.gather(torch.tensor([6]), pages=True), "indices=6"),
+        (lambda: dev.pool.scatter(torch.tensor([1, 2, 3]), data), r"data\['k'\]"),
+        (lambda: dev.pool.scatter(torch.tensor([1, 2]), {"k": data["k"]}), "data"),
+        (lambda: dev.pool.scatter(torch.tensor([1, -2]), data), "indices=-2"),
+        (lambda: dev.pool.load_cpu_copy(copy, torch.tensor([1, 2])), "indices"),
+        (lambda: dev.pool.load_cpu_copy(copy, torch.tensor([1, 2, 99])), "indices=99"),
+        (lambda: dev.pool.load_cpu_copy("copy", torch.tensor([1, 2, 3])), "copy"),
+        (lambda: dev.pool.get_cpu_copy(torch.tensor([1]), chunk_size=0), "chunk_size=0"),
+    ]
+    for call, match in bad:
+        with pytest.raises(KvtierError, match=match):
+            call()
+        assert_same(dev.model, before, f"device after {match}")
+
+
+def test_check_transfer_layout():
+    pool = MHADevicePool(16, 4, 3, 2, 8, dtype=torch.float16)
+    local = pool.transfer_layout(attn_tp_size=2)
+    assert local == TransferLayout(item_bytes=(128, 128), num_layers=3, attn_tp_size=2, num_regions=6)
+    assert pool.transfer_layout(by_page=False).item_bytes == (32, 32)
+    pool.check_transfer_layout(local, attn_tp_size=2)
+    pool.check_transfer_layout(local.to_dict(), attn_tp_size=2)       # as received from a peer
+    peers = {
+        "item_bytes": MHADevicePool(16, 4, 3, 2, 16, dtype=torch.float16).transfer_layout(attn_tp_size=2),
+        "num_layers": MHADevicePool(16, 4, 4, 2, 8, dtype=torch.float16).transfer_layout(attn_tp_size=2),
+        "attn_tp_size": local.__class__(**{**local.to_dict(), "attn_tp_size": 4}),
+        "num_regions": MHADevicePool(16, 4, 3, 2, 8, dtype=torch.float16,
+                                     indexer=IndexerSpec(1, 16)).transfer_layout(attn_tp_size=2),
+    }
+    for field, remote in peers.items():
+        if field == "num_regions":   # the indexer also adds item sizes; check the count alone
+            remote = {**local.to_dict(), "num_regions": remote.num_regions}
+        with pytest.raises(KvtierError, match=f"remote.{field}"):
+            pool.check_transfer_layout(remote, attn_tp_size=2)
+    with pytest.raises(KvtierError, match="lacks 'num_regions'"):
+        pool.check_transfer_layout({"item_bytes": (128, 128), "num_layers": 3, "attn_tp_size": 2}, attn_tp_size=2)
