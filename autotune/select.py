@@ -4,7 +4,7 @@ Pools call `select_config` for every transfer, so after the first call for a giv
 transfer shape and size bucket it is one dictionary hit: the device's cache file is read
 once per process, and every resolved answer is memoised. Resolution: the exact key, else
 the nearest tuned bucket of the same operation, row size and page size (distance in
-powers of two of rows and layers), else the shipped default for the platform. Nothing
+powers of two of rows and layers; the same link setting first), else the shipped default for the platform. Nothing
 is tuned here.
 """
 from __future__ import annotations
@@ -44,12 +44,15 @@ class Table:
 
 
 def _family(k: TuneKey) -> tuple:
-    return (k.op, k.crosses_link, k.row_bytes, k.page_size)
+    return (k.op, k.row_bytes, k.page_size)
 
 
 def _distance(a: TuneKey, b: TuneKey) -> float:
+    # A result measured with the other link setting is used only when no other is there
+    # (on CPU, pools see no link at all for the operations the tuner measured across one).
     return (abs(math.log2(a.rows_bucket) - math.log2(b.rows_bucket))
-            + abs(math.log2(max(a.num_layers, 1)) - math.log2(max(b.num_layers, 1))))
+            + abs(math.log2(max(a.num_layers, 1)) - math.log2(max(b.num_layers, 1)))
+            + (1000 if a.crosses_link != b.crosses_link else 0))
 
 
 def select_config(op: str, platform: str, *, row_bytes: int, page_size: int, num_rows: int,

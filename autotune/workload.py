@@ -49,6 +49,17 @@ class PoolShape:
     host_layout: str = "layer_first"
     device_layout: str = "layers"      # "layers": a tensor per layer; "stacked": one buffer
 
+    def __post_init__(self):
+        if self.host_layout not in _HOST_SHAPES:
+            raise ValueError(f"host_layout={self.host_layout!r}: must be one of {sorted(_HOST_SHAPES)}")
+        if self.device_layout not in ("layers", "stacked"):
+            raise ValueError(f"device_layout={self.device_layout!r}: must be 'layers' or 'stacked'")
+        for name in ("num_layers", "num_components", "page_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)!r}: must be positive")
+        if len(self.row_dims) != 2 or min(self.row_dims) < 1:
+            raise ValueError(f"row_dims={self.row_dims!r}: must be (heads, head_dim), both positive")
+
     @classmethod
     def mha(cls, layers: int, heads: int, head_dim: int, dtype=torch.bfloat16, **kw) -> "PoolShape":
         return cls(layers, (heads, head_dim), 2, dtype, **kw)
@@ -181,8 +192,6 @@ def _device_pool(shape: PoolShape, slots: int, device, gen):
     if shape.device_layout == "stacked":
         buf = _random((C, L, slots, *shape.row_dims), shape.dtype, device, gen)
         return RowMap.stack([RowMap.from_stacked(buf[c], P) for c in range(C)]), [buf]
-    if shape.device_layout != "layers":
-        raise ValueError(f"device_layout={shape.device_layout!r}: must be 'layers' or 'stacked'")
     layers = [_random((slots, *shape.row_dims), shape.dtype, device, gen) for _ in range(C * L)]
     maps = [RowMap.from_layers(layers[c * L:(c + 1) * L], P) for c in range(C)]
     return RowMap.stack(maps), layers

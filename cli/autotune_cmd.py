@@ -79,7 +79,10 @@ def run(args) -> int:
                       device_layout=args.device_layout)
         layers = args.layers or d["layers"]
         if args.mla:
-            rank, rope = _ints(args.mla, "--mla")
+            dims = _ints(args.mla, "--mla")
+            if len(dims) != 2:
+                raise ValueError(f"--mla {args.mla!r}: must be kv_lora_rank,qk_rope_head_dim")
+            rank, rope = dims
             shape = PoolShape.mla(layers, rank, rope, **common)
         else:
             shape = PoolShape.mha(layers, args.heads or d["heads"], args.head_dim or d["head_dim"], **common)

@@ -26,9 +26,9 @@ def tuned(tmp_path, monkeypatch):
     select.invalidate()
 
 
-def ask(n, layers=2, op="backup", row_bytes=256, page_size=4, device_name="", platform="cpu"):
+def ask(n, layers=2, op="backup", row_bytes=256, page_size=4, device_name="", platform="cpu", link=True):
     return resolve(op, platform, row_bytes=row_bytes, page_size=page_size, num_rows=n, num_layers=layers,
-                   crosses_link=True, device_name=device_name)
+                   crosses_link=link, device_name=device_name)
 
 
 def test_exact_key(tuned):
@@ -44,6 +44,9 @@ def test_nearest_bucket(tuned):
     assert ask(128) == (B, "nearest")      # three from either: the larger bucket wins the tie
     assert ask(16, layers=4) == (C, "nearest")   # one power of two of layers from 8, one from 2: 8 wins
     assert ask(16, layers=1) == (A, "nearest")
+    # the other link setting: used when nothing else is tuned (CPU pools see no link)
+    assert ask(16, link=False) == (A, "nearest")
+    assert ask(1024, link=False) == (B, "nearest")
 
 
 def test_default_when_nothing_of_the_family_is_tuned(tuned):
@@ -54,6 +57,14 @@ def test_default_when_nothing_of_the_family_is_tuned(tuned):
     assert ask(16, device_name="some other device") == (want, "default")
     # a platform with no device here cannot name one: the shipped default, no crash
     assert ask(16, platform="npu") == (default_config("npu", crosses_link=True), "default")
+
+
+def test_the_same_link_setting_wins_over_a_closer_bucket(tuned):
+    k = TuneKey.of("backup", row_bytes=256, page_size=4, num_rows=1 << 20, num_layers=2, crosses_link=False)
+    store(tuned, {k: {"config": C.to_dict()}})
+    select.invalidate()
+    assert ask(16, link=False) == (C, "nearest")
+    assert ask(1 << 20) == (B, "nearest")
 
 
 def test_named_device_matches_its_file(tuned):

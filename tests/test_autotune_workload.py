@@ -68,5 +68,10 @@ def test_unknown_op_and_layout_are_rejected():
     with pytest.raises(ValueError, match="op='swap'"):
         build_transfer(shape, "swap", 4, torch.device("cpu"))
     with pytest.raises(ValueError, match="device_layout='paged'"):
-        build_transfer(PoolShape.mha(1, 1, 8, torch.float16, device_layout="paged"), "backup", 4,
-                       torch.device("cpu"))
+        PoolShape.mha(1, 1, 8, torch.float16, device_layout="paged")
+    with pytest.raises(ValueError, match="host_layout='diagonal'"):
+        PoolShape.mha(1, 1, 8, torch.float16, host_layout="diagonal")
+    with pytest.raises(ValueError, match="page_size=0"):
+        PoolShape.mha(1, 1, 8, torch.float16, page_size=0)
+    with pytest.raises(ValueError, match="row_dims"):
+        PoolShape.mha(1, 0, 8, torch.float16)

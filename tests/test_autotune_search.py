@@ -1,0 +1,162 @@
+"""The search on CPU with a fake timer that makes a known configuration win: the winner
+is recorded, wrong-bytes and failing configurations cannot win, spilling ones are not
+timed, and pools then use the cached winner."""
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from kvtier.autotune import select, select_config
+from kvtier.autotune.cache import CACHE_ENV, cache_path
+from kvtier.autotune.key import TuneKey, device_identity
+from kvtier.autotune.search import tune, tune_transfer
+from kvtier.autotune.space import candidates
+from kvtier.autotune.workload import PoolShape, Transfer, build_transfer
+from kvtier.kernels.config import CopyConfig, default_config
+
+SHAPE = PoolShape.mha(2, 2, 8, torch.float16, page_size=2)       # 32-byte rows
+CPU = device_identity("cpu")
+
+
+@pytest.fixture(autouse=True)
+def tmp_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    select.invalidate()
+    yield tmp_path
+    select.invalidate()
+
+
+class FakeTimer:
+    """Runs each configuration once (so its bytes are checked) and reports a time that
+    makes ``winner`` the fastest, the rest slower by their position."""
+
+    def __init__(self, winner=None, ranking=None):
+        self.winner, self.ranking, self.seen = winner, ranking, []
+
+    def __call__(self, fn, *, config):
+        fn()
+        self.seen.append(config)
+        if self.ranking is not None:
+            return self.ranking(config)
+        return 1e-3 if config == self.winner else 2e-3 + 1e-4 * len(self.seen)
+
+
+def test_tune_transfer_ranks_by_the_timer_and_computes_gbps():
+    t = build_transfer(SHAPE, "backup", 8, torch.device("cpu"))
+    cfgs = candidates(CPU, chunk_bytes=64, crosses_link=True, max_programs=2)
+    win = cfgs[-1]
+    ms = tune_transfer(t, cfgs, FakeTimer(win))
+    assert [m.config for m in ms][0] == win and all(m.ok for m in ms)
+    assert {m.config for m in ms} == set(cfgs)
+    assert ms[0].seconds == 1e-3 and ms[0].gbps == pytest.approx(t.nbytes / 1e-3 / 1e9)
+    assert [m.seconds for m in ms] == sorted(m.seconds for m in ms)
+
+
+def test_a_configuration_that_moves_wrong_bytes_cannot_win(monkeypatch):
+    t = build_transfer(SHAPE, "load", 8, torch.device("cpu"))
+    cheat = CopyConfig(num_programs=1, rows=16, block_bytes=1024, num_warps=1)
+    good = CopyConfig(num_programs=2, rows=16, block_bytes=1024, num_warps=1)
+    real = Transfer.runner
+    monkeypatch.setattr(Transfer, "runner", lambda self, c: (lambda: None) if c == cheat else real(self, c))
+    ms = tune_transfer(t, [cheat, good], FakeTimer(cheat))           # the cheat is "fastest"
+    assert ms[0].config == good and ms[0].ok
+    assert ms[1].config == cheat and ms[1].error == "moved wrong bytes"
+
+
+def test_a_configuration_that_fails_is_recorded_not_fatal():
+    t = build_transfer(SHAPE, "gather", 8, torch.device("cpu"))
+    bad = CopyConfig(num_programs=1, rows=16, block_bytes=1024, num_warps=1)
+    good = CopyConfig(num_programs=2, rows=16, block_bytes=1024, num_warps=1)
+
+    def timer(fn, *, config):
+        if config == bad:
+            raise RuntimeError("out of resources")
+        fn()
+        return 1.0
+
+    ms = tune_transfer(t, [bad, good], timer)
+    assert [m.config for m in ms] == [good, bad]
+    assert "out of resources" in ms[1].error and ms[1].gbps == 0
+
+
+def test_timer_returning_nonsense_is_a_failure():
+    t = build_transfer(SHAPE, "gather", 8, torch.device("cpu"))
+    ms = tune_transfer(t, [CopyConfig()], lambda fn, **_: 0.0)
+    assert not ms[0].ok and "timer returned 0.0" in ms[0].error
+
+
+def test_tune_records_the_winner_of_every_key_and_select_config_returns_it():
+    dma = CopyConfig(num_programs=2, rows=64, block_bytes=64, num_warps=1, strategy="dma")
+    kernel = CopyConfig(num_programs=2, rows=16, block_bytes=64, num_warps=1)
+    win = {"backup": dma, "load": dma, "gather": kernel}     # gathers time kernels only
+    timer = FakeTimer(ranking=lambda c: {dma: 1e-3, kernel: 1.1e-3}.get(c, 5e-3))
+    results = tune(SHAPE, ops=("backup", "load", "gather"), sizes=(4, 16), platform="cpu", timer=timer,
+                   max_programs=2, target=None)
+    assert len(results) == 6
+    for r in results:
+        assert r.best.config == win[r.key.op]
+        assert r.key.rows_bucket in (4, 16) and r.key.row_bytes == 32 and r.key.num_layers == 2
+        got = select_config(r.key.op, "cpu", row_bytes=32, page_size=2, num_rows=r.key.rows_bucket,
+                            num_layers=2, crosses_link=r.key.crosses_link)
+        assert got == win[r.key.op]
+    doc = json.loads(cache_path(CPU).read_text())
+    assert len(doc["entries"]) == 6
+    e = doc["entries"][TuneKey.of("load", row_bytes=32, page_size=2, num_rows=16, num_layers=2,
+                                  crosses_link=True).to_str()]
+    assert e["max_programs"] == 2 and e["gbps"] > 0
+    assert e["timed"] == len(candidates(CPU, chunk_bytes=64, crosses_link=True, max_programs=2))
+
+
+def test_per_layer_transfers_are_their_own_keys():
+    timer = FakeTimer(ranking=lambda c: 1e-3 * c.num_programs)
+    results = tune(SHAPE, ops=("load",), sizes=(4,), layer_counts=(1, 2), platform="cpu", timer=timer,
+                   max_programs=2, target=None)
+    assert sorted(r.key.num_layers for r in results) == [1, 2]
+    assert all(r.best.config.num_programs == 1 for r in results)
+
+
+def test_spilling_configurations_are_not_timed():
+    def report(target, *, config, row_bytes, **shape):
+        assert target == "sm90" and row_bytes == SHAPE.row_bytes * SHAPE.page_size
+        return SimpleNamespace(spills=128 if config.rows == 64 else 0)
+
+    timer = FakeTimer(ranking=lambda c: 1e-3 if c.rows == 64 else 2e-3)   # spillers would win
+    results = tune(SHAPE, ops=("gather",), sizes=(8,), platform="cpu", timer=timer, max_programs=2,
+                   quick=False, target="sm90", report=report)
+    r = results[0]
+    assert r.pruned and all(c.rows == 64 for c in r.pruned)
+    assert all(c.rows != 64 for c in timer.seen) and r.best.config.rows != 64
+
+
+def test_nothing_written_when_asked_or_when_every_configuration_fails(tmp_cache):
+    tune(SHAPE, ops=("gather",), sizes=(4,), platform="cpu", timer=FakeTimer(), max_programs=1,
+         target=None, write=False)
+    assert not cache_path(CPU).exists()
+
+    def broken(fn, **_):
+        raise RuntimeError("no")
+
+    results = tune(SHAPE, ops=("gather",), sizes=(4,), platform="cpu", timer=broken, max_programs=1, target=None)
+    assert results[0].best is None and not cache_path(CPU).exists()
+
+
+def test_unknown_op_is_rejected_before_any_work():
+    with pytest.raises(ValueError, match="'swap'"):
+        tune(SHAPE, ops=("swap",), platform="cpu", timer=FakeTimer())
+
+
+def test_pools_pick_the_cached_winner(monkeypatch):
+    """The pools' dispatch asks select_config and launches with the tuned configuration."""
+    dispatch = pytest.importorskip("kvtier.pool.dispatch")
+    win = CopyConfig(num_programs=2, rows=16, block_bytes=64, num_warps=1)
+    tune(SHAPE, ops=("backup",), sizes=(8,), platform="cpu", max_programs=2, target=None,
+         timer=FakeTimer(ranking=lambda c: 1e-3 if c == win else 3e-3))
+    t = build_transfer(SHAPE, "backup", 8, torch.device("cpu"))
+    launched = []
+    real = dispatch.copy_rows
+    monkeypatch.setattr(dispatch, "copy_rows", lambda *a, **k: launched.append(k["config"]) or real(*a, **k))
+    t.poison()
+    dispatch.run_copy("backup", t.src, t.src_idx, t.dst, t.dst_idx, num_layers=2, by_page=True)
+    assert launched == [win] and t.verify()
+    assert win != default_config("cpu", crosses_link=True)
