@@ -7,7 +7,7 @@ import torch
 
 from kvtier.kernels import KvtierError, RowMap, copy_rows
 from kvtier.kernels import compat, compat_maps
-from test_compat_model import Memory, kernel_copy, lf, table
+from test_compat_model import Memory, kernel_copy, lf, needs_cpu_kernel, table
 
 
 # ------------------------------------------------------------------ RowMap.from_table
@@ -71,6 +71,7 @@ def launches(monkeypatch):
     return seen
 
 
+@needs_cpu_kernel
 def test_k_and_v_tables_share_one_launch(launches):
     mem = Memory(2)
     dev = {c: [mem.buffer(f"{c}{l}", (8, 2, 4)) for l in range(2)] for c in "kv"}

@@ -14,6 +14,12 @@ import pytest
 import torch
 
 from helpers import Guarded, POISON, assert_bytes_equal
+from kvtier.kernels.copy_rows import interpreter_active, triton_available
+
+# A bare pointer table is read by the Triton kernel only (the torch reference cannot read
+# raw addresses); CPU tensors run the kernel under TRITON_INTERPRET=1 alone.
+needs_cpu_kernel = pytest.mark.skipif(not (triton_available() and interpreter_active()),
+                                      reason="bare pointer tables need the Triton kernel on CPU tensors")
 
 
 class Memory:

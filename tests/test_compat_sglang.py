@@ -12,8 +12,8 @@ import torch
 
 from kvtier.kernels import KvtierError
 from kvtier.kernels import compat
-from test_compat_model import (Memory, head_copy, kernel_copy, lf, pf, ph, row_addr,
-                               slice_bytes, table)
+from test_compat_model import (Memory, head_copy, kernel_copy, lf, needs_cpu_kernel, pf, ph,
+                               row_addr, slice_bytes, table)
 
 INDEX_DTYPES = [torch.int32, torch.int64]
 
@@ -135,6 +135,7 @@ def test_per_layer_ph_lf(dtype):
 
 
 # ------------------------------------------------------------------ all layers from pointer tables
+@needs_cpu_kernel
 @pytest.mark.parametrize("dtype", INDEX_DTYPES)
 @pytest.mark.parametrize("mla", [False, True])
 def test_all_layer_tables_with_draft_layers(dtype, mla):
@@ -155,6 +156,7 @@ def test_all_layer_tables_with_draft_layers(dtype, mla):
     w.mem.check()
 
 
+@needs_cpu_kernel
 @pytest.mark.parametrize("dtype", INDEX_DTYPES)
 @pytest.mark.parametrize("mla", [False, True])
 def test_all_layer_lf_pf(dtype, mla):
@@ -174,6 +176,7 @@ def test_all_layer_lf_pf(dtype, mla):
     w.mem.check()
 
 
+@needs_cpu_kernel
 @pytest.mark.parametrize("dtype", INDEX_DTYPES)
 def test_all_layer_lf_ph(dtype):
     w = World("ph", load=False)
