@@ -1,0 +1,45 @@
+"""On a CUDA/ROCm device: a real tuning run (device timer, pinned host memory, both
+strategies, spill pruning) writes a cache that the pools' dispatch then uses."""
+import json
+
+import pytest
+import torch
+
+from kvtier.autotune import select
+from kvtier.autotune.cache import CACHE_ENV, cache_path
+from kvtier.autotune.key import device_identity
+from kvtier.autotune.search import tune
+from kvtier.autotune.workload import PoolShape, build_transfer
+
+pytestmark = pytest.mark.cuda
+
+
+@pytest.fixture(autouse=True)
+def tmp_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    select.invalidate()
+    yield tmp_path
+    select.invalidate()
+
+
+def test_tune_on_the_device_and_pools_use_the_winner(monkeypatch):
+    platform = "rocm" if getattr(torch.version, "hip", None) else "cuda"
+    shape = PoolShape.mha(4, 8, 128, torch.bfloat16, page_size=16)
+    results = tune(shape, ops=("backup", "load", "gather"), sizes=(1024,), platform=platform,
+                   max_programs=4, quick=True)
+    assert all(r.best is not None and r.best.gbps > 0 for r in results)
+    across = {r.key.op: r for r in results if r.key.crosses_link}
+    assert {m.config.strategy for m in across["backup"].measurements} == {"kernel", "dma"}
+    dev = device_identity(platform)
+    doc = json.loads(cache_path(dev).read_text())
+    assert doc["device"]["name"] == torch.cuda.get_device_name() and len(doc["entries"]) == 3
+
+    dispatch = pytest.importorskip("kvtier.pool.dispatch")
+    t = build_transfer(shape, "backup", 1024, torch.device("cuda"))
+    launched = []
+    real = dispatch.copy_rows
+    monkeypatch.setattr(dispatch, "copy_rows", lambda *a, **k: launched.append(k["config"]) or real(*a, **k))
+    t.poison()
+    dispatch.run_copy("backup", t.src, t.src_idx, t.dst, t.dst_idx, num_layers=4, by_page=True)
+    torch.cuda.synchronize()
+    assert launched == [across["backup"].best.config] and t.verify()
