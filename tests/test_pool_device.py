@@ -5,7 +5,7 @@ import torch
 
 from kvtier.kernels import KvtierError
 from kvtier.pool import CpuCopy, IndexerSpec, MHADevicePool, MLADevicePool, TransferLayout
-from test_pool_support import KINDS, DeviceCase, assert_same, dev_rows, pages_to_slots, put_dev_rows
+from pool_support import KINDS, DeviceCase, assert_same, dev_rows, pages_to_slots, put_dev_rows
 
 
 def test_allocated_pools_describe_their_memory():

@@ -7,7 +7,7 @@ import torch
 
 from kvtier.kernels import KvtierError, LAYOUTS
 from kvtier.pool import HostPool, MHADevicePool
-from test_pool_support import (KINDS, DeviceCase, HostCase, assert_same, dev_rows, host_rows,
+from pool_support import (KINDS, DeviceCase, HostCase, assert_same, dev_rows, host_rows,
                                pages_to_slots, put_dev_rows, put_host_rows)
 
 STRATEGIES = ("kernel", "dma")

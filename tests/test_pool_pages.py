@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from kvtier.kernels import KvtierError, LAYOUTS
-from test_pool_support import DeviceCase, HostCase, assert_same, host_rows, pages_to_slots, put_host_rows
+from pool_support import DeviceCase, HostCase, assert_same, host_rows, pages_to_slots, put_host_rows
 
 
 def _filled_host(kind, layout, P=4):
