@@ -86,8 +86,9 @@ def measure_point(w: Workload, op: str, prepare: Callable, sweep: Sweep, ceiling
 
 
 def run_sweep(sweep: Sweep, device: torch.device, *, log: Optional[Callable[[str], None]] = print,
-              time_budget_s: Optional[float] = None) -> dict:
-    """Measure every point of ``sweep`` on ``device``; returns the run (JSON-ready)."""
+              time_budget_s: Optional[float] = None, on_point: Optional[Callable[[dict], None]] = None) -> dict:
+    """Measure every point of ``sweep`` on ``device``; returns the run (JSON-ready).
+    ``on_point`` sees each record as it is made (so a killed run leaves its points)."""
     log = log or (lambda s: None)
     start = time.monotonic()
     env = environment(device, sweep)
@@ -117,6 +118,8 @@ def run_sweep(sweep: Sweep, device: torch.device, *, log: Optional[Callable[[str
             rec.update(measure_point(w, op, prepare, sweep, ceilings.of(op)))
             points.append(rec)
             log(_progress(rec))
+            if on_point:
+                on_point(rec)
     return {"environment": env, "ceilings": ceilings.to_dict(), "points": points,
             "skipped_shapes": skipped, "truncated": truncated,
             "elapsed_s": round(time.monotonic() - start, 1)}

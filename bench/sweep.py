@@ -44,7 +44,7 @@ class Grid:
 class Sweep:
     grids: tuple
     max_layers: int = 16
-    max_bytes: int = 256 << 20     # per transfer: fewer layers for the largest rows
+    max_bytes: int = 64 << 20      # per transfer: fewer layers for the largest rows
     ceiling_bytes: int = 1 << 30
     warmup: int = 2
     iters: int = 10

@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import importlib
 import importlib.util
+import json
 import os
 import sys
 from pathlib import Path
@@ -28,7 +29,8 @@ def register(sub) -> None:
     size.add_argument("--full", action="store_true", help="every combination the sweep knows (hours on hardware)")
     for flag, field, _ in DIMENSIONS:
         p.add_argument(flag, metavar="LIST", help=f"comma list: only these {field.replace('_', ' ')}")
-    p.add_argument("--out", help="directory for bench.json, bench.png, bench.txt (default ./kvtier-bench-DATE)")
+    p.add_argument("--out", help="directory for bench.json, bench.png, bench.txt, points.jsonl "
+                                 "(default ./kvtier-bench-DATE)")
     p.add_argument("--iters", type=int, help="timed calls per point (at most; slow points take fewer)")
     p.add_argument("--time-budget", type=float, help="stop measuring new points after this many seconds")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG (no matplotlib needed)")
@@ -83,19 +85,23 @@ def run(args) -> int:
 
     sweep = _sweep(args, bench, on_cpu)
     device = default_device()
-    log = None if args.quiet else (lambda line: print(line, flush=True))
-    run_ = bench.run_sweep(sweep, device, log=log, time_budget_s=args.time_budget)
-    if not args.no_overhead:
-        run_["overhead"] = measure_overhead(device)
     out = Path(args.out or f"kvtier-bench-{datetime.date.today().isoformat()}")
     out.mkdir(parents=True, exist_ok=True)
+    log = None if args.quiet else (lambda line: print(line, flush=True))
+    with open(out / "points.jsonl", "w") as stream:   # survives a run that is killed
+        def keep(rec):
+            stream.write(json.dumps(rec) + "\n")
+            stream.flush()
+        run_ = bench.run_sweep(sweep, device, log=log, time_budget_s=args.time_budget, on_point=keep)
+    if not args.no_overhead:
+        run_["overhead"] = measure_overhead(device)
     table = report.format_table(run_)
     summary = report.format_summary(run_)
     text = table + "\n\n" + summary + ("\n" + format_overhead(run_["overhead"]) if "overhead" in run_ else "")
     print("\n" + text)
     (out / "bench.txt").write_text(text + "\n")
     report.write_json(run_, out / "bench.json")
-    written = ["bench.txt", "bench.json"]
+    written = ["bench.txt", "bench.json", "points.jsonl"]
     if not args.no_plot:
         try:
             report.plot(run_, out / "bench.png")

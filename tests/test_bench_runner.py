@@ -1,0 +1,123 @@
+"""A sweep run end to end on the CPU: every point verified, the outputs (table, JSON,
+PNG) written, the figures labelled as not hardware figures; probe and overhead."""
+import json
+
+import pytest
+import torch
+
+from bench_support import bench, guarded_workload
+from kvtier.bench import Grid, Sweep, run_sweep
+from kvtier.bench import report, sgl_baseline
+from kvtier.bench.goals import evaluate
+from kvtier.bench.overhead import measure_overhead
+from kvtier.bench.probe import LaunchProbe
+from kvtier.bench.workload import POISON, Shape, Unsupported
+from kvtier.kernels import copy_rows
+
+TINY = Sweep(grids=(Grid(ops=("backup_all", "load_layer", "gather"), row_bytes=(128,), page_sizes=(4,),
+                         tokens=(8, 16), program_caps=(1,)),),
+             max_layers=2, max_bytes=1 << 20, ceiling_bytes=1 << 20, warmup=0, iters=2,
+             baselines=("torch", "sgl_kernel"), hardware=False)
+
+
+@pytest.fixture(scope="module")
+def run():
+    return run_sweep(TINY, torch.device("cpu"), log=None)
+
+
+def test_every_point_measured_and_verified(run):
+    pts = run["points"]
+    # 3 ops x 2 sizes; engines: pool kernel + dma (not for gather), copy_rows p<=1, torch.
+    assert len(pts) == 2 * (4 + 4 + 3)
+    assert not [p for p in pts if "error" in p or "skipped" in p]
+    assert all(p["gbps"] > 0 and p["host_us"] > 0 for p in pts)
+    assert {p["engine"] for p in pts} == {"pool", "copy_rows", "torch"}
+    capped = [p for p in pts if p["engine"] == "copy_rows"]
+    assert all(p["programs"] == 1 for p in capped)
+    assert run["environment"]["hardware_figures"] is False
+    assert "NOT hardware figures" in run["environment"]["note"]
+
+
+def test_outputs(run, tmp_path):
+    table = report.format_table(run)
+    assert len(table.splitlines()) == 2 + len(run["points"])
+    assert "kvtier pool dma" in table and "torch" in table
+    summary = report.format_summary(run)
+    assert "NOT hardware figures" in summary and "goals are not graded" in summary
+    back = json.loads(report.write_json(run, tmp_path / "b.json").read_text())
+    assert back["points"] == json.loads(json.dumps(run["points"]))
+    png = report.plot(run, tmp_path / "b.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+
+
+def test_a_failing_engine_is_recorded_not_fatal(monkeypatch):
+    from kvtier.bench import torch_baseline
+
+    def broken(w, op):
+        class P:
+            fn = staticmethod(lambda: None)   # moves nothing
+            programs, written = None, None
+        return P()
+    monkeypatch.setattr(torch_baseline, "prepare", broken)
+    sweep = Sweep(grids=(Grid(ops=("load_all",), row_bytes=(128,), page_sizes=(1,), tokens=(8,),
+                              strategies=("kernel",)),), max_layers=1, warmup=0, iters=2,
+                  ceiling_bytes=1 << 20, baselines=("torch",), hardware=False)
+    pts = run_sweep(sweep, torch.device("cpu"), log=None)["points"]
+    by = {p["engine"]: p for p in pts}
+    assert "gbps" in by["pool"]
+    assert by["torch"]["error"].startswith("wrong bytes")
+
+
+def test_time_budget_truncates():
+    out = run_sweep(TINY, torch.device("cpu"), log=None, time_budget_s=0.0)
+    assert out["truncated"] and out["points"] == []
+
+
+def test_goals_graded_on_hardware_figures():
+    mk = lambda **kw: {"op": "load_all", "layout": "layer_first", "row_bytes": 1024, "page_size": 16,
+                       "tokens": 4096, "bytes": 8 << 20, "strategy": "kernel", "programs": 4, **kw}
+    run = {"points": [mk(engine="pool", gbps=50.0, pct_ceiling=96.0),
+                      mk(engine="pool", strategy="dma", gbps=5.0, pct_ceiling=9.0),
+                      mk(engine="torch", strategy="-", gbps=20.0, pct_ceiling=40.0, programs=None)]}
+    goals = dict(evaluate(run))
+    assert goals["link >= 95% of pinned copy with <= 4 programs"].startswith("1/1")
+    pages = [v for k, v in goals.items() if k.startswith("4-24 KiB")][0]
+    assert pages.startswith("1/1") and "10.0x" in pages          # 50 / 5 (same-run dma)
+    assert goals["never slower than plain torch"] == "1/1 points"
+    run["points"][0].update(gbps=10.0, pct_ceiling=19.0)
+    goals = dict(evaluate(run))
+    assert goals["never slower than plain torch"].startswith("0/1")
+    assert goals["link >= 95% of pinned copy with <= 4 programs"].startswith("0/1")
+
+
+def test_probe_records_the_grid_and_moves_nothing():
+    s = Shape(components=2, layers=2, row_bytes=128, page_size=1, tokens=32, layout="layer_first")
+    w, alloc = guarded_workload(s)
+    t = w.transfer("load_all")
+    w.poison("load_all")
+    cfg = bench.kvtier_engine.config_for(w, "load_all", num_programs=3)
+    with LaunchProbe() as probe:
+        copy_rows(t.src, t.src_indices, t.dst, t.dst_indices, config=cfg)
+    assert probe.programs() == 3 and len(probe.grids) == 1
+    assert all((x == POISON).all() for x in w.destination_tensors("load_all"))
+    copy_rows(t.src, t.src_indices, t.dst, t.dst_indices, config=cfg)   # the kernel is back
+    assert not all((x == POISON).all() for x in w.destination_tensors("load_all"))
+    alloc.check()
+
+
+def test_overhead_times_the_path_up_to_the_launch():
+    o = measure_overhead(torch.device("cpu"), calls=20)
+    assert set(o["us_per_call"]) == {"HostPool.load_to_device_per_layer(check=False)",
+                                     "HostPool.load_to_device_per_layer(check=True)",
+                                     "select_config + copy_rows(check=False)"}
+    assert all(0 < us < 1e5 for us in o["us_per_call"].values())
+    assert o["launches_recorded"] == 3 * (20 + 5 * 20)    # warmup + 5 batches, per variant
+    assert "20 us goal" in o["summary"]
+
+
+def test_sgl_kernel_baseline_absent_here():
+    assert sgl_baseline.load_kvcacheio() is None
+    s = Shape(components=2, layers=1, row_bytes=128, page_size=1, tokens=8, layout="layer_first")
+    w, _ = guarded_workload(s)
+    with pytest.raises(Unsupported, match="sgl_kernel is not importable"):
+        sgl_baseline.prepare(w, "load_all")
