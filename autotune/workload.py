@@ -22,6 +22,7 @@ import torch
 
 from kvtier.kernels import CopyConfig, RowMap, copy_rows, platform
 from kvtier.kernels.reference import layer_rows
+from kvtier.kernels.validate import compute_device
 
 from .key import OPS
 
@@ -130,18 +131,20 @@ class Transfer:
             t.view(torch.uint8).fill_(POISON)
 
     def verify(self) -> bool:
-        """Whether every destination row holds its source row (bit for bit)."""
+        """Whether every destination row holds its source row (bit for bit); waits for
+        the device first, since host rows are read directly."""
+        platform.synchronize(compute_device(self.src, self.dst))
         for c in range(self.src.num_components):
             for layer in range(self.src.num_layers):
-                if not torch.equal(rows_of(self.src, c, layer, self.src_idx),
-                                   rows_of(self.dst, c, layer, self.dst_idx)):
+                if not torch.equal(rows_of(self.src, c, layer, self.src_idx).cpu(),
+                                   rows_of(self.dst, c, layer, self.dst_idx).cpu()):
                     return False
         return True
 
 
 def rows_of(m: RowMap, comp: int, layer: int, idx: torch.Tensor) -> torch.Tensor:
     """The bytes of rows ``idx`` of one layer of one component, one row per line (a copy)."""
-    idx = idx.long()
+    idx = idx.long().to(m.device)
     return layer_rows(m, comp, layer)[idx // m.page_size, idx % m.page_size].reshape(idx.numel(), -1)
 
 
