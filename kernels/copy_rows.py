@@ -195,6 +195,8 @@ def launch(src: RowMap, src_indices, dst: RowMap, dst_indices, src_layer: int, d
            num_layers: int, config: CopyConfig, device: torch.device) -> None:
     """Launch the kernel on already-validated arguments (the pools' hot path)."""
     src, dst = _unify_chunks(src, dst)
+    # The kernel reads indices as dense arrays: a strided view would address other rows.
+    src_indices, dst_indices = src_indices.contiguous(), dst_indices.contiguous()
     n = src_indices.numel()
     plan = plan_copy(src, dst, n, config, threads=_threads(device, config))
     word = plan["word"]

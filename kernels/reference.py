@@ -38,5 +38,6 @@ def copy_rows_reference(src: RowMap, src_indices: torch.Tensor, dst: RowMap, dst
             sv = layer_rows(src, c, src_layer + l)
             dv = layer_rows(dst, c, dst_layer + l)
             s, d = si.to(sv.device), di.to(dv.device)
-            rows = sv[s // src.page_size, s % src.page_size]
+            # Both sides hold row_bytes per row, possibly split into different chunks.
+            rows = sv[s // src.page_size, s % src.page_size].reshape(-1, dst.n_chunks, dst.chunk_bytes)
             dv[d // dst.page_size, d % dst.page_size] = rows.to(dv.device)

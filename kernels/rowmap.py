@@ -42,6 +42,15 @@ def _storage_span(t: torch.Tensor):
     return st.data_ptr(), st.data_ptr() + st.nbytes()
 
 
+def _tensor_span(t: torch.Tensor):
+    """(first, end) byte addresses of the elements of tensor ``t`` (not of its storage)."""
+    first = t.data_ptr()
+    if t.numel() == 0:
+        return first, first
+    last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
+    return first, first + (last + 1) * t.element_size()
+
+
 def _dense_row(shape: Sequence[int], strides: Sequence[int], itemsize: int, arg: str, value):
     """Bytes of a row made of trailing dims that must be dense (C-contiguous)."""
     expect = 1
@@ -334,20 +343,23 @@ class RowMap:
                 raise fail(name, getattr(self, name), "negative strides are not supported")
         if self.n_chunks > 1 and self.chunk_stride < self.chunk_bytes:
             raise fail("chunk_stride", self.chunk_stride, f"chunks of {self.chunk_bytes} B overlap")
+        # Bounds are the tensors' own bytes, not their storages: a view's neighbours in
+        # the same allocation (other layers, other components) are not the map's to touch.
         span = self.layer_span()
         if self.is_table:
             for i, (t, start) in enumerate(self.segments):
-                first, end = _storage_span(t)
+                first, end = _tensor_span(t)
                 if start < first or start + span > end:
                     raise fail(f"layers[{i}]", tuple(t.shape),
-                               f"rows need {span} bytes from the layer base; the tensor's storage has {end - start}")
+                               f"rows need {span} bytes from the layer base; the tensor has {end - start}")
             return
-        last = (self.base + (self.num_components - 1) * self.comp_stride
-                + (self.num_layers - 1) * self.layer_stride + span)
-        first, end = _storage_span(self.segments[0][0])
-        if self.base < first or last > end:
-            raise fail("strides", (self.layer_stride, self.page_stride, self.token_stride),
-                       f"the map reaches byte {last - first} of a {end - first}-byte storage")
+        reach = (self.num_layers - 1) * self.layer_stride + span
+        for c, (t, _) in enumerate(self.segments):       # one tensor per component
+            first, end = _tensor_span(t)
+            start = self.base + c * self.comp_stride
+            if start < first or start + reach > end:
+                raise fail("strides", (self.layer_stride, self.page_stride, self.token_stride),
+                           f"the map reaches byte {start + reach - first} of a {end - first}-byte tensor")
 
 
 _WORD_DTYPES = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}

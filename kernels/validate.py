@@ -64,8 +64,8 @@ def check_page_aligned(arg: str, idx: torch.Tensor, page_size: int) -> None:
 
 def check_layers(arg: str, start: int, count: int, m: RowMap) -> None:
     if not isinstance(start, int) or start < 0 or start + count > m.num_layers:
-        raise fail(arg, start, f"layers {start}..{start + count - 1} are outside the map's "
-                   f"{m.num_layers} layers")
+        what = f"layers {start}..{start + count - 1} are" if count else f"start layer {start} is"
+        raise fail(arg, start, f"{what} outside the map's {m.num_layers} layers")
 
 
 def check_copy(src: RowMap, src_indices, dst: RowMap, dst_indices, src_layer: int, dst_layer: int,
@@ -81,6 +81,9 @@ def check_copy(src: RowMap, src_indices, dst: RowMap, dst_indices, src_layer: in
         raise fail("dst.num_components", dst.num_components,
                    f"differs from src.num_components={src.num_components}")
     if num_layers is None:
+        # Name a bad start layer here: the default count derived from it would be negative.
+        check_layers("src_layer", src_layer, 0, src)
+        check_layers("dst_layer", dst_layer, 0, dst)
         num_layers = min(src.num_layers - src_layer, dst.num_layers - dst_layer)
     if not isinstance(num_layers, int) or num_layers < 0:
         raise fail("num_layers", num_layers, "must be a non-negative int")
