@@ -106,12 +106,25 @@ def layer_table(arg: str, layers, item_size: int, num_layers: int, exact: bool =
         raise fail(f"{arg}.size(0)", count, f"does not match num_layers={num_layers}")
     if isinstance(layers, torch.Tensor):
         try:
-            return RowMap.from_table(layers, row_bytes=item_size, num_rows=UNSIZED_ROWS)
+            return _table_map(layers, item_size)
         except KvtierError as e:
             raise KvtierError(f"{arg}: {e}") from None
     m = per_layer_list(arg, layers)
     if m.row_bytes != item_size:
         raise fail("item_size", item_size, f"the rows of {arg} are {m.row_bytes} bytes")
+    return m
+
+
+def _table_map(table: torch.Tensor, item_size: int) -> RowMap:
+    """`RowMap.from_table`, remembered on the table tensor itself: reading a table costs a
+    device sync, and an engine passes the same tables on every call. Rebuilt when the
+    table has been written since (its version changed) or the row size differs."""
+    key = (table._version, item_size)
+    hit = getattr(table, "_kvtier_row_map", None)
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    m = RowMap.from_table(table, row_bytes=item_size, num_rows=UNSIZED_ROWS)
+    table._kvtier_row_map = (key, m)
     return m
 
 

@@ -119,3 +119,23 @@ def test_a_bare_table_needs_the_kernel(monkeypatch):
         compat.transfer_kv_all_layer_mla(table(dev), table([host[0]]), torch.tensor([1]),
                                          torch.tensor([2]), 32, 1)
     mem.check()
+
+
+@needs_cpu_kernel
+def test_a_table_is_read_once_and_again_after_it_changes(monkeypatch):
+    built = []
+    real = RowMap.from_table.__func__
+    monkeypatch.setattr(RowMap, "from_table", classmethod(lambda cls, *a, **k: built.append(1) or real(cls, *a, **k)))
+    mem = Memory(6)
+    a, b = mem.buffer("a", (8, 16)), mem.buffer("b", (8, 16))
+    dst = mem.buffer("dst", (1, 8, 16), fill="poison")
+    src, out = table([a]), table([dst[0]])
+    for s, d in ((1, 2), (3, 4)):
+        compat.transfer_kv_all_layer_mla(src, out, torch.tensor([s]), torch.tensor([d]), 32, 1)
+        mem.copy(dst[0].data_ptr() + d * 32, a.data_ptr() + s * 32, 32)
+    assert len(built) == 2                    # one per table, not per call
+    src[0] = b.data_ptr()                     # the engine re-points a layer
+    compat.transfer_kv_all_layer_mla(src, out, torch.tensor([5]), torch.tensor([6]), 32, 1)
+    mem.copy(dst[0].data_ptr() + 6 * 32, b.data_ptr() + 5 * 32, 32)
+    assert len(built) == 3
+    mem.check()
