@@ -18,15 +18,17 @@ import importlib
 import itertools
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
 
 from helpers import POISON, Guarded, assert_bytes_equal
-from kvtier.kernels import CopyConfig, RowMap, copy_rows_reference
+from kvtier.kernels import CopyConfig, RowMap, copy_rows_reference, default_config
 
 copy_rows_module = importlib.import_module("kvtier.kernels.copy_rows")
 copy_rows = copy_rows_module.copy_rows
+REAL_REFERENCE = copy_rows_module._reference
 
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 
@@ -281,6 +283,13 @@ def test_non_contiguous_indices():
     run_and_check(src, si, dst, di)
 
 
+def test_mixed_index_dtypes():
+    src = Side("table", L=2, N=16, seed=46)
+    dst = Side("page_first", L=2, N=16, P=2, fill="poison", seed=47)
+    si, di = make_indices("repeat_src", 16, 16, seed=48)
+    run_and_check(src, si.int(), dst, di.long())
+
+
 # ----------------------------------------------------------------------------- layers
 LAYER_CASES = [  # (src L, dst L, src_layer, dst_layer, num_layers)
     (3, 3, 0, 0, None),
@@ -393,6 +402,16 @@ def test_configs(case):
     run_and_check(src, si, dst, di, config=cfg)
 
 
+@pytest.mark.parametrize("platform,crosses_link", [("cuda", True), ("cuda", False), ("rocm", False),
+                                                   ("npu", True), ("cpu", True)])
+def test_shipped_default_configs(platform, crosses_link):
+    """Every platform's shipped configuration copies correctly (here, interpreted)."""
+    src = Side("stacked_paged", L=2, N=16, P=4, row=(1, 656), dtype=torch.float8_e4m3fn, seed=43)
+    dst = Side("page_head", L=2, N=16, P=4, row=(1, 656), dtype=torch.float8_e4m3fn, fill="poison", seed=44)
+    si, di = make_indices("perm", 16, 16, seed=45)
+    run_and_check(src, si, dst, di, config=default_config(platform, crosses_link=crosses_link))
+
+
 # ----------------------------------------------------------------------------- alignment
 @pytest.mark.parametrize("dtype,row,word", [
     (torch.float8_e4m3fn, (1, 656), 8), (torch.float16, (1, 3), 2), (torch.float32, (1, 1), 4),
@@ -441,6 +460,26 @@ def test_kernel_equals_reference(src_form, dst_form, pattern):
     run_and_check(src, si, a, di, **kw)
     run_and_check(src, si, b, di, fn=copy_rows_reference, **kw)
     assert all(torch.equal(x, y) for x, y in zip(a.raw(), b.raw()))
+
+
+@pytest.mark.parametrize("by_page", [False, True])
+def test_fallback_without_interpreter_warns_once_and_copies(monkeypatch, by_page):
+    """Where Triton cannot run CPU tensors, copies run the reference: one warning, same bytes."""
+    monkeypatch.setattr(copy_rows_module, "_reference", REAL_REFERENCE)
+    monkeypatch.setattr(copy_rows_module, "interpreter_active", lambda: False)
+    monkeypatch.setattr(copy_rows_module, "_warned", set())
+
+    def no_kernel(*a, **k):
+        raise AssertionError("the kernel ran without the interpreter")
+    monkeypatch.setattr(copy_rows_module, "launch", no_kernel)
+    src = Side("table", L=2, N=16, P=4, seed=49)
+    dsts = [Side("page_first_direct", L=2, N=16, P=4, fill="poison", seed=50 + k) for k in range(2)]
+    si, di = make_indices("runs", 16, 16, P=4, seed=52)
+    with pytest.warns(RuntimeWarning, match="interpreter"):
+        run_and_check(src, si, dsts[0], di, by_page=by_page)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        run_and_check(src, si, dsts[1], di, by_page=by_page)
 
 
 def test_check_false_copies_the_same():

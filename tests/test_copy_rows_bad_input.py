@@ -15,10 +15,11 @@ import torch
 
 from helpers import Guarded
 from kvtier.kernels import KvtierError, RowMap, copy_rows_reference
-from test_copy_rows import Side
+from test_copy_rows import Side, run_and_check
 
 copy_rows_module = importlib.import_module("kvtier.kernels.copy_rows")
 copy_rows = copy_rows_module.copy_rows
+real_launch = copy_rows_module.launch
 
 L, N, P = 2, 16, 4
 i64 = lambda *v: torch.tensor(v, dtype=torch.int64)
@@ -162,6 +163,18 @@ def test_by_page_page_sizes_differ(sides, fn):
     src, _ = sides
     dst = Side("stacked", L=L, N=N, P=2, row=(2, 4), fill="poison", seed=3)
     expect_error(fn, src, dst, GOOD, GOOD, "by_page=True: page sizes differ (src 4, dst 2)", by_page=True)
+
+
+def test_differently_split_rows_are_refused_before_any_byte_moves(monkeypatch):
+    """Two page_head maps with different head splits (2 x 16 B vs 4 x 8 B) cannot share one
+    chunk stride: the kernel path refuses the pair, naming both splits, before launching.
+    The reference copies it (checked against the torch oracle)."""
+    monkeypatch.setattr(copy_rows_module, "launch", real_launch)
+    src = Side("page_head", L=L, N=N, P=P, row=(2, 8), seed=4)
+    dst = Side("page_head", L=L, N=N, P=P, row=(4, 4), fill="poison", seed=5)
+    expect_error(copy_rows, src, dst, GOOD, GOOD, "as 2x16B")
+    expect_error(copy_rows, src, dst, GOOD, GOOD, "chunked in 8-byte pieces")
+    run_and_check(src, GOOD, dst, GOOD, fn=copy_rows_reference)
 
 
 # ----------------------------------------------------------------------------- maps that overrun
