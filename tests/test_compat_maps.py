@@ -139,3 +139,22 @@ def test_a_table_is_read_once_and_again_after_it_changes(monkeypatch):
     mem.copy(dst[0].data_ptr() + 6 * 32, b.data_ptr() + 5 * 32, 32)
     assert len(built) == 3
     mem.check()
+
+
+def test_the_vllm_recipe_in_docs_engines():
+    """docs/engines.md's vLLM handler: per-tensor block views as the layers of two maps,
+    (n, 2) sub-block pairs, one launch, both directions."""
+    mem = Memory(7)
+    page, factor = 48, 2
+    gpu = [mem.buffer(f"g{i}", (6, page), torch.int8) for i in range(2)]
+    cpu = [mem.buffer(f"c{i}", (4, page * factor), torch.int8, fill="poison") for i in range(2)]
+    g = RowMap.from_layers(gpu)
+    c = RowMap.from_layers([t.view(-1, page) for t in cpu])
+    src_to_dst = torch.tensor([[5, 0], [1, 1], [2, 6]]).numpy()      # GPU block -> CPU sub-block
+    pairs = torch.from_numpy(src_to_dst.T.copy())
+    copy_rows(g, pairs[0], c, pairs[1])
+    for gt, ct in zip(gpu, cpu):
+        for s, d in src_to_dst.tolist():
+            mem.copy(ct.data_ptr() + d * page, gt.data_ptr() + s * page, page)
+    mem.assert_changes("c0", "c1")
+    mem.check()
