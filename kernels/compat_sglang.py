@@ -49,7 +49,8 @@ __all__ = [
 
 def _kv(src_k, dst_k, src_v, dst_v, src="src_{}", dst="dst_{}"):
     """(src name, src, dst name, dst) of K and V; names as the caller's arguments."""
-    return [(src.format("k"), src_k, dst.format("k"), dst_k), (src.format("v"), src_v, dst.format("v"), dst_v)]
+    return [(src.format("k"), src_k, dst.format("k"), dst_k),
+            (src.format("v"), src_v, dst.format("v"), dst_v)]
 
 
 def _mla(src, dst, src_name="src", dst_name="dst"):
@@ -159,8 +160,8 @@ def transfer_kv_all_layer_mla(src_layers, dst_layers, src_indices, dst_indices, 
                               *, config=None, check: bool = True) -> None:
     """The MLA form of `transfer_kv_all_layer`."""
     dst = lambda n, d: layer_table(n, d, item_size, num_layers, exact=False)  # noqa: E731
-    _all_layer(_mla(src_layers, dst_layers, "src_layers", "dst_layers"), src_indices, dst_indices, item_size, num_layers,
-               dst, True, block_quota, config, check)
+    _all_layer(_mla(src_layers, dst_layers, "src_layers", "dst_layers"), src_indices, dst_indices,
+               item_size, num_layers, dst, True, block_quota, config, check)
 
 
 def transfer_kv_all_layer_lf_pf(src_k_layers, dst_k, src_v_layers, dst_v, src_indices,
@@ -220,8 +221,8 @@ def transfer_kv_direct(src_layers: Sequence[torch.Tensor], dst_layers: Sequence[
     groups = {}
     for s, d in zip(src_layers, dst_layers):
         groups.setdefault((_signature(s), _signature(d)), []).append((s, d))
-    pairs = [(per_layer_list("src_layers", [s for s, _ in g]), per_layer_list("dst_layers", [d for _, d in g]))
-             for g in groups.values()]
+    pairs = [(per_layer_list("src_layers", [s for s, _ in g]),
+              per_layer_list("dst_layers", [d for _, d in g])) for g in groups.values()]
     run_copy(pairs, src_indices, dst_indices, op="load", config=config, check=check)
 
 
