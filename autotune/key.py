@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, asdict
-from typing import Optional
 
 # Operations and whether they cross the device-host link.
 OPS = {"backup": True, "load": True, "gather": False, "scatter": False}

@@ -3,7 +3,6 @@ from types import SimpleNamespace
 
 import pytest
 
-from kvtier.autotune import prune
 from kvtier.autotune.key import DeviceId
 from kvtier.autotune.prune import codegen_report, codegen_target, prune_spilling
 from kvtier.kernels.config import CopyConfig
