@@ -45,6 +45,13 @@ class Launch:
                 tuple(sorted(self.constants.items())))
 
 
+def interpreter_patched() -> bool:
+    """Whether triton-ascend's interpreter has run in this process: Triton 3.2 patches
+    triton.language for it and never restores it, after which nothing compiles here."""
+    import triton.language as tl
+    return "__index__" in vars(tl.core.tensor)
+
+
 def kernel_fn():
     """The kernel as a JITFunction, also when TRITON_INTERPRET=1 made it an interpreted one."""
     from triton.runtime.jit import JITFunction
@@ -118,13 +125,25 @@ def lower(launch: Launch) -> "Lowered":
     module = src.make_ir(options, backend.get_codegen_implementation(), backend.get_module_map(), ctx)
     metadata = {"hash": src.hash(), "target": target, **options.__dict__}
     for stage in names[:-1]:
+        module = _run_stage(stages[stage], stage, module, metadata)
+    return Lowered(str(module), src.signature, src.constants)
+
+
+def _run_stage(run, stage, module, metadata, tries: int = 5):
+    """One stage; triton-adapter-opt 3.2.0 now and then dies on an internal assertion
+    (now and then, a different kernel each time, more often under load), so a death by
+    signal is retried.
+    A deterministic failure fails every try and is raised."""
+    for attempt in range(tries):
         try:
-            module = stages[stage](module, metadata)
+            return run(module, metadata)
         except subprocess.CalledProcessError as e:
+            if e.returncode < 0 and attempt + 1 < tries:
+                continue
             err = (e.stderr or b"").decode(errors="replace")
             lines = [l for l in err.splitlines() if l and not l.lstrip().startswith("#")][:8]
-            raise LoweringError(f"stage {stage} failed (exit {e.returncode}): " + "\n".join(lines)) from None
-    return Lowered(str(module), src.signature, src.constants)
+            raise LoweringError(f"stage {stage} failed (exit {e.returncode}, try {attempt + 1}): "
+                                + "\n".join(lines)) from None
 
 
 @dataclass
