@@ -71,7 +71,8 @@ def _pow2_floor(x: int) -> int:
     return 1 << (max(int(x), 1).bit_length() - 1)
 
 
-def plan_copy(src: RowMap, dst: RowMap, n_rows: int, config: CopyConfig, threads: int = 0) -> dict:
+def plan_copy(src: RowMap, dst: RowMap, n_rows: int, config: CopyConfig, threads: int = 0,
+              min_rows: int = 1) -> dict:
     """Compile-time constants for one copy (no tensors touched).
 
     word: the widest integer (<= 8 bytes) that divides every address and stride.
@@ -79,7 +80,8 @@ def plan_copy(src: RowMap, dst: RowMap, n_rows: int, config: CopyConfig, threads
     rows: rows per tile, at least ``config.rows``; with ``threads`` (GPU threads per
     program) it is raised until the smallest tail piece of a tile gives every thread
     16 bytes, so that non-power-of-two rows (576 B, 656 B) keep 16-byte accesses,
-    within a 16 KiB tile.
+    within a 16 KiB tile. ``min_rows`` is a floor set by the platform (triton-ascend
+    3.2 cannot lower a one-row tile).
     """
     word = min(src.align, dst.align, 8)
     while src.chunk_bytes % word or dst.chunk_bytes % word:
@@ -87,14 +89,14 @@ def plan_copy(src: RowMap, dst: RowMap, n_rows: int, config: CopyConfig, threads
     align = max(min(src.align, dst.align) // word, 1)
     chunk_words = src.chunk_bytes // word
     block = min(_pow2_floor(config.block_bytes // word), _pow2_floor(chunk_words))
-    rows = config.rows
+    rows = max(config.rows, min_rows)
     if threads:
         tail = chunk_words % block
         smallest = (tail & -tail) if tail else block           # words in the smallest piece
         want = _pow2_ceil(-(-threads * 16 // (smallest * word)))
         fit = _pow2_floor(max(16384 // (block * word), 1))
         rows = max(rows, min(want, fit))
-    rows = min(rows, _pow2_ceil(n_rows))
+    rows = max(min(rows, _pow2_ceil(n_rows)), min_rows)
     return dict(word=word, align=align, chunk_words=chunk_words, block=block, rows=rows,
                 log_block=block.bit_length() - 1)
 
@@ -198,7 +200,8 @@ def launch(src: RowMap, src_indices, dst: RowMap, dst_indices, src_layer: int, d
     # The kernel reads indices as dense arrays: a strided view would address other rows.
     src_indices, dst_indices = src_indices.contiguous(), dst_indices.contiguous()
     n = src_indices.numel()
-    plan = plan_copy(src, dst, n, config, threads=_threads(device, config))
+    plan = plan_copy(src, dst, n, config, threads=_threads(device, config),
+                     min_rows=2 if device.type == "npu" else 1)
     word = plan["word"]
     unit = word * plan["align"]
     tiles = -(-n // plan["rows"])
