@@ -7,7 +7,7 @@
   (`kvtier.kernels.compat_ascend`).
 
 A host pool swaps its io backend by importing these names from here instead of from
-sgl_kernel / sgl_kernel_npu (docs/engines.md). Every call validates its arguments before
+sgl_kernel / sgl_kernel_npu (README, Engine adapters). Every call validates its arguments before
 any byte moves and raises `KvtierError` (a ValueError) naming the bad argument.
 """
 from .compat_ascend import (TransferDirection, TransferFlag, transfer_kv_dim_exchange,

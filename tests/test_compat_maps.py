@@ -142,7 +142,7 @@ def test_a_table_is_read_once_and_again_after_it_changes(monkeypatch):
 
 
 def test_the_vllm_recipe_in_docs_engines():
-    """docs/engines.md's vLLM handler: per-tensor block views as the layers of two maps,
+    """The README's vLLM handler: per-tensor block views as the layers of two maps,
     (n, 2) sub-block pairs, one launch, both directions."""
     mem = Memory(7)
     page, factor = 48, 2
