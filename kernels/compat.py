@@ -10,23 +10,9 @@ A host pool swaps its io backend by importing these names from here instead of f
 sgl_kernel / sgl_kernel_npu (README, Engine adapters). Every call validates its arguments before
 any byte moves and raises `KvtierError` (a ValueError) naming the bad argument.
 """
-from .compat_ascend import (TransferDirection, TransferFlag, transfer_kv_dim_exchange,
-                            transfer_kv_per_layer_dim_exchange)
-from .compat_sglang import (transfer_kv_all_layer, transfer_kv_all_layer_direct_lf_pf,
-                            transfer_kv_all_layer_lf_pf, transfer_kv_all_layer_lf_ph,
-                            transfer_kv_all_layer_mla, transfer_kv_all_layer_mla_lf_pf,
-                            transfer_kv_direct, transfer_kv_per_layer,
-                            transfer_kv_per_layer_direct_pf_lf, transfer_kv_per_layer_mla,
-                            transfer_kv_per_layer_mla_pf_lf, transfer_kv_per_layer_pf_lf,
-                            transfer_kv_per_layer_ph_lf)
+from . import compat_ascend, compat_sglang
+from .compat_ascend import *  # noqa: F401,F403  (names listed in compat_ascend.__all__)
+from .compat_sglang import *  # noqa: F401,F403  (names listed in compat_sglang.__all__)
 
-__all__ = [
-    "transfer_kv_per_layer", "transfer_kv_per_layer_pf_lf", "transfer_kv_per_layer_ph_lf",
-    "transfer_kv_all_layer", "transfer_kv_all_layer_lf_pf", "transfer_kv_all_layer_lf_ph",
-    "transfer_kv_per_layer_mla", "transfer_kv_per_layer_mla_pf_lf",
-    "transfer_kv_all_layer_mla", "transfer_kv_all_layer_mla_lf_pf",
-    "transfer_kv_direct", "transfer_kv_per_layer_direct_pf_lf",
-    "transfer_kv_all_layer_direct_lf_pf",
-    "TransferDirection", "TransferFlag", "transfer_kv_dim_exchange",
-    "transfer_kv_per_layer_dim_exchange",
-]
+# One list of names, kept by the modules that define them.
+__all__ = compat_sglang.__all__ + compat_ascend.__all__
