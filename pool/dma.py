@@ -3,30 +3,24 @@ device staging buffer laid out in the host's order, and bulk asynchronous copies
 each contiguous run between staging and host memory (loads run it in reverse).
 
 Staging has the host buffer's layout with only the moved slots (or pages) and layers,
-so a run of consecutive host slots is a run of consecutive staging slots. Page-major
-host layouts make one page's layers one piece; layer_first moves one piece per layer.
+so a run of consecutive host slots is a run of consecutive staging slots. A run's
+pieces (one per layer and component in layer_first) repeat at one stride in both
+buffers, so each run is one or a few 2-D copies (`dma_plan`), issued by the runtime's
+2-D copy (`memcpy2d`).
 """
 from __future__ import annotations
 
-from typing import List, Tuple
+from typing import Tuple
 
 import torch
 
 from kvtier.kernels import RowMap
 
-from . import layouts
+from . import layouts, memcpy2d
 from .dispatch import run_copy
+from .dma_plan import plan, runs, shape_2d
 
-
-def runs(units: torch.Tensor) -> List[Tuple[int, int, int]]:
-    """Maximal runs of consecutive host units as (host unit, staging unit, length)."""
-    n = units.numel()
-    if n == 0:
-        return []
-    brk = (torch.nonzero(units[1:] - units[:-1] != 1).flatten() + 1).tolist()
-    starts, ends = [0] + brk, brk + [n]
-    u = units.tolist()
-    return [(u[s], s, e - s) for s, e in zip(starts, ends)]
+Runs = Tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 class Staging:
@@ -45,11 +39,13 @@ class Staging:
                                  for c in range(self.tensor.shape[0])])
         self.index = torch.arange(n_slots, dtype=torch.int64, device=device)
 
-    def pieces(self, host_view: torch.Tensor, run_list):
-        """(host piece, staging piece) pairs covering every run, each contiguous."""
-        ud = layouts.unit_dim(self.layout)
-        for u0, j0, k in run_list:
-            yield from layouts.contiguous_pieces(host_view.narrow(ud, u0, k), self.tensor.narrow(ud, j0, k))
+    def copy_runs(self, host_buf: torch.Tensor, host_layer: int, run_arrays: Runs, to_host: bool) -> None:
+        """Every run between the host buffer (from layer ``host_layer``) and staging."""
+        ld = layouts.layer_dim(self.layout)
+        host_view = host_buf.narrow(ld, host_layer, self.tensor.shape[ld])
+        shape = shape_2d(host_view, self.tensor, layouts.unit_dim(self.layout))
+        base = host_layer * host_buf.stride(ld) * host_buf.element_size()
+        memcpy2d.issue(plan(shape, *run_arrays, host_base=base), host_buf, self.tensor, to_host)
 
 
 def _row_shape(buf: torch.Tensor, layout: str):
@@ -64,17 +60,13 @@ def backup(op, dev_map, didx, host_buf, layout, page_size, dev_layer, host_layer
     st = Staging(host_buf, layout, page_size, didx.numel(), num_layers, didx.device)
     run_copy(op, dev_map, didx, st.map, st.index.to(didx.dtype), src_layer=dev_layer, dst_layer=0,
              num_layers=num_layers, by_page=by_page, config=config)
-    host_view = host_buf.narrow(layouts.layer_dim(layout), host_layer, num_layers)
-    for h, s in st.pieces(host_view, run_list):
-        h.copy_(s, non_blocking=True)
+    st.copy_runs(host_buf, host_layer, run_list, to_host=True)
 
 
 def load(op, dev_map, didx, host_buf, layout, page_size, dev_layer, host_layer, num_layers,
          run_list, by_page, config) -> None:
     """Host layers host_layer.. at the runs -> device rows ``didx`` of layers dev_layer.."""
     st = Staging(host_buf, layout, page_size, didx.numel(), num_layers, didx.device)
-    host_view = host_buf.narrow(layouts.layer_dim(layout), host_layer, num_layers)
-    for h, s in st.pieces(host_view, run_list):
-        s.copy_(h, non_blocking=True)
+    st.copy_runs(host_buf, host_layer, run_list, to_host=False)
     run_copy(op, st.map, st.index.to(didx.dtype), dev_map, didx, src_layer=0, dst_layer=dev_layer,
              num_layers=num_layers, by_page=by_page, config=config)

@@ -1,0 +1,150 @@
+"""Plan the bulk copies of the dma strategy: host runs <-> staging as 2-D copies.
+
+A run of ``k`` consecutive host units (slots, or pages in page-major layouts) is one block
+of the host buffer per component and layer; the staging buffer holds the same block at
+the run's staging position. Instead of one copy per contiguous piece (a copy per layer
+per component in layer_first), a piece and its repetitions at one fixed stride in both
+buffers form one 2-D copy (``height`` rows of ``width`` bytes, ``pitch`` apart), which
+the copy engines move in one call (cudaMemcpy2DAsync, aclrtMemcpy2dAsync).
+
+The shape of the copies is found once per (layout, layer range) from the strides, not per
+run: the dense tail of both views gives the width, the innermost remaining dim the height,
+and the dims left over are looped. All runs then become copies with a few tensor ops.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional, Tuple
+
+import torch
+
+
+@dataclass(frozen=True)
+class CopyPlan:
+    """Copies as arrays (bytes, from each buffer's first byte): copy ``i`` moves
+    ``height[i]`` rows of ``width[i]`` bytes, rows ``host_pitch`` / ``stage_pitch`` apart."""
+
+    host_off: torch.Tensor
+    stage_off: torch.Tensor
+    width: torch.Tensor
+    height: torch.Tensor
+    host_pitch: int
+    stage_pitch: int
+
+    def __len__(self) -> int:
+        return self.host_off.numel()
+
+    def rows(self) -> List[Tuple[int, int, int, int]]:
+        """(host_off, stage_off, width, height) per copy, as Python ints."""
+        return torch.stack([self.host_off, self.stage_off, self.width, self.height], 1).tolist()
+
+    @property
+    def nbytes(self) -> int:
+        return int((self.width * self.height).sum())
+
+
+@dataclass(frozen=True)
+class Shape2D:
+    """How one run's block splits into 2-D copies; strides in bytes.
+
+    unit_in_width: the unit dim is the outermost dim of the dense tail (width = k * width).
+    height_dim: (size, host stride, staging stride) of the dim copied as rows, or None;
+        size None means the unit dim (height = k).
+    loops: (size, host stride, staging stride) of the dims iterated per run.
+    """
+
+    width: int
+    unit_in_width: bool
+    height_dim: Optional[Tuple[Optional[int], int, int]]
+    loops: Tuple[Tuple[int, int, int], ...]
+    unit_strides: Tuple[int, int]       # host, staging bytes per unit
+
+
+def shape_2d(host_view: torch.Tensor, staging: torch.Tensor, unit_dim: int) -> Shape2D:
+    """The copy shape for runs along ``unit_dim`` between two views of equal shape except
+    along ``unit_dim``. Never merges the unit dim with another: the result holds for runs
+    of any length."""
+    e = host_view.element_size()
+    sizes = list(host_view.shape)
+    hs = [s * e for s in host_view.stride()]
+    ss = [s * e for s in staging.stride()]
+    # Dense tail: dims contiguous in both views, innermost first; the unit dim may close it.
+    width, unit_in_width, t = e, False, len(sizes)
+    while t > 0:
+        d = t - 1
+        if d != unit_dim and sizes[d] == 1:
+            t -= 1
+            continue
+        if hs[d] != width or ss[d] != width:
+            break
+        t -= 1
+        if d == unit_dim:
+            unit_in_width = True
+            break
+        width *= sizes[d]
+    # Outer dims, innermost last, with size-1 dims dropped and adjacent dims merged where
+    # one stride step spans the inner dim in both views.
+    outer: List[list] = []
+    for d in range(t):
+        if d == unit_dim:
+            outer.append([None, hs[d], ss[d]])
+        elif sizes[d] != 1:
+            outer.append([sizes[d], hs[d], ss[d]])
+    merged: List[list] = []
+    for dim in outer:
+        prev = merged[-1] if merged else None
+        if (prev is not None and prev[0] is not None and dim[0] is not None
+                and prev[1] == dim[1] * dim[0] and prev[2] == dim[2] * dim[0]):
+            prev[0] *= dim[0]
+            prev[1], prev[2] = dim[1], dim[2]
+        else:
+            merged.append(dim)
+    height = tuple(merged.pop()) if merged else None
+    loops = tuple(tuple(m) for m in merged)
+    return Shape2D(width, unit_in_width, height, loops, (hs[unit_dim], ss[unit_dim]))
+
+
+def plan(shape: Shape2D, host_units: torch.Tensor, stage_units: torch.Tensor,
+         lengths: torch.Tensor, host_base: int = 0) -> CopyPlan:
+    """Copies for runs (host unit, staging unit, length), int64 CPU tensors;
+    ``host_base`` is added to every host offset (the layer range's start)."""
+    hu, su, k = host_units, stage_units, lengths
+    if any(size is None for size, _, _ in shape.loops):
+        # The unit dim is iterated: every unit of a run is a copy of its own.
+        hu, su, k = _split_units(hu, su, k)
+    h_unit, s_unit = shape.unit_strides
+    host = hu * h_unit + host_base
+    stage = su * s_unit
+    width = k * shape.width if shape.unit_in_width else torch.full_like(k, shape.width)
+    if shape.height_dim is None:
+        height, hp, sp = torch.ones_like(k), 0, 0
+    else:
+        size, hp, sp = shape.height_dim
+        height = k.clone() if size is None else torch.full_like(k, size)
+    for size, h_stride, s_stride in shape.loops:
+        n = 1 if size is None else size
+        steps = torch.arange(n, dtype=torch.int64)
+        host = (host[:, None] + steps * (0 if size is None else h_stride)).flatten()
+        stage = (stage[:, None] + steps * (0 if size is None else s_stride)).flatten()
+        width, height = width.repeat_interleave(n), height.repeat_interleave(n)
+    return CopyPlan(host, stage, width, height, hp, sp)
+
+
+def _split_units(hu, su, k):
+    r = torch.repeat_interleave(torch.arange(k.numel()), k)
+    step = torch.arange(r.numel()) - torch.repeat_interleave(k.cumsum(0) - k, k)
+    return hu[r] + step, su[r] + step, torch.ones_like(r)
+
+
+def runs(units: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Maximal runs of consecutive host units (in the given order) as int64 CPU tensors:
+    (first host unit, first staging unit, length); staging unit j holds the j-th unit."""
+    units = units.to("cpu", torch.int64)
+    n = units.numel()
+    if n == 0:
+        empty = torch.empty(0, dtype=torch.int64)
+        return empty, empty, empty
+    starts = torch.cat([torch.zeros(1, dtype=torch.int64),
+                        torch.nonzero(units[1:] - units[:-1] != 1).flatten() + 1])
+    lengths = torch.diff(starts, append=torch.tensor([n]))
+    return units[starts], starts, lengths

@@ -1,0 +1,154 @@
+"""Issue a `CopyPlan` between a host buffer and a device staging buffer, on the current
+stream, as 2-D copies of the platform's runtime (one call per copy):
+
+- CUDA: ``cudaMemcpy2DAsync``, ROCm: ``hipMemcpy2DAsync``, from the runtime library the
+  process already loaded for torch (found in /proc/self/maps; loaded by ctypes, no build).
+- Ascend: ``aclrtMemcpy2dAsync`` (libascendcl). torch_npu may defer its own launches to a
+  task queue thread, which a direct call would overtake, so it is used only with
+  ``TASK_QUEUE_ENABLE=0``; otherwise the copies go through torch.
+- Elsewhere (CPU, pageable host memory, no runtime found): torch copies, one per row of
+  each 2-D copy (torch copies only contiguous pieces across devices without a sync).
+
+The runtimes take rows ``pitch`` bytes apart; a one-row copy gets ``pitch = width``, and a
+copy whose pitch or height exceeds the runtime's limit is split into smaller ones.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Callable, Optional
+
+import torch
+
+from .dma_plan import CopyPlan
+
+H2D, D2H = 1, 2     # the value of host-to-device / device-to-host in all three runtimes
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """A runtime's 2-D copy entry point and its limits."""
+
+    name: str
+    copy_2d: Callable       # (dst, dpitch, src, spitch, width, height, kind, stream) -> int
+    stream_of: Callable     # torch.device -> stream handle (int)
+    max_pitch: int
+    max_height: int
+    error: Callable = str   # return code -> message
+
+    def issue(self, plan: CopyPlan, host: torch.Tensor, stage: torch.Tensor, to_host: bool) -> None:
+        stream = self.stream_of(stage.device)
+        h0, s0 = host.data_ptr(), stage.data_ptr()
+        kind = D2H if to_host else H2D
+        for h, s, w, n in plan.rows():
+            for hh, ss, m, (hp, sp) in self._pieces(plan, h, s, w, n):
+                args = (h0 + hh, hp, s0 + ss, sp) if to_host else (s0 + ss, sp, h0 + hh, hp)
+                rc = self.copy_2d(*args, w, m, kind, stream)
+                if rc != 0:
+                    raise RuntimeError(f"kvtier dma: {self.name} 2-D copy of {m} x {w} bytes failed: "
+                                       f"{self.error(rc)} ({rc})")
+
+    def _pieces(self, plan: CopyPlan, h: int, s: int, w: int, n: int):
+        """(host offset, staging offset, rows, (host pitch, staging pitch)) within the limits."""
+        hp, sp = plan.host_pitch, plan.stage_pitch
+        step = 1 if max(hp, sp) > self.max_pitch else self.max_height
+        for i in range(0, n, step):
+            m = min(step, n - i)
+            yield h + i * hp, s + i * sp, m, ((hp, sp) if m > 1 else (w, w))
+
+
+def issue(plan: CopyPlan, host: torch.Tensor, stage: torch.Tensor, to_host: bool) -> None:
+    """Move the plan's bytes: staging -> host (``to_host``) or host -> staging."""
+    if len(plan) == 0:
+        return
+    rt = runtime_for(stage.device, host)
+    if rt is not None:
+        rt.issue(plan, host, stage, to_host)
+    else:
+        torch_copies(plan, host, stage, to_host)
+
+
+def torch_copies(plan: CopyPlan, host: torch.Tensor, stage: torch.Tensor, to_host: bool) -> None:
+    """The plan as contiguous torch copies, one per row (any devices, any memory)."""
+    hb, sb = _bytes(host), _bytes(stage)
+    for h, s, w, n in plan.rows():
+        for i in range(n):
+            hh, ss = h + i * plan.host_pitch, s + i * plan.stage_pitch
+            dst, src = (hb[hh:hh + w], sb[ss:ss + w]) if to_host else (sb[ss:ss + w], hb[hh:hh + w])
+            dst.copy_(src, non_blocking=True)
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    if not t.is_contiguous():
+        raise ValueError("kvtier dma: buffers must be contiguous")
+    return t.reshape(-1).view(torch.uint8)
+
+
+def runtime_for(device: torch.device, host: torch.Tensor) -> Optional[Runtime]:
+    """The runtime that moves host <-> ``device`` bytes, or None (then torch copies)."""
+    if device.type == "cpu" or not host.is_pinned():
+        return None
+    if device.type == "cuda":
+        return _cuda_runtime()
+    if device.type == "npu" and os.environ.get("TASK_QUEUE_ENABLE", "1") == "0":
+        return _acl_runtime()
+    return None
+
+
+def _loaded(fragment: str) -> Optional[str]:
+    """Path of a shared library this process has mapped whose name contains ``fragment``."""
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                path = line.rstrip("\n").split(" ")[-1]
+                if fragment in os.path.basename(path):
+                    return path
+    except OSError:
+        pass
+    return None
+
+
+def _bind(path: str, fn: str, stream_type=ctypes.c_void_p):
+    f = getattr(ctypes.CDLL(path), fn)
+    f.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t,
+                  ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int, stream_type]
+    f.restype = ctypes.c_int
+    return f
+
+
+@lru_cache(maxsize=None)
+def _cuda_runtime() -> Optional[Runtime]:
+    hip = bool(getattr(torch.version, "hip", None))
+    lib, fn, err = (("libamdhip64.so", "hipMemcpy2DAsync", "hipGetErrorString") if hip else
+                    ("libcudart.so", "cudaMemcpy2DAsync", "cudaGetErrorString"))
+    torch.cuda.init()
+    path = _loaded(lib)
+    if path is None:
+        return None
+    try:
+        copy_2d = _bind(path, fn)
+        get_error = getattr(ctypes.CDLL(path), err)
+    except (OSError, AttributeError):
+        return None
+    get_error.restype = ctypes.c_char_p
+    get_error.argtypes = [ctypes.c_int]
+    return Runtime("hip" if hip else "cuda", copy_2d,
+                   lambda d: torch.cuda.current_stream(d).cuda_stream,
+                   max_pitch=(1 << 31) - 1, max_height=(1 << 31) - 1,
+                   error=lambda rc: get_error(rc).decode())
+
+
+@lru_cache(maxsize=None)
+def _acl_runtime() -> Optional[Runtime]:
+    path = _loaded("libascendcl.so")
+    if path is None:
+        return None
+    try:
+        copy_2d = _bind(path, "aclrtMemcpy2dAsync")
+    except (OSError, AttributeError):
+        return None
+    # aclrtMemcpy2dAsync takes at most 5 * 1024 * 1024 rows per call (CANN documentation).
+    return Runtime("acl", copy_2d, lambda d: torch.npu.current_stream(d).npu_stream,
+                   max_pitch=(1 << 63) - 1, max_height=5 * 1024 * 1024)
