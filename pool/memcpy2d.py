@@ -22,6 +22,8 @@ from typing import Callable, Optional
 
 import torch
 
+from kvtier.kernels import native
+
 from .dma_plan import CopyPlan
 
 H2D, D2H = 1, 2     # the value of host-to-device / device-to-host in all three runtimes
@@ -97,25 +99,8 @@ def runtime_for(device: torch.device, host: torch.Tensor) -> Optional[Runtime]:
     return None
 
 
-def _loaded(fragment: str) -> Optional[str]:
-    """Path of a shared library this process has mapped whose name contains ``fragment``."""
-    try:
-        with open("/proc/self/maps") as f:
-            for line in f:
-                path = line.rstrip("\n").split(" ")[-1]
-                if fragment in os.path.basename(path):
-                    return path
-    except OSError:
-        pass
-    return None
-
-
-def _bind(path: str, fn: str, stream_type=ctypes.c_void_p):
-    f = getattr(ctypes.CDLL(path), fn)
-    f.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t,
-                  ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int, stream_type]
-    f.restype = ctypes.c_int
-    return f
+_ARGS = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t,
+         ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
 
 
 @lru_cache(maxsize=None)
@@ -124,16 +109,10 @@ def _cuda_runtime() -> Optional[Runtime]:
     lib, fn, err = (("libamdhip64.so", "hipMemcpy2DAsync", "hipGetErrorString") if hip else
                     ("libcudart.so", "cudaMemcpy2DAsync", "cudaGetErrorString"))
     torch.cuda.init()
-    path = _loaded(lib)
-    if path is None:
+    copy_2d = native.function(lib, fn, _ARGS)
+    get_error = native.function(lib, err, [ctypes.c_int], ctypes.c_char_p)
+    if copy_2d is None or get_error is None:
         return None
-    try:
-        copy_2d = _bind(path, fn)
-        get_error = getattr(ctypes.CDLL(path), err)
-    except (OSError, AttributeError):
-        return None
-    get_error.restype = ctypes.c_char_p
-    get_error.argtypes = [ctypes.c_int]
     return Runtime("hip" if hip else "cuda", copy_2d,
                    lambda d: torch.cuda.current_stream(d).cuda_stream,
                    max_pitch=(1 << 31) - 1, max_height=(1 << 31) - 1,
@@ -142,12 +121,8 @@ def _cuda_runtime() -> Optional[Runtime]:
 
 @lru_cache(maxsize=None)
 def _acl_runtime() -> Optional[Runtime]:
-    path = _loaded("libascendcl.so")
-    if path is None:
-        return None
-    try:
-        copy_2d = _bind(path, "aclrtMemcpy2dAsync")
-    except (OSError, AttributeError):
+    copy_2d = native.function("libascendcl.so", "aclrtMemcpy2dAsync", _ARGS)
+    if copy_2d is None:
         return None
     # aclrtMemcpy2dAsync takes at most 5 * 1024 * 1024 rows per call (CANN documentation).
     return Runtime("acl", copy_2d, lambda d: torch.npu.current_stream(d).npu_stream,
