@@ -24,6 +24,18 @@ if os.environ.get("KVTIER_TEST_COMPILED") != "1" and not _has_accelerator():
 import pytest  # noqa: E402
 
 
+@pytest.fixture
+def tmp_cache(tmp_path, monkeypatch):
+    """An empty autotune cache directory for one test; the hot-path lookup forgets what it
+    read before and after, so no test sees another's (or the user's) tuned entries."""
+    from kvtier.autotune import select
+    from kvtier.autotune.cache import CACHE_ENV
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    select.invalidate()
+    yield tmp_path
+    select.invalidate()
+
+
 def pytest_collection_modifyitems(config, items):
     import torch
     have = {

@@ -21,12 +21,6 @@ def key(n=4096, op="backup"):
     return TuneKey.of(op, row_bytes=1024, page_size=16, num_rows=n, num_layers=32, crosses_link=True)
 
 
-@pytest.fixture
-def tmp_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
-    return tmp_path
-
-
 def test_cache_dir_env_xdg_home(monkeypatch, tmp_path):
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "a"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "x"))

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from kvtier.autotune import select, select_config
-from kvtier.autotune.cache import CACHE_ENV, cache_path
+from kvtier.autotune import select_config
+from kvtier.autotune.cache import cache_path
 from kvtier.autotune.key import device_identity
 from kvtier.cli.autotune_cmd import ProgressBar
 from kvtier.cli.main import main
@@ -14,13 +14,7 @@ from kvtier.cli.main import main
 TINY = ["autotune", "--layers", "2", "--heads", "1", "--head-dim", "8", "--dtype", "float16",
         "--page-size", "2", "--rows", "4"]
 
-
-@pytest.fixture(autouse=True)
-def tmp_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
-    select.invalidate()
-    yield tmp_path
-    select.invalidate()
+pytestmark = pytest.mark.usefixtures("tmp_cache")
 
 
 def test_autotune_smoke_writes_a_cache_that_show_prints_and_pools_read(capsys):

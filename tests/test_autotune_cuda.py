@@ -5,21 +5,13 @@ import json
 import pytest
 import torch
 
-from kvtier.autotune import select
-from kvtier.autotune.cache import CACHE_ENV, cache_path
+from autotune_support import dispatch_backup
+from kvtier.autotune.cache import cache_path
 from kvtier.autotune.key import device_identity
 from kvtier.autotune.search import tune
 from kvtier.autotune.workload import PoolShape, build_transfer
 
-pytestmark = pytest.mark.cuda
-
-
-@pytest.fixture(autouse=True)
-def tmp_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
-    select.invalidate()
-    yield tmp_path
-    select.invalidate()
+pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("tmp_cache")]
 
 
 def test_tune_on_the_device_and_pools_use_the_winner(monkeypatch):
@@ -34,12 +26,7 @@ def test_tune_on_the_device_and_pools_use_the_winner(monkeypatch):
     doc = json.loads(cache_path(dev).read_text())
     assert doc["device"]["name"] == torch.cuda.get_device_name() and len(doc["entries"]) == 3
 
-    dispatch = pytest.importorskip("kvtier.pool.dispatch")
     t = build_transfer(shape, "backup", 1024, torch.device("cuda"))
-    launched = []
-    real = dispatch.copy_rows
-    monkeypatch.setattr(dispatch, "copy_rows", lambda *a, **k: launched.append(k["config"]) or real(*a, **k))
-    t.poison()
-    dispatch.run_copy("backup", t.src, t.src_idx, t.dst, t.dst_idx, num_layers=4, by_page=True)
+    launched = dispatch_backup(monkeypatch, t, num_layers=4)
     torch.cuda.synchronize()
     assert launched == [across["backup"].best.config] and t.verify()

@@ -7,8 +7,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from kvtier.autotune import select, select_config
-from kvtier.autotune.cache import CACHE_ENV, cache_path
+from autotune_support import dispatch_backup
+from kvtier.autotune import select_config
+from kvtier.autotune.cache import cache_path
 from kvtier.autotune.key import TuneKey, device_identity
 from kvtier.autotune.search import tune, tune_transfer
 from kvtier.autotune.space import candidates
@@ -18,13 +19,7 @@ from kvtier.kernels.config import CopyConfig, default_config
 SHAPE = PoolShape.mha(2, 2, 8, torch.float16, page_size=2)       # 32-byte rows
 CPU = device_identity("cpu")
 
-
-@pytest.fixture(autouse=True)
-def tmp_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
-    select.invalidate()
-    yield tmp_path
-    select.invalidate()
+pytestmark = pytest.mark.usefixtures("tmp_cache")
 
 
 class FakeTimer:
@@ -148,15 +143,9 @@ def test_unknown_op_is_rejected_before_any_work():
 
 def test_pools_pick_the_cached_winner(monkeypatch):
     """The pools' dispatch asks select_config and launches with the tuned configuration."""
-    dispatch = pytest.importorskip("kvtier.pool.dispatch")
     win = CopyConfig(num_programs=2, rows=16, block_bytes=64, num_warps=1)
     tune(SHAPE, ops=("backup",), sizes=(8,), platform="cpu", max_programs=2, target=None,
          timer=FakeTimer(ranking=lambda c: 1e-3 if c == win else 3e-3))
     t = build_transfer(SHAPE, "backup", 8, torch.device("cpu"))
-    launched = []
-    real = dispatch.copy_rows
-    monkeypatch.setattr(dispatch, "copy_rows", lambda *a, **k: launched.append(k["config"]) or real(*a, **k))
-    t.poison()
-    dispatch.run_copy("backup", t.src, t.src_idx, t.dst, t.dst_idx, num_layers=2, by_page=True)
-    assert launched == [win] and t.verify()
+    assert dispatch_backup(monkeypatch, t, num_layers=2) == [win] and t.verify()
     assert win != default_config("cpu", crosses_link=True)

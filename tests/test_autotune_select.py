@@ -2,7 +2,7 @@
 import pytest
 
 from kvtier.autotune import cache, select, select_config, resolve
-from kvtier.autotune.cache import CACHE_ENV, cache_path, store
+from kvtier.autotune.cache import cache_path, store
 from kvtier.autotune.key import TuneKey, device_identity
 from kvtier.kernels.config import CopyConfig, default_config
 
@@ -12,18 +12,15 @@ C = CopyConfig(num_programs=2, rows=64, block_bytes=256, num_warps=2, strategy="
 
 
 @pytest.fixture
-def tuned(tmp_path, monkeypatch):
+def tuned(tmp_cache):
     """A cache for this machine's CPU holding backup results for 16 and 1024 rows of 2 layers
     and for 16 rows of 8 layers."""
-    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
-    select.invalidate()
     dev = device_identity("cpu")
     k = lambda n, layers=2: TuneKey.of("backup", row_bytes=256, page_size=4, num_rows=n, num_layers=layers,
                                        crosses_link=True)
     store(dev, {k(16): {"config": A.to_dict()}, k(1024): {"config": B.to_dict()},
                 k(16, 8): {"config": C.to_dict()}})
-    yield dev
-    select.invalidate()
+    return dev
 
 
 def ask(n, layers=2, op="backup", row_bytes=256, page_size=4, device_name="", platform="cpu", link=True):
