@@ -146,6 +146,17 @@ def put_dev_rows(t, idx, rows):
     t.view(torch.uint8).reshape(t.shape[0], -1)[idx] = rows
 
 
+def moved_dev_rows(before, src_model, idx_from, idx_to, layers=None):
+    """The device model after a copy: a copy of ``before`` ({name: per-layer tensors}) with
+    rows ``idx_from`` of ``src_model`` written at ``idx_to`` in every layer (or in ``layers``)."""
+    want = {n: [t.clone() for t in ts] for n, ts in before.items()}
+    for name, ts in want.items():
+        for l, t in enumerate(ts):
+            if layers is None or l in layers:
+                put_dev_rows(t, idx_to, dev_rows(src_model[name][l], idx_from))
+    return want
+
+
 def pages_to_slots(pages, page_size):
     pages = torch.as_tensor(pages, dtype=torch.int64)
     return (pages[:, None] * page_size + torch.arange(page_size)).reshape(-1)

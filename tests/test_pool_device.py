@@ -5,7 +5,7 @@ import torch
 
 from kvtier.kernels import KvtierError
 from kvtier.pool import CpuCopy, IndexerSpec, MHADevicePool, MLADevicePool, TransferLayout
-from pool_support import KINDS, DeviceCase, assert_same, dev_rows, pages_to_slots, put_dev_rows
+from pool_support import KINDS, DeviceCase, assert_same, dev_rows, moved_dev_rows, pages_to_slots, put_dev_rows
 
 
 def test_allocated_pools_describe_their_memory():
@@ -50,11 +50,7 @@ def test_gather_then_scatter(kind, storage, pages):
     dst_pages = torch.tensor([0, 3, 2])
     dst_slots = pages_to_slots(dst_pages, P) if pages else torch.tensor([0, 5, 11, 12, 20])
     dev.pool.scatter(dst_pages if pages else dst_slots, {n: t.clone() for n, t in got.items()}, pages=pages)
-    want = {n: [t.clone() for t in ts] for n, ts in original.items()}
-    for name, ts in want.items():
-        for l, t in enumerate(ts):
-            put_dev_rows(t, dst_slots, dev_rows(original[name][l], slots))
-    assert_same(dev.model, want, "device after scatter")
+    assert_same(dev.model, moved_dev_rows(original, original, slots, dst_slots), "device after scatter")
     dev.check_margins()
 
 
@@ -77,11 +73,7 @@ def test_cpu_copy_round_trip(kind, storage, chunk_size):
     # Loading into other slots moves exactly those rows.
     other = torch.tensor([1, 2, 6, 7, 8, 11, 12, 13])
     dev.pool.load_cpu_copy(copy, other)
-    want = {n: [t.clone() for t in ts] for n, ts in original.items()}
-    for name, ts in want.items():
-        for l, t in enumerate(ts):
-            put_dev_rows(t, other, dev_rows(original[name][l], idx))
-    assert_same(dev.model, want, "device after load into other slots")
+    assert_same(dev.model, moved_dev_rows(original, original, idx, other), "device after load into other slots")
     dev.check_margins()
 
 
