@@ -32,7 +32,7 @@ class World:
     def __init__(self, layout="lf", *, load=True, mla=False, layers=3, draft=0, dev_rows=16,
                  host_rows=24, page=4, seed=0):
         self.mem = Memory(seed)
-        self.page, self.layers = page, layers + draft
+        self.layout, self.page, self.target, self.layers = layout, page, layers, layers + draft
         self.dtype = torch.uint8 if mla else torch.float16
         self.row = (1, 656) if mla else (2, 4)
         self.comps = ["kv"] if mla else ["k", "v"]
@@ -62,27 +62,60 @@ class World:
     def host_layer_views(self, c):
         return [self.host[c][l] for l in range(self.layers)]
 
+    def packed_tables(self, c):
+        """Device pointer tables of target and draft layers, built apart and concatenated,
+        as SGLang packs them."""
+        return torch.cat([table(self.dev[c][:self.target]), table(self.dev[c][self.target:])])
+
+    def host_row(self, c, l, row):
+        """Address of a row of one layer of a layer_first or page_first host."""
+        if self.layout == "lf":
+            return lf(_a(self.host[c][l]), row, self.item)
+        return pf(_a(self.host[c]), l, row, self.item, self.layout_dim)
+
+    def model_load_layer(self, si, di, host_layer, dev_layer):
+        """The model of a one-layer load: rows si of a host layer to rows di of a device layer."""
+        kernel_copy(self.mem, [(lambda l, s, c=c: self.host_row(c, l, s),
+                                lambda l, d, c=c: lf(_a(self.dev[c][dev_layer]), d, self.item)) for c in self.comps],
+                    si, di, [host_layer], self.item)
+
+    def model_backup_all_layers(self, si, di):
+        """The model of an all-layer backup: rows si of every device layer to rows di of the host."""
+        kernel_copy(self.mem, [(lambda l, s, c=c: lf(_a(self.dev[c][l]), s, self.item),
+                                lambda l, d, c=c: self.host_row(c, l, d)) for c in self.comps],
+                    si, di, range(self.layers), self.item)
+
 
 def _a(t):
     return t.data_ptr()
 
 
-# ------------------------------------------------------------------ per layer, lf -> lf
+# ------------------------------------------------------------------ per layer, lf / pf -> lf
+# SGLang's one-layer load of each host layout (K and V, or MLA's one component):
+# a layer_first host passes that layer's tensor, a page_first one its tensor and layer_id.
+PER_LAYER_LOADS = {
+    ("lf", False): lambda w, si, di, hl, dl: compat.transfer_kv_per_layer(
+        w.host["k"][hl], w.dev["k"][dl], w.host["v"][hl], w.dev["v"][dl], si, di, w.item),
+    ("lf", True): lambda w, si, di, hl, dl: compat.transfer_kv_per_layer_mla(
+        w.host["kv"][hl], w.dev["kv"][dl], si, di, w.item),
+    ("pf", False): lambda w, si, di, hl, dl: compat.transfer_kv_per_layer_pf_lf(
+        w.host["k"], w.dev["k"][dl], w.host["v"], w.dev["v"][dl], si, di, hl, w.item, w.layout_dim),
+    ("pf", True): lambda w, si, di, hl, dl: compat.transfer_kv_per_layer_mla_pf_lf(
+        w.host["kv"], w.dev["kv"][dl], si, di, hl, w.item, w.layout_dim),
+}
+
+
 @pytest.mark.parametrize("dtype", INDEX_DTYPES)
 @pytest.mark.parametrize("mla", [False, True])
-def test_per_layer_lf_lf(dtype, mla):
-    w = World("lf", mla=mla)
-    hl, dl = 2, 1
-    si, di = w.pick(w.host_rows, 7, dtype), w.pick(w.dev_rows, 7, dtype, seed=2)
-    src = {c: w.host[c][hl] for c in w.comps}
-    dst = {c: w.dev[c][dl] for c in w.comps}
-    if mla:
-        compat.transfer_kv_per_layer_mla(src["kv"], dst["kv"], si, di, w.item)
-    else:
-        compat.transfer_kv_per_layer(src["k"], dst["k"], src["v"], dst["v"], si, di, w.item)
-    kernel_copy(w.mem, [(lambda l, s, c=c: lf(_a(src[c]), s, w.item),
-                         lambda l, d, c=c: lf(_a(dst[c]), d, w.item)) for c in w.comps],
-                si, di, [0], w.item)
+@pytest.mark.parametrize("host_layout,dl,rows,seed", [pytest.param("lf", 1, 7, 2, id="lf_lf"),
+                                                      pytest.param("pf", 0, 6, 3, id="pf_lf")])
+def test_per_layer_load(host_layout, dl, rows, seed, dtype, mla):
+    """Rows of host layer 2 -> device layer dl, through the call for the host layout."""
+    w = World(host_layout, mla=mla)
+    hl = 2
+    si, di = w.pick(w.host_rows, rows, dtype), w.pick(w.dev_rows, rows, dtype, seed=seed)
+    PER_LAYER_LOADS[host_layout, mla](w, si, di, hl, dl)
+    w.model_load_layer(si, di, hl, dl)
     w.mem.assert_changes(*(f"dev_{c}{dl}" for c in w.comps))
     w.mem.check()
 
@@ -98,27 +131,7 @@ def test_per_layer_skips_pairs_with_a_negative_index():
     w.mem.check()
 
 
-# ------------------------------------------------------------------ per layer, pf / ph -> lf
-@pytest.mark.parametrize("dtype", INDEX_DTYPES)
-@pytest.mark.parametrize("mla", [False, True])
-def test_per_layer_pf_lf(dtype, mla):
-    w = World("pf", mla=mla)
-    layer_id, dl = 2, 0
-    si, di = w.pick(w.host_rows, 6, dtype), w.pick(w.dev_rows, 6, dtype, seed=3)
-    dst = {c: w.dev[c][dl] for c in w.comps}
-    if mla:
-        compat.transfer_kv_per_layer_mla_pf_lf(w.host["kv"], dst["kv"], si, di, layer_id, w.item,
-                                               w.layout_dim)
-    else:
-        compat.transfer_kv_per_layer_pf_lf(w.host["k"], dst["k"], w.host["v"], dst["v"], si, di,
-                                           layer_id, w.item, w.layout_dim)
-    kernel_copy(w.mem, [(lambda l, s, c=c: pf(_a(w.host[c]), l, s, w.item, w.layout_dim),
-                         lambda l, d, c=c: lf(_a(dst[c]), d, w.item)) for c in w.comps],
-                si, di, [layer_id], w.item)
-    w.mem.assert_changes(*(f"dev_{c}{dl}" for c in w.comps))
-    w.mem.check()
-
-
+# ------------------------------------------------------------------ per layer, ph -> lf
 @pytest.mark.parametrize("dtype", INDEX_DTYPES)
 def test_per_layer_ph_lf(dtype):
     w = World("ph")
@@ -135,43 +148,32 @@ def test_per_layer_ph_lf(dtype):
 
 
 # ------------------------------------------------------------------ all layers from pointer tables
-@needs_cpu_kernel
-@pytest.mark.parametrize("dtype", INDEX_DTYPES)
-@pytest.mark.parametrize("mla", [False, True])
-def test_all_layer_tables_with_draft_layers(dtype, mla):
-    """Packed target + draft device tables -> host per-layer table (layer_first host)."""
-    w = World("lf", load=False, mla=mla, layers=2, draft=1)
-    si, di = w.pick(w.dev_rows, 5, dtype), w.pick(w.host_rows, 5, dtype, seed=5)
-    # The target and draft tables are built apart and concatenated, as SGLang packs them.
-    src = {c: torch.cat([table(w.dev[c][:2]), table(w.dev[c][2:])]) for c in w.comps}
-    dst = {c: table(w.host_layer_views(c)) for c in w.comps}
-    if mla:
-        compat.transfer_kv_all_layer_mla(src["kv"], dst["kv"], si, di, w.item, w.layers)
-    else:
-        compat.transfer_kv_all_layer(src["k"], dst["k"], src["v"], dst["v"], si, di, w.item, w.layers)
-    kernel_copy(w.mem, [(lambda l, s, c=c: lf(_a(w.dev[c][l]), s, w.item),
-                         lambda l, d, c=c: lf(_a(w.host[c][l]), d, w.item)) for c in w.comps],
-                si, di, range(w.layers), w.item)
-    w.mem.assert_changes("host")
-    w.mem.check()
+# SGLang's all-layer backup from packed device tables (K and V, or MLA) to each host
+# layout: a layer_first host given as per-layer tables, a page_first one as its tensor.
+ALL_LAYER_BACKUPS = {
+    ("lf", False): lambda w, src, si, di: compat.transfer_kv_all_layer(
+        src["k"], table(w.host_layer_views("k")), src["v"], table(w.host_layer_views("v")), si, di, w.item,
+        w.layers),
+    ("lf", True): lambda w, src, si, di: compat.transfer_kv_all_layer_mla(
+        src["kv"], table(w.host_layer_views("kv")), si, di, w.item, w.layers),
+    ("pf", False): lambda w, src, si, di: compat.transfer_kv_all_layer_lf_pf(
+        src["k"], w.host["k"], src["v"], w.host["v"], si, di, w.item, w.layout_dim, w.layers),
+    ("pf", True): lambda w, src, si, di: compat.transfer_kv_all_layer_mla_lf_pf(
+        src["kv"], w.host["kv"], si, di, w.item, w.layout_dim, w.layers),
+}
 
 
 @needs_cpu_kernel
 @pytest.mark.parametrize("dtype", INDEX_DTYPES)
 @pytest.mark.parametrize("mla", [False, True])
-def test_all_layer_lf_pf(dtype, mla):
-    w = World("pf", load=False, mla=mla, layers=2, draft=1)
-    si, di = w.pick(w.dev_rows, 6, dtype), w.pick(w.host_rows, 6, dtype, seed=6)
-    src = {c: torch.cat([table(w.dev[c][:2]), table(w.dev[c][2:])]) for c in w.comps}
-    if mla:
-        compat.transfer_kv_all_layer_mla_lf_pf(src["kv"], w.host["kv"], si, di, w.item,
-                                               w.layout_dim, w.layers)
-    else:
-        compat.transfer_kv_all_layer_lf_pf(src["k"], w.host["k"], src["v"], w.host["v"], si, di,
-                                           w.item, w.layout_dim, w.layers)
-    kernel_copy(w.mem, [(lambda l, s, c=c: lf(_a(w.dev[c][l]), s, w.item),
-                         lambda l, d, c=c: pf(_a(w.host[c]), l, d, w.item, w.layout_dim)) for c in w.comps],
-                si, di, range(w.layers), w.item)
+@pytest.mark.parametrize("host_layout,rows,seed", [pytest.param("lf", 5, 5, id="tables"),
+                                                   pytest.param("pf", 6, 6, id="lf_pf")])
+def test_all_layer_from_packed_draft_tables(host_layout, rows, seed, dtype, mla):
+    """Packed target + draft device tables -> host."""
+    w = World(host_layout, load=False, mla=mla, layers=2, draft=1)
+    si, di = w.pick(w.dev_rows, rows, dtype), w.pick(w.host_rows, rows, dtype, seed=seed)
+    ALL_LAYER_BACKUPS[host_layout, mla](w, {c: w.packed_tables(c) for c in w.comps}, si, di)
+    w.model_backup_all_layers(si, di)
     w.mem.assert_changes("host")
     w.mem.check()
 
@@ -197,9 +199,7 @@ def test_all_layer_accepts_lists_of_layer_tensors():
     si, di = w.pick(w.dev_rows, 4, torch.int64), w.pick(w.host_rows, 4, torch.int64, seed=8)
     compat.transfer_kv_all_layer_lf_pf(w.dev["k"], w.host["k"], w.dev["v"], w.host["v"], si, di,
                                        w.item, w.layout_dim, w.layers)
-    kernel_copy(w.mem, [(lambda l, s, c=c: lf(_a(w.dev[c][l]), s, w.item),
-                         lambda l, d, c=c: pf(_a(w.host[c]), l, d, w.item, w.layout_dim)) for c in w.comps],
-                si, di, range(w.layers), w.item)
+    w.model_backup_all_layers(si, di)
     w.mem.check()
     with pytest.raises(KvtierError, match="src_indices"):
         compat.transfer_kv_all_layer_lf_pf(w.dev["k"], w.host["k"], w.dev["v"], w.host["v"],
