@@ -107,7 +107,7 @@ def kernel_constants(config: CopyConfig, shape: dict) -> dict:
                 SRC_PAGE=shape["page_size"], DST_PAGE=shape["page_size"],
                 N_COMP=shape["num_components"], N_CHUNKS=shape["n_chunks"],
                 CHUNK_WORDS=plan["chunk_words"], ROWS=plan["rows"], BLOCK=plan["block"],
-                LOG_BLOCK=plan["log_block"], ALIGN=plan["align"])
+                LOG_BLOCK=plan["log_block"], ALIGN=plan["align"], MIN_PIECE=plan["min_piece"])
 
 
 def _compile(target: str, config: CopyConfig, shape: dict):

@@ -17,6 +17,7 @@ import torch
 
 from .config import CopyConfig, default_config
 from .errors import KvtierError
+from .platform import NPU_MIN_PIECE_BYTES, NPU_MIN_ROWS
 from .rowmap import RowMap
 from .validate import check_copy
 
@@ -72,7 +73,7 @@ def _pow2_floor(x: int) -> int:
 
 
 def plan_copy(src: RowMap, dst: RowMap, n_rows: int, config: CopyConfig, threads: int = 0,
-              min_rows: int = 1) -> dict:
+              min_rows: int = 1, min_piece_bytes: int = 1) -> dict:
     """Compile-time constants for one copy (no tensors touched).
 
     word: the widest integer (<= 8 bytes) that divides every address and stride.
@@ -82,6 +83,11 @@ def plan_copy(src: RowMap, dst: RowMap, n_rows: int, config: CopyConfig, threads
     16 bytes, so that non-power-of-two rows (576 B, 656 B) keep 16-byte accesses,
     within a 16 KiB tile. ``min_rows`` is a floor set by the platform (triton-ascend
     3.2 cannot lower a one-row tile).
+    min_piece: the narrowest tail piece in words; the part of the tail below it is copied
+    as one window of min_piece words ending at the chunk's end. It is
+    ``min_piece_bytes // word`` (a platform floor: triton-ascend 3.2 copies a piece under
+    32 bytes element by element) where the chunk has that many words and the tail leaves
+    such a part, else 1 (no window).
     """
     word = min(src.align, dst.align, 8)
     while src.chunk_bytes % word or dst.chunk_bytes % word:
@@ -97,8 +103,11 @@ def plan_copy(src: RowMap, dst: RowMap, n_rows: int, config: CopyConfig, threads
         fit = _pow2_floor(max(16384 // (block * word), 1))
         rows = max(rows, min(want, fit))
     rows = max(min(rows, _pow2_ceil(n_rows)), min_rows)
+    piece = _pow2_floor(max(min_piece_bytes // word, 1))
+    if chunk_words < piece or not (chunk_words % block) % piece:
+        piece = 1
     return dict(word=word, align=align, chunk_words=chunk_words, block=block, rows=rows,
-                log_block=block.bit_length() - 1)
+                log_block=block.bit_length() - 1, min_piece=piece)
 
 
 def _pow2_ceil(x: int) -> int:
@@ -200,8 +209,7 @@ def launch(src: RowMap, src_indices, dst: RowMap, dst_indices, src_layer: int, d
     # The kernel reads indices as dense arrays: a strided view would address other rows.
     src_indices, dst_indices = src_indices.contiguous(), dst_indices.contiguous()
     n = src_indices.numel()
-    plan = plan_copy(src, dst, n, config, threads=_threads(device, config),
-                     min_rows=2 if device.type == "npu" else 1)
+    plan = plan_copy(src, dst, n, config, threads=_threads(device, config), **_floors(device))
     word = plan["word"]
     unit = word * plan["align"]
     tiles = -(-n // plan["rows"])
@@ -226,8 +234,16 @@ def launch(src: RowMap, src_indices, dst: RowMap, dst_indices, src_layer: int, d
         SRC_PAGE=src.page_size, DST_PAGE=dst.page_size,
         N_COMP=src.num_components, N_CHUNKS=src.n_chunks, CHUNK_WORDS=plan["chunk_words"],
         ROWS=plan["rows"], BLOCK=plan["block"], LOG_BLOCK=plan["log_block"], ALIGN=plan["align"],
-        num_warps=config.num_warps,
+        MIN_PIECE=plan["min_piece"], num_warps=config.num_warps,
     )
+
+
+def _floors(device: torch.device) -> dict:
+    """plan_copy floors the platform imposes: on Ascend, tiles of at least two rows and
+    row pieces of at least 32 bytes (what triton-ascend 3.2 lowers as contiguous copies)."""
+    if device.type == "npu":
+        return dict(min_rows=NPU_MIN_ROWS, min_piece_bytes=NPU_MIN_PIECE_BYTES)
+    return {}
 
 
 def _threads(device: torch.device, config: CopyConfig) -> int:

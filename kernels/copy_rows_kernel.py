@@ -17,6 +17,7 @@ def _copy_rows_kernel(
     SRC_PAGE: tl.constexpr, DST_PAGE: tl.constexpr,
     N_COMP: tl.constexpr, N_CHUNKS: tl.constexpr, CHUNK_WORDS: tl.constexpr,
     ROWS: tl.constexpr, BLOCK: tl.constexpr, LOG_BLOCK: tl.constexpr, ALIGN: tl.constexpr,
+    MIN_PIECE: tl.constexpr,
 ):
     """Persistent copy of ``ROWS x CHUNK_WORDS`` word tiles.
 
@@ -25,9 +26,14 @@ def _copy_rows_kernel(
     indices (a tail tile repeats its last row, which rewrites the same bytes, so no
     row mask is needed), turns them into word offsets by the row-map formula, then
     copies every chunk of the rows in [ROWS, BLOCK] tiles. The row tail that does not
-    fill a BLOCK is copied as power-of-two pieces, so no copy carries a mask. Strides
-    arrive in units of ALIGN words, so the compiler sees the alignment of every offset and
-    may use 16-byte accesses, even through pointers loaded from a table.
+    fill a BLOCK is copied as power-of-two pieces, so no copy carries a mask. Pieces
+    narrower than MIN_PIECE words (a power of two, at most CHUNK_WORDS) are replaced by
+    one MIN_PIECE-word window ending at the chunk's end: it rewrites bytes of the same
+    row already copied, with the same values, and keeps every copy at least MIN_PIECE
+    wide (triton-ascend lowers a piece under 32 bytes element by element); MIN_PIECE = 1
+    compiles the window out. Strides arrive in units of ALIGN words, so the compiler
+    sees the alignment of every offset and may use 16-byte accesses, even through
+    pointers loaded from a table.
     """
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
@@ -35,6 +41,7 @@ def _copy_rows_kernel(
     total = N_COMP * n_layers * tiles
     MAIN: tl.constexpr = (CHUNK_WORDS // BLOCK) * BLOCK
     TAIL: tl.constexpr = CHUNK_WORDS - MAIN
+    WINDOW: tl.constexpr = (TAIL % MIN_PIECE) != 0      # tail words below MIN_PIECE remain
     for w in range(pid, total, grid):
         tile = w % tiles
         cl = w // tiles
@@ -66,6 +73,9 @@ def _copy_rows_kernel(
                 cols = b + tl.arange(0, BLOCK)[None, :]
                 tl.store(dp + cols, tl.load(sp + cols))
             for k in tl.static_range(LOG_BLOCK):
-                if (TAIL >> k) & 1:
+                if ((TAIL >> k) & 1) and (1 << k) >= MIN_PIECE:
                     cols = (MAIN + ((TAIL >> (k + 1)) << (k + 1))) + tl.arange(0, 1 << k)[None, :]
                     tl.store(dp + cols, tl.load(sp + cols))
+            if WINDOW:
+                cols = (CHUNK_WORDS - MIN_PIECE) + tl.arange(0, MIN_PIECE)[None, :]
+                tl.store(dp + cols, tl.load(sp + cols))

@@ -232,6 +232,9 @@ _NPU_UB_BYTES = {"Ascend910B1": 256 << 10, "Ascend910B2": 256 << 10,
                  "Ascend910B3": 192 << 10, "Ascend910B4": 192 << 10}
 _NPU_UB_DEFAULT = 192 << 10
 NPU_MIN_ROWS = 2
+# triton-ascend 3.2 moves a row piece as one contiguous copy only from this size (the Unified
+# Buffer block) up; a smaller piece becomes a loop of scalar loads and stores.
+NPU_MIN_PIECE_BYTES = 32
 
 
 def _triton_npu_counts(device) -> dict:
@@ -278,13 +281,17 @@ def npu_launch_limits(device=None, *, props: Optional[dict] = None) -> dict:
     Buffer (a load and a store in flight, double-buffered) and a power of two.
     min_rows: rows per tile at least 2: triton-ascend 3.2 cannot lower a gather whose row
     dimension has size 1 (tests/ascend shows it); a short tile repeats its last row.
+    min_piece_bytes: the smallest row piece lowered as one contiguous copy (32 bytes, the
+    Unified Buffer block); the kernel copies a shorter row tail as one overlapping window of
+    this size ending at the chunk's end, where the chunk is at least this long.
     ``props`` (from device_properties) can be passed to compute without a device.
     """
     props = props if props is not None else device_properties(device)
     cores = int(props.get("num_vectorcore") or props.get("compute_units") or 1)
     ub = int(props.get("ub_bytes") or _NPU_UB_DEFAULT)
     tile = 1 << ((ub // 2).bit_length() - 1)
-    return {"grid": max(1, cores), "max_tile_bytes": tile, "ub_bytes": ub, "min_rows": NPU_MIN_ROWS}
+    return {"grid": max(1, cores), "max_tile_bytes": tile, "ub_bytes": ub, "min_rows": NPU_MIN_ROWS,
+            "min_piece_bytes": NPU_MIN_PIECE_BYTES}
 
 
 def platform_info() -> dict:

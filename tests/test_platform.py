@@ -184,7 +184,7 @@ def test_npu_launch_limits(name, ub, tile):
     props = {"name": name, "num_aicore": 20, "num_vectorcore": 40,
              "ub_bytes": plat._NPU_UB_BYTES.get(name, plat._NPU_UB_DEFAULT)}
     lim = plat.npu_launch_limits(props=props)
-    assert lim == {"grid": 40, "max_tile_bytes": tile, "ub_bytes": ub, "min_rows": 2}
+    assert lim == {"grid": 40, "max_tile_bytes": tile, "ub_bytes": ub, "min_rows": 2, "min_piece_bytes": 32}
     assert lim["max_tile_bytes"] * 2 <= ub
 
 

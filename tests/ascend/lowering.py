@@ -1,8 +1,9 @@
 """Lower the row-copy kernel with triton-ascend, without an NPU, and read the result.
 
-- `recorded_launches()` runs the real launcher (`kvtier.kernels.copy_rows`) with the kernel
-  replaced by a recorder, so the configurations checked are exactly what the launcher
-  produces: constants, argument types (word-typed pointers, int32/int64 indices) and ints.
+- `recorded_launches(floors)` runs the real launcher (`kvtier.kernels.copy_rows`) with the
+  kernel replaced by a recorder and the platform floors of an NPU (its `_floors` seam), so
+  the configurations checked are exactly what the launcher produces on an NPU: constants,
+  argument types (word-typed pointers, int32/int64 indices) and ints.
 - `lower(launch)` compiles one recorded launch for ``GPUTarget("npu", "Ascend910B3", 0)``
   through every stage before the final binary (which needs CANN): TTIR, then
   triton-ascend's adapter to its linalg/HIVM form, and returns that text.
@@ -71,16 +72,18 @@ class _Recorder:
 
 
 @contextmanager
-def recorded_launches():
-    """Within the block, `copy_rows` records its kernel launches instead of running them."""
+def recorded_launches(floors: dict):
+    """Within the block, `copy_rows` records its kernel launches instead of running them,
+    planning them with ``floors`` (plan_copy's min_rows / min_piece_bytes) as on an NPU."""
     launcher = importlib.import_module("kvtier.kernels.copy_rows")
     rec = _Recorder(kernel_fn().arg_names)
-    saved = launcher._kernel, launcher.interpreter_active
+    saved = launcher._kernel, launcher.interpreter_active, launcher._floors
     launcher._kernel, launcher.interpreter_active = (lambda: rec), (lambda: True)
+    launcher._floors = lambda device: dict(floors)
     try:
         yield rec.launches
     finally:
-        launcher._kernel, launcher.interpreter_active = saved
+        launcher._kernel, launcher.interpreter_active, launcher._floors = saved
 
 
 def source(launch: Launch):
@@ -235,9 +238,12 @@ def _row_width(cast, bad) -> int:
 
 def expected_widths(constants: dict) -> list:
     """Widths (words) of the pieces the kernel copies per row chunk: BLOCK-wide pieces for
-    the part of the chunk that fills whole blocks, then one power-of-two piece per set bit
-    of the tail."""
+    the part of the chunk that fills whole blocks, one power-of-two piece per set bit of
+    the tail of at least MIN_PIECE words, and one MIN_PIECE-word window (ending at the
+    chunk's end) in place of the tail bits below MIN_PIECE."""
     chunk, block = constants["CHUNK_WORDS"], constants["BLOCK"]
+    least = constants.get("MIN_PIECE", 1)
     main, tail = (chunk // block) * block, chunk % block
     widths = [block] if main else []
-    return widths + [1 << k for k in range(block.bit_length()) if (tail >> k) & 1]
+    widths += [1 << k for k in range(block.bit_length()) if (tail >> k) & 1 and (1 << k) >= least]
+    return widths + ([least] if tail % least else [])

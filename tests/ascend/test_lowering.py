@@ -1,6 +1,8 @@
 """Every configuration the launcher produces lowers through triton-ascend 3.2 for
 Ascend910B3, and moves each row as contiguous copies, with no masks, in tiles that fit
-the Unified Buffer.
+the Unified Buffer. Rows (chunks) of at least 32 bytes are contiguous copies throughout:
+a row tail under 32 bytes is copied as one overlapping 32-byte window. Only rows under
+32 bytes keep element-wise pieces.
 
 The launches are recorded from the real launcher (`copy_rows`) over the layouts, row sizes,
 addressing modes, component counts, index types and configurations pools use; each
@@ -24,7 +26,8 @@ from kvtier.kernels.platform import npu_launch_limits  # noqa: E402
 
 L, N, P = 2, 8, 4
 # (name, dtype, row shape): MHA K/V rows, MLA latent (bf16 576; fp8 656 moved as bytes),
-# an indexer scale row, an odd-sized byte row, a wide row.
+# an indexer scale row, odd-sized byte rows, a wide row; 40 and 33 bytes end in a window
+# over most of the row (33: byte words, the window starts at an odd offset).
 ROWS = [
     ("mha_bf16_2x64", torch.bfloat16, (2, 64)),
     ("mla_fp8_656", torch.float8_e4m3fn, (656,)),
@@ -32,6 +35,8 @@ ROWS = [
     ("scale_fp32", torch.float32, (1,)),
     ("bytes_6", torch.uint8, (6,)),
     ("bytes_3", torch.uint8, (3,)),
+    ("bytes_40", torch.uint8, (40,)),
+    ("bytes_33", torch.uint8, (33,)),
     ("mha_bf16_8x128", torch.bfloat16, (8, 128)),
 ]
 HOST_LAYOUTS = ("layer_first", "page_first", "page_first_direct", "page_head")
@@ -39,6 +44,8 @@ CONFIGS = [default_config("npu"),
            CopyConfig(num_programs=40, rows=4, block_bytes=16384, num_warps=1),
            CopyConfig(num_programs=40, rows=8, block_bytes=512, num_warps=1)]
 LIMITS = npu_launch_limits(props={"name": lowering.TARGET[1], "num_vectorcore": 40})
+# What the launcher applies on an NPU (kvtier.kernels.copy_rows._floors), from the limits.
+NPU_FLOORS = dict(min_rows=LIMITS["min_rows"], min_piece_bytes=LIMITS["min_piece_bytes"])
 
 
 def _components(C, make):
@@ -84,15 +91,9 @@ def scenarios():
             yield f"{rname}-{mode}-scatter", flat, d, torch.int32, False
 
 
-def npu_launch(launch):
-    """The launch as the launcher must make it on an NPU: at least NPU min_rows rows per tile."""
-    launch.constants["ROWS"] = max(launch.constants["ROWS"], LIMITS["min_rows"])
-    return launch
-
-
 def record_all():
     launches, ids = {}, {}
-    with lowering.recorded_launches() as rec:
+    with lowering.recorded_launches(NPU_FLOORS) as rec:
         for name, src, dst, idx_dtype, by_page in scenarios():
             if by_page:
                 si = torch.arange(P, 2 * P, dtype=idx_dtype)
@@ -104,7 +105,7 @@ def record_all():
                 rec.clear()
                 copy_rows(src, si, dst, di, by_page=by_page, config=cfg)
                 assert len(rec) == 1, f"{name}: expected one launch, got {len(rec)}"
-                launch = npu_launch(rec[0])
+                launch = rec[0]
                 key = launch.key()
                 if key not in launches:
                     launches[key], ids[key] = launch, f"{name}-r{cfg.rows}b{cfg.block_bytes}"
@@ -126,12 +127,19 @@ def test_the_sweep_covers_the_kernel_space():
     assert {1, P} <= seen("SRC_PAGE") and max(seen("N_CHUNKS")) > 1
     assert {l.values[0].args["src_idx"].dtype for l in LAUNCHES} == {torch.int32, torch.int64}
     assert any(lowering.expected_widths(l.values[0].constants)[1:] for l in LAUNCHES), "no row tail case"
+    assert min(seen("ROWS")) >= LIMITS["min_rows"], "NPU launches have tiles of at least min_rows rows"
+    assert {1, 4, 32} <= seen("MIN_PIECE"), "windows of 8- and 1-byte words, and launches without"
     assert len(LAUNCHES) >= 40
 
 
 # triton-ascend 3.2 moves a row piece as one contiguous copy only from 32 bytes (the
 # Unified Buffer block) up; a smaller piece becomes a loop of scalar loads and stores.
 CONTIGUOUS_FROM = 32
+
+
+def test_launcher_floor_is_the_lowering_threshold():
+    """The launcher's window size (npu_launch_limits) is the size lowered contiguously."""
+    assert LIMITS["min_piece_bytes"] == CONTIGUOUS_FROM
 
 
 def split_pieces(k):
@@ -158,13 +166,56 @@ def test_lowers_to_contiguous_row_copies(launch):
         assert max(c.tile_bytes) == k["ROWS"] * max(big) * k["WORD"]
 
 
-@pytest.mark.xfail(strict=True, reason="kernel gap: a row tail under 32 bytes (656-byte fp8 MLA rows "
-                   "end in 16 bytes) is copied element by element on Ascend; an overlapping last "
-                   "window of 32 bytes would keep it one contiguous copy")
 def test_fp8_mla_rows_are_whole_contiguous_copies():
-    launch = next(p.values[0] for p in LAUNCHES if p.id.startswith("mla_fp8_656-stacked-C1-layer_first-backup"))
+    """656-byte fp8 MLA rows (82 words: 64 + 16 + 2) end in a 4-word (32-byte) window
+    instead of a 2-word element-wise piece."""
+    launch = next(p.values[0] for p in LAUNCHES
+                  if p.id.startswith("mla_fp8_656-stacked-C1-layer_first-backup"))
+    k = launch.constants
+    assert (k["WORD"], k["CHUNK_WORDS"], k["BLOCK"], k["MIN_PIECE"]) == (8, 82, 64, 4)
     c = lowering.copies(lowering.lower(launch))
-    assert not c.scalar_data
+    assert not c.scalar_data and c.stores.count(-1) == 0
+    assert sorted(c.loads) == sorted(w for w in c.stores if w > 0) == [4, 16, 64]
+
+
+def test_rows_of_at_least_32_bytes_have_no_element_wise_piece():
+    """The model behind test_lowers_to_contiguous_row_copies: every chunk of 32 bytes or
+    more is copied in pieces of at least 32 bytes."""
+    for p in LAUNCHES:
+        k = p.values[0].constants
+        if k["CHUNK_WORDS"] * k["WORD"] >= CONTIGUOUS_FROM:
+            assert split_pieces(k)[1] == [], (p.id, k)
+
+
+def _one_per_chunk_shape(keep):
+    """One launch per (WORD, CHUNK_WORDS) among those whose constants satisfy ``keep``."""
+    picked = {}
+    for p in LAUNCHES:
+        k = p.values[0].constants
+        if keep(k):
+            picked.setdefault((k["WORD"], k["CHUNK_WORDS"]), p)
+    return list(picked.values())
+
+
+UNDER_32 = _one_per_chunk_shape(lambda k: k["CHUNK_WORDS"] * k["WORD"] < CONTIGUOUS_FROM)
+
+
+def test_sweep_has_rows_under_32_bytes():
+    # the fp32 scale row, 6-byte and 3-byte rows, and (by page) 4-slot pages of each
+    assert {(p.values[0].constants["WORD"], p.values[0].constants["CHUNK_WORDS"]) for p in UNDER_32} \
+        == {(4, 1), (2, 3), (1, 3), (4, 4), (2, 12), (1, 12)}
+
+
+@pytest.mark.parametrize("launch", UNDER_32)
+def test_rows_under_32_bytes_stay_element_wise(launch):
+    """A row under 32 bytes has no room for a 32-byte window: MIN_PIECE stays 1 and its
+    pieces are element-wise loops, as lowered (a known triton-ascend 3.2 cost)."""
+    k = launch.constants
+    assert k["MIN_PIECE"] == 1
+    big, small = split_pieces(k)
+    assert not big and small
+    c = lowering.copies(lowering.lower(launch))
+    assert not c.loads and len(c.scalar_data) == c.stores.count(-1) == len(small)
 
 
 @pytest.mark.xfail(strict=True, raises=lowering.LoweringError,
