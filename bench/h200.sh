@@ -12,15 +12,18 @@
 # Needs python3 with a CUDA build of torch, Triton, pytest (and matplotlib for the plot).
 # kvtier need not be installed: the repository's packages are put on the path.
 # Time limits (seconds) can be changed through the environment:
-#   KVTIER_TEST_TIMEOUT (180)  KVTIER_BENCH_BUDGET (170: measuring; the run then ends
+#   KVTIER_TEST_TIMEOUT (180)  KVTIER_BENCH_BUDGET (150: measuring; the run then ends
 #   with the overhead benchmark and the outputs)  KVTIER_BENCH_TIMEOUT (budget + 80)
+#   KVTIER_LAYOUTS_BUDGET (60: the second sweep, the page-major host layouts with both
+#   strategies, written to RESULTS_DIR/layouts/; 0 skips it)
 set -euo pipefail
 
 OUT=${1:?usage: bash bench/h200.sh RESULTS_DIR}
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PY=${PYTHON:-python3}
 TEST_TIMEOUT=${KVTIER_TEST_TIMEOUT:-180}
-BENCH_BUDGET=${KVTIER_BENCH_BUDGET:-170}
+BENCH_BUDGET=${KVTIER_BENCH_BUDGET:-150}
+LAYOUTS_BUDGET=${KVTIER_LAYOUTS_BUDGET:-60}
 BENCH_TIMEOUT=${KVTIER_BENCH_TIMEOUT:-$((BENCH_BUDGET + 80))}
 
 mkdir -p "$OUT"
@@ -90,6 +93,13 @@ step cuda-tests "0 5" timeout -k 10 "$TEST_TIMEOUT" "$PY" -m pytest -m cuda -q -
   -o addopts="" --junitxml "$OUT/cuda-tests.xml" tests
 step bench 0 timeout -k 10 "$BENCH_TIMEOUT" "$PY" -m kvtier.cli.main bench --out "$OUT" \
   --time-budget "$BENCH_BUDGET"
+if [ "$LAYOUTS_BUDGET" -gt 0 ]; then
+  step bench-layouts 0 timeout -k 10 "$((LAYOUTS_BUDGET + 60))" "$PY" -m kvtier.cli.main bench \
+    --out "$OUT/layouts" --ops backup_all,load_layer,load_all \
+    --layouts page_first,page_first_direct,page_head --rows 1024 --pages 64 \
+    --tokens 1024,16384 --strategies kernel,dma --caps 4 --no-overhead \
+    --time-budget "$LAYOUTS_BUDGET"
+fi
 
 echo "== $(date -u +%FT%TZ) done (status $status); steps:"
 cat "$OUT/steps.txt"

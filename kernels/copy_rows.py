@@ -205,6 +205,9 @@ def _reference(src, si, dst, di, src_layer, dst_layer, num_layers):
 def launch(src: RowMap, src_indices, dst: RowMap, dst_indices, src_layer: int, dst_layer: int,
            num_layers: int, config: CopyConfig, device: torch.device) -> None:
     """Launch the kernel on already-validated arguments (the pools' hot path)."""
+    if device.type == "npu":    # host maps reach an NPU kernel through registered device addresses
+        from .host_maps import device_addressed
+        src, dst = device_addressed(src, device), device_addressed(dst, device)
     src, dst = _unify_chunks(src, dst)
     # The kernel reads indices as dense arrays: a strided view would address other rows.
     src_indices, dst_indices = src_indices.contiguous(), dst_indices.contiguous()

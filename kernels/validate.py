@@ -98,11 +98,14 @@ def check_copy(src: RowMap, src_indices, dst: RowMap, dst_indices, src_layer: in
         raise fail("by_page", True, f"page sizes differ (src {src.page_size}, dst {dst.page_size})")
     for m in (src, dst):
         if device.type == "npu" and m.device.type == "cpu":
-            # triton-ascend rejects host tensors as kernel arguments, and plain pinned
-            # memory is reachable by DMA only.
-            raise KvtierError(f"{m.describe()}: Ascend kernels cannot address host memory; "
-                              "use the dma strategy (device staging + bulk copies)")
-        if device.type != "cpu" and m.device.type == "cpu" and not host_addressable(m):
+            # Plain pinned memory is reachable by DMA only; registered memory through its
+            # device addresses (kernels/host_maps.py).
+            from .host_maps import npu_reachable
+            if not npu_reachable(m):
+                raise KvtierError(f"{m.describe()}: Ascend kernels reach only host memory registered "
+                                  "with the NPU (HostPool(register=True), host_maps.register_npu_host); "
+                                  "use the dma strategy (device staging + bulk copies)")
+        elif device.type != "cpu" and m.device.type == "cpu" and not host_addressable(m):
             raise KvtierError(f"{m.describe()}: host memory is not pinned, so the device cannot "
                               "address it; pin it or use the dma strategy")
     if check_values:

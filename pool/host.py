@@ -8,6 +8,7 @@ stream and returns before the bytes have moved. See the README, Pools, ordering 
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
@@ -49,12 +50,15 @@ class HostPool:
     check: validate index values (ranges, whole pages); costs a device sync per call.
     factory: ``(shape, dtype, pin) -> tensor`` to supply host memory (registered memory,
         shared memory); default ``torch.empty``.
+    register: Ascend: register the host buffers with the NPU (``aclrtHostRegister``,
+        mapped) so that kernels reach them and "auto" picks the kernel strategy; they are
+        unregistered when freed. Elsewhere a no-op: pinned memory is device-addressable.
     """
 
     def __init__(self, device_pools: Union[DevicePool, Sequence[DevicePool]], *,
                  layout: str = "layer_first", size_tokens: Optional[int] = None,
                  size_gb: Optional[float] = None, pin_memory: Optional[bool] = None,
-                 strategy: str = "auto", check: bool = True, factory=None):
+                 strategy: str = "auto", check: bool = True, factory=None, register: bool = False):
         pools = [device_pools] if isinstance(device_pools, DevicePool) else list(device_pools)
         if not pools or not all(isinstance(p, DevicePool) for p in pools):
             raise fail("device_pools", device_pools, "must be a DevicePool or a list of them (target first)")
@@ -81,6 +85,9 @@ class HostPool:
         self.pin_memory = pin_memory
         factory = factory or (lambda shape, dtype, pin: torch.empty(shape, dtype=dtype, pin_memory=pin))
         self._build_buffers(pools, factory)
+        self.registered = register and platform_of(self.device) == "npu"
+        if self.registered:
+            self._register_buffers()
         self.allocator = PageAllocator(self.size, self.page_size)
         self._moves: Dict[int, List[Move]] = {}
 
@@ -121,6 +128,12 @@ class HostPool:
             self.maps.update(zip(names, maps))
             self.buffers.update({n: buf[i] for i, n in enumerate(names)})
             self.groups.append((tuple(names), RowMap.stack(maps), buf))
+
+    def _register_buffers(self) -> None:
+        from kvtier.kernels.host_maps import register_npu_host, unregister_storage
+        for _, _, buf in self.groups:
+            register_npu_host(buf)
+            weakref.finalize(buf, unregister_storage, buf.untyped_storage().data_ptr())
 
     def __repr__(self) -> str:
         return (f"HostPool({self.layout}, size={self.size}, page_size={self.page_size}, "
@@ -198,7 +211,7 @@ class HostPool:
         if self.strategy != "auto":
             return self.strategy
         if platform_of(pool.device) == "npu":
-            return "dma"   # Ascend kernels reach only registered host memory
+            return "kernel" if self.registered else "dma"   # kernels reach registered memory only
         return config.strategy
 
     # ------------------------------------------------------------------ resolution and checks

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from kvtier.kernels import KvtierError, LAYOUTS
+from kvtier.kernels import platform as plat
 from kvtier.pool import HostPool, MHADevicePool
 from pool_support import (KINDS, DeviceCase, HostCase, assert_same, dev_rows, host_rows,
                                pages_to_slots, put_dev_rows, put_host_rows)
@@ -219,22 +220,45 @@ def test_sizing_pinning_and_construction_errors():
         HostPool([dev, draft], size_tokens=16)
 
 
+def accelerator_round_trip(device, layout, strategy, register=False):
+    """Backup, load of all layers, then per-layer loads in reverse order, on an accelerator."""
+    P = 16
+    dev = MHADevicePool(256, P, 4, 8, 128, dtype=torch.bfloat16, device=device)
+    for t in dev.buffers["k"] + dev.buffers["v"]:
+        t.copy_(torch.randn_like(t))
+    host = HostPool(dev, layout=layout, size_tokens=512, strategy=strategy, register=register)
+    assert host.pin_memory and host.buffers["k"].is_pinned()
+    hidx = host.alloc(64)
+    didx, didx2, didx3 = (pages_to_slots(p, P).to(device) for p in ([3, 1, 9, 4], [0, 2, 5, 6], [7, 8, 10, 11]))
+    want = dev.gather(didx)
+    host.backup_from_device_all_layer(dev, hidx, didx)
+    host.load_to_device_all_layer(dev, hidx, didx2)
+    for layer in reversed(range(4)):
+        host.load_to_device_per_layer(dev, hidx, didx3, layer)
+    plat.synchronize(torch.device(device))
+    for d in (didx2, didx3):
+        got = dev.gather(d)
+        assert all(torch.equal(got[n], want[n]) for n in want)
+    return host
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_cuda_round_trip(layout, strategy):
-    P = 16
-    dev = MHADevicePool(256, P, 4, 8, 128, dtype=torch.bfloat16, device="cuda")
-    for t in dev.buffers["k"] + dev.buffers["v"]:
-        t.copy_(torch.randn_like(t))
-    host = HostPool(dev, layout=layout, size_tokens=512, strategy=strategy)
-    assert host.pin_memory and host.buffers["k"].is_pinned()
-    hidx = host.alloc(64)
-    didx = pages_to_slots([3, 1, 9, 4], P).cuda()
-    didx2 = pages_to_slots([0, 2, 5, 6], P).cuda()
-    want = dev.gather(didx)
-    host.backup_from_device_all_layer(dev, hidx, didx)
-    host.load_to_device_all_layer(dev, hidx, didx2)
-    torch.cuda.synchronize()
-    got = dev.gather(didx2)
-    assert all(torch.equal(got[n], want[n]) for n in want)
+    accelerator_round_trip("cuda", layout, strategy)
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize("strategy,register", [("dma", False), ("kernel", True), ("auto", True),
+                                               ("auto", False)])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_npu_round_trip(layout, strategy, register):
+    """Ascend: dma through plain pinned memory; the kernel through registered host memory."""
+    host = accelerator_round_trip("npu", layout, strategy, register)
+    assert host.registered == register
+
+
+def test_register_is_a_no_op_off_ascend():
+    dev = MHADevicePool(16, 4, 2, 4, 8, dtype=torch.float16)
+    assert HostPool(dev, size_tokens=16, register=True).registered is False

@@ -1,0 +1,100 @@
+"""Host maps as an Ascend kernel addresses them (kernels/host_maps.py): registered host
+memory re-described as a table of device addresses.
+
+On CPU the registration is recorded with the identity mapping (device address = host
+address), so the translated table map can be run by the interpreter and compared bit for
+bit with the plain-torch oracle; a shifted mapping checks the address arithmetic.
+"""
+import pytest
+import torch
+
+from kvtier.kernels import KvtierError, RowMap, host_maps
+from kvtier.kernels import platform as plat
+from test_copy_rows import HOST_FORMS, Side, make_indices, run_and_check
+
+
+@pytest.fixture(autouse=True)
+def clean_registry():
+    saved = dict(plat._registered)
+    yield
+    plat._registered.clear()
+    plat._registered.update(saved)
+
+
+def register_identity(side: Side) -> None:
+    for g in side.guards:
+        plat.register_host_memory(g.raw, g.raw.untyped_storage().data_ptr())
+
+
+def as_kernel_sees(side: Side) -> Side:
+    """The side with its map replaced by the translated (table) map."""
+    side.map = host_maps.translate(side.map, torch.device("cpu"))
+    return side
+
+
+@pytest.mark.parametrize("C", [1, 2])
+@pytest.mark.parametrize("form", HOST_FORMS)
+@pytest.mark.parametrize("direction", ["backup", "load"])
+def test_registered_host_maps_copy_through_device_addresses(form, C, direction):
+    L, N, P = 3, 16, 4
+    host = Side(form, L=L, N=N, P=P, C=C, row=(2, 8), fill="poison" if direction == "backup" else "random",
+                seed=1)
+    dev = Side("stacked", L=L, N=N, P=P, C=C, row=(2, 8),
+               fill="random" if direction == "backup" else "poison", seed=2)
+    register_identity(host)
+    assert host_maps.npu_reachable(host.map)
+    as_kernel_sees(host)
+    assert host.map.is_table and host.map.table.numel() == C * L
+    si, di = make_indices("perm", N, N, seed=3)
+    src, dst = (dev, host) if direction == "backup" else (host, dev)
+    run_and_check(src, si, dst, di)
+
+
+def test_table_holds_the_registered_device_addresses():
+    t = torch.empty((2, 3, 8, 16), dtype=torch.uint8)       # (C, L, N, row) layer_first
+    m = RowMap.stack([RowMap.from_host_layout(t[c], "layer_first", 1) for c in range(2)])
+    start = t.untyped_storage().data_ptr()
+    plat.register_host_memory(t, 0x5000_0000)
+    table = host_maps.translate(m, torch.device("cpu")).table.tolist()
+    want = [0x5000_0000 + (t[c, l].data_ptr() - start) for c in range(2) for l in range(3)]
+    assert table == want
+    # Translated once per map and device (meta stands in for the NPU: no bytes needed).
+    first = host_maps.device_addressed(m, torch.device("meta"))
+    assert first.device.type == "meta" and first is host_maps.device_addressed(m, torch.device("meta"))
+    # A per-layer (table) host map translates the same.
+    per_layer = RowMap.from_layers([t[0, l] for l in range(3)])
+    assert host_maps.translate(per_layer, torch.device("cpu")).table.tolist() == want[:3]
+
+
+def test_unregistered_memory_is_refused_naming_the_byte():
+    t = torch.empty((2, 8, 16), dtype=torch.uint8)
+    other = torch.empty((1, 8, 16), dtype=torch.uint8)
+    m = RowMap.from_layers([t[0], t[1], other[0]])
+    assert not host_maps.npu_reachable(m)
+    with pytest.raises(KvtierError, match="not registered with the NPU.*register_npu_host"):
+        host_maps.translate(m, torch.device("cpu"))
+    plat.register_host_memory(t, 0x1000)       # two of three layers registered: still refused
+    m2 = RowMap.from_layers([t[0], t[1], other[0]])
+    assert not host_maps.npu_reachable(m2)
+    with pytest.raises(KvtierError, match=f"host byte {other.data_ptr():#x}"):
+        host_maps.translate(m2, torch.device("cpu"))
+
+
+def test_device_maps_and_cpu_copies_are_left_alone():
+    t = torch.empty((2, 8, 16), dtype=torch.uint8)
+    m = RowMap.from_stacked(t)
+    assert host_maps.device_addressed(m, torch.device("cpu")) is m
+
+
+def test_register_npu_host_needs_host_memory_on_a_page_boundary_and_torch_npu():
+    with pytest.raises(KvtierError, match="tensor"):
+        host_maps.register_npu_host(torch.empty(4, device="meta"))
+    buf = bytearray(3 * 4096)
+    unaligned = torch.frombuffer(buf, dtype=torch.uint8, offset=1)
+    if unaligned.untyped_storage().data_ptr() % 4096:
+        with pytest.raises(KvtierError, match="4096-byte boundary"):
+            host_maps.register_npu_host(unaligned)
+    aligned = torch.empty(8192, dtype=torch.uint8)
+    if aligned.untyped_storage().data_ptr() % 4096 == 0 and not plat.npu_available():
+        with pytest.raises(plat.PlatformUnavailable):
+            host_maps.register_npu_host(aligned)
