@@ -13,9 +13,9 @@ import re
 import pytest
 import torch
 
+from copy_rows_support import Side, run_and_check
 from helpers import Guarded
 from kvtier.kernels import KvtierError, RowMap, copy_rows_reference
-from test_copy_rows import Side, run_and_check
 
 copy_rows_module = importlib.import_module("kvtier.kernels.copy_rows")
 copy_rows = copy_rows_module.copy_rows

@@ -5,7 +5,7 @@ launcher sets MIN_PIECE (words) and the kernel copies the part of a row tail bel
 one MIN_PIECE-word window ending at the chunk's end, rewriting bytes already copied. Here
 the NPU floors are forced on CPU (the launcher's `_floors` seam) and the kernel runs under
 the interpreter; every copy is checked bit for bit against the torch oracle over the whole
-poisoned, guarded destination (test_copy_rows.py), and every launch must carry the
+poisoned, guarded destination (copy_rows_support.py), and every launch must carry the
 MIN_PIECE the case expects, so the window branch really runs (or really is compiled out
 for rows and chunks under 32 bytes).
 """
@@ -17,9 +17,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from copy_rows_support import Side, kernel_really_runs, make_indices, run_and_check  # noqa: F401
 from kvtier.kernels import CopyConfig
 from kvtier.kernels.platform import NPU_MIN_PIECE_BYTES, NPU_MIN_ROWS, npu_launch_limits
-from test_copy_rows import Side, kernel_really_runs, make_indices, run_and_check  # noqa: F401
 
 copy_rows_module = importlib.import_module("kvtier.kernels.copy_rows")
 

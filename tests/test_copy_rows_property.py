@@ -1,6 +1,6 @@
 """Property-based copy_rows tests (hypothesis): random forms, shapes, page sizes, dtypes,
 indices, layer ranges and launch configurations, each checked bit for bit against the
-torch oracle over the original tensors (see test_copy_rows.py), with poisoned,
+torch oracle over the original tensors (see copy_rows_support.py), with poisoned,
 guarded destinations.
 
 The interpreter is slow, so examples are few and small; the derandomized database-free
@@ -8,32 +8,18 @@ settings keep CI runs reproducible.
 """
 from __future__ import annotations
 
-import importlib
-
-import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from copy_rows_support import FORMS, Side, run_and_check
+from copy_rows_support import kernel_really_runs  # noqa: F401  (autouse fixture: the kernel runs)
 from kvtier.kernels import CopyConfig, copy_rows_reference
-from test_copy_rows import FORMS, Side, run_and_check
-
-copy_rows_module = importlib.import_module("kvtier.kernels.copy_rows")
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float8_e4m3fn, torch.float8_e5m2, torch.uint8)
 PROFILE = settings(max_examples=150, deadline=None, derandomize=True, database=None,
                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                           HealthCheck.function_scoped_fixture])
-
-
-@pytest.fixture(autouse=True)
-def kernel_really_runs(monkeypatch):
-    """The interpreter runs the kernel; the torch-reference fallback is disabled."""
-    assert copy_rows_module.interpreter_active()
-
-    def no_fallback(*a, **k):
-        raise AssertionError("copy_rows fell back to the torch reference")
-    monkeypatch.setattr(copy_rows_module, "_reference", no_fallback)
 
 
 @st.composite

@@ -8,9 +8,9 @@ bit with the plain-torch oracle; a shifted mapping checks the address arithmetic
 import pytest
 import torch
 
+from copy_rows_support import HOST_FORMS, Side, make_indices, run_and_check
 from kvtier.kernels import KvtierError, RowMap, host_maps
 from kvtier.kernels import platform as plat
-from test_copy_rows import HOST_FORMS, Side, make_indices, run_and_check
 
 
 @pytest.fixture(autouse=True)

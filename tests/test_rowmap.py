@@ -12,10 +12,10 @@ import weakref
 import pytest
 import torch
 
+from copy_rows_support import FORMS, Side
 from helpers import Guarded, assert_bytes_equal
 from kvtier.kernels import KvtierError, RowMap
 from kvtier.kernels.reference import layer_rows
-from test_copy_rows import FORMS, Side
 
 
 def _owner_bytes(addr: int, owners) -> tuple:
