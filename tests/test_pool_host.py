@@ -8,8 +8,8 @@ import torch
 from kvtier.kernels import KvtierError, LAYOUTS
 from kvtier.kernels import platform as plat
 from kvtier.pool import HostPool, MHADevicePool
-from pool_support import (KINDS, DeviceCase, HostCase, assert_same, dev_rows, host_rows,
-                               pages_to_slots, put_dev_rows, put_host_rows)
+from pool_support import (KINDS, DeviceCase, HostCase, assert_same, dev_rows, moved_dev_rows, pages_to_slots,
+                          put_host_rows)
 
 STRATEGIES = ("kernel", "dma")
 
@@ -21,15 +21,6 @@ def expected_backup(host_case, dev_case, before, hidx, didx, slot_offsets=None):
         off = (slot_offsets or {}).get(name, 0)
         for l, t in enumerate(layers):
             put_host_rows(want[name], host_case.layout, off + l, P, hidx, dev_rows(t, didx))
-    return want
-
-
-def expected_load(dev_case, before, src_model, didx_from, didx_to, layers=None):
-    want = {n: [t.clone() for t in ts] for n, ts in before.items()}
-    for name, ts in want.items():
-        for l, t in enumerate(ts):
-            if layers is None or l in layers:
-                put_dev_rows(t, didx_to, dev_rows(src_model[name][l], didx_from))
     return want
 
 
@@ -57,7 +48,7 @@ def test_backup_then_load_restores(kind, storage, layout, strategy, page_size):
 
     # Load all layers into other device pages: exactly the backed-up rows land there.
     host.load_to_device_all_layer(dev.pool, keep, didx2)
-    want = expected_load(dev, original, original, didx, didx2)
+    want = moved_dev_rows(original, original, didx, didx2)
     assert_same(dev.model, want, "device after load_all")
 
     # Per-layer loads in a random order into a third set of pages.
@@ -65,7 +56,7 @@ def test_backup_then_load_restores(kind, storage, layout, strategy, page_size):
     random.Random(page_size).shuffle(layer_ids)
     for i, layer in enumerate(layer_ids):
         host.load_to_device_per_layer(dev.pool, keep, didx3, layer)
-        want = expected_load(dev, want, original, didx, didx3, layers=set(layer_ids[:i + 1]))
+        want = moved_dev_rows(want, original, didx, didx3, layers=set(layer_ids[:i + 1]))
         assert_same(dev.model, want, f"device after loading layer {layer}")
     assert_same(host.buffers, expected_backup(hc, dev, before, keep, didx), "host after loads")
     dev.check_margins()
@@ -92,11 +83,11 @@ def test_draft_layers_packed_after_target(layout, strategy):
     t0, d0 = target.snapshot(), draft.snapshot()
     didx2 = pages_to_slots([0, 7], P)
     host.load_to_device_per_layer(draft.pool, hidx, didx2, 1)    # draft layer 1 only
-    assert_same(draft.model, expected_load(draft, d0, d0, didx, didx2, layers={1}), "draft after layer load")
+    assert_same(draft.model, moved_dev_rows(d0, d0, didx, didx2, layers={1}), "draft after layer load")
     assert_same(target.model, t0, "target untouched by a draft layer load")
     host.load_to_device_all_layer(target.pool, hidx, didx2)
-    assert_same(target.model, expected_load(target, t0, t0, didx, didx2), "target after load_all")
-    assert_same(draft.model, expected_load(draft, d0, d0, didx, didx2), "draft after load_all")
+    assert_same(target.model, moved_dev_rows(t0, t0, didx, didx2), "target after load_all")
+    assert_same(draft.model, moved_dev_rows(d0, d0, didx, didx2), "draft after load_all")
     for c in (target, draft, hc):
         c.check_margins()
 
@@ -111,11 +102,11 @@ def test_pipeline_stage_takes_model_layer_ids(strategy):
     original = dev.snapshot()
     hc.host.load_to_device_per_layer(dev.pool, hidx, didx2, 6)   # model layer 6 = local 2
     # local layer 2 has no indexer rows (the indexer holds 2 layers).
-    assert_same(dev.model, expected_load(dev, original, original, didx, didx2, layers={2}), "stage load")
+    assert_same(dev.model, moved_dev_rows(original, original, didx, didx2, layers={2}), "stage load")
     for bad in (3, 7, -1):
         with pytest.raises(KvtierError, match=f"layer_id={bad}"):
             hc.host.load_to_device_per_layer(dev.pool, hidx, didx2, bad)
-    assert_same(dev.model, expected_load(dev, original, original, didx, didx2, layers={2}), "unchanged")
+    assert_same(dev.model, moved_dev_rows(original, original, didx, didx2, layers={2}), "unchanged")
 
 
 # ---------------------------------------------------------------------------- bad input
