@@ -33,17 +33,8 @@ exec > >(tee -a "$OUT/h200.log") 2>&1
 cd "$ROOT"
 echo "== $(date -u +%FT%TZ) kvtier hardware run: $ROOT -> $OUT"
 
-# Use an installed kvtier if it imports; else map the repository's package folders
-# (as pyproject.toml does) into a temporary kvtier/ on PYTHONPATH. No install needed.
-if ! "$PY" -c "import kvtier.kernels, kvtier.pool, kvtier.autotune, kvtier.cli" >/dev/null 2>&1; then
-  SHIM=$(mktemp -d)
-  mkdir -p "$SHIM/kvtier"
-  for pkg in kernels pool autotune cli bench; do
-    if [ -d "$ROOT/$pkg" ]; then ln -s "$ROOT/$pkg" "$SHIM/kvtier/$pkg"; fi
-  done
-  export PYTHONPATH="$SHIM${PYTHONPATH:+:$PYTHONPATH}"
-  echo "== kvtier not installed: using the source tree through $SHIM"
-fi
+# shellcheck source=bench/source_tree.sh
+source "$ROOT/bench/source_tree.sh"
 
 status=0
 step() {  # step NAME OKCODES COMMAND...: run, record the exit status, never abort the script

@@ -6,7 +6,7 @@ Staging has the host buffer's layout with only the moved slots (or pages) and la
 so a run of consecutive host slots is a run of consecutive staging slots. A run's
 pieces (one per layer and component in layer_first) repeat at one stride in both
 buffers, so each run is one or a few 2-D copies (`dma_plan`), issued by the runtime's
-2-D copy (`memcpy2d`).
+2-D copy (`link_copy`).
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import torch
 
 from kvtier.kernels import RowMap
 
-from . import layouts, memcpy2d
+from . import layouts, link_copy
 from .dispatch import run_copy
 from .dma_plan import plan, runs, shape_2d
 
@@ -45,7 +45,7 @@ class Staging:
         host_view = host_buf.narrow(ld, host_layer, self.tensor.shape[ld])
         shape = shape_2d(host_view, self.tensor, layouts.unit_dim(self.layout))
         base = host_layer * host_buf.stride(ld) * host_buf.element_size()
-        memcpy2d.issue(plan(shape, *run_arrays, host_base=base), host_buf, self.tensor, to_host)
+        link_copy.issue(plan(shape, *run_arrays, host_base=base), host_buf, self.tensor, to_host)
 
 
 def _row_shape(buf: torch.Tensor, layout: str):

@@ -38,6 +38,13 @@ class CopyPlan:
         """(host_off, stage_off, width, height) per copy, as Python ints."""
         return torch.stack([self.host_off, self.stage_off, self.width, self.height], 1).tolist()
 
+    def pieces(self) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Every row of every copy as a 1-D piece: (host offsets, staging offsets, sizes)."""
+        r = torch.repeat_interleave(torch.arange(len(self)), self.height)
+        step = torch.arange(r.numel()) - torch.repeat_interleave(self.height.cumsum(0) - self.height, self.height)
+        return (self.host_off[r] + step * self.host_pitch, self.stage_off[r] + step * self.stage_pitch,
+                self.width[r])
+
     @property
     def nbytes(self) -> int:
         return int((self.width * self.height).sum())

@@ -1,5 +1,5 @@
 """The dma strategy's bulk copies: runs of host units <-> staging as 2-D copies
-(pool/dma_plan.py) and their issue through a runtime's 2-D copy (pool/memcpy2d.py).
+(pool/dma_plan.py) and their issue through a runtime's 2-D copy (pool/link_copy.py).
 
 The plans are executed into poisoned, guarded buffers and compared with plain torch
 ``narrow`` copies of each run; the number of copies is checked too, since one copy per run
@@ -13,8 +13,8 @@ import torch
 
 from helpers import POISON, Guarded, assert_bytes_equal
 from kvtier.kernels import LAYOUTS
-from kvtier.pool import layouts, memcpy2d
-from kvtier.pool.dma_plan import plan, runs, shape_2d
+from kvtier.pool import layouts, link_copy
+from kvtier.pool.dma_plan import CopyPlan, plan, runs, shape_2d
 
 L, SLOTS, P, ROW = 4, 16, 4, (2, 3)      # layers, host slots, page size, row (heads, dim)
 
@@ -74,7 +74,7 @@ def test_plan_moves_exactly_the_runs(layout, C, layers, to_host):
 
     shape = shape_2d(view, stage.t, ud)
     p = plan(shape, *runs(units), host_base=first * host.t.stride(ld) * host.t.element_size())
-    memcpy2d.torch_copies(p, host.t, stage.t, to_host)
+    link_copy.torch_copies(p, host.t, stage.t, to_host)
 
     got = view if to_host else stage.t
     assert_bytes_equal(got, want, "moved bytes")
@@ -150,9 +150,9 @@ def test_runtime_issue_splits_within_limits(layout, C, limits, to_host):
         calls.append(args)
         return _memmove_2d(*args)
 
-    rt = memcpy2d.Runtime("fake", fake, lambda d: 0, max_pitch=limits[0], max_height=limits[1])
+    rt = link_copy.Runtime("fake", fake, lambda d: 0, max_pitch=limits[0], max_height=limits[1])
     results = []
-    for issue in (rt.issue, memcpy2d.torch_copies):
+    for issue in (rt.issue, link_copy.torch_copies):
         g = torch.Generator().manual_seed(10)
         host, stage = buffers(layout, C, units.numel(), L, g)
         (stage if to_host else host).bytes().copy_(
@@ -171,8 +171,76 @@ def test_runtime_issue_splits_within_limits(layout, C, limits, to_host):
         assert len(calls) >= n_runs(units)
 
 
+def _memmove_batch(dsts, srcs, sizes, count, stream):
+    """A batch of 1-D copies on host pointers, read from the three u64 arrays."""
+    arr = lambda p: (ctypes.c_uint64 * count).from_address(p)
+    for d, s, n in zip(arr(dsts), arr(srcs), arr(sizes)):
+        ctypes.memmove(d, s, n)
+    return 0
+
+
+@pytest.mark.parametrize("to_host", [True, False], ids=["backup", "load"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_runtime_batch_moves_every_piece(layout, to_host, monkeypatch):
+    """The batch call (CUDA 12.8+) gets every row of every 2-D copy as one 1-D piece;
+    the default stream (0) and KVTIER_DMA_COPY=2d keep the 2-D calls."""
+    gen = torch.Generator().manual_seed(11)
+    units = fragmented_units(SLOTS // P if layouts.is_paged(layout) else SLOTS, gen)
+    used = []
+
+    def batch(*args):
+        used.append("batch")
+        return _memmove_batch(*args)
+
+    def copy_2d(*args):
+        used.append("2d")
+        return _memmove_2d(*args)
+
+    results = {}
+    for case, stream, mode in [("batch", 7, "auto"), ("default-stream", 0, "auto"), ("2d", 7, "2d"),
+                               ("torch", None, None)]:
+        monkeypatch.setenv("KVTIER_DMA_COPY", mode or "auto")
+        g = torch.Generator().manual_seed(12)
+        host, stage = buffers(layout, 2, units.numel(), 2, g)
+        (stage if to_host else host).bytes().copy_(
+            torch.randint(0, 256, ((stage if to_host else host).nbytes,), dtype=torch.uint8, generator=g))
+        ld = layouts.layer_dim(layout)
+        view = host.t.narrow(ld, 1, 2)
+        p = plan(shape_2d(view, stage.t, layouts.unit_dim(layout)), *runs(units),
+                 host_base=host.t.stride(ld) * host.t.element_size())
+        used.clear()
+        if stream is None:
+            link_copy.torch_copies(p, host.t, stage.t, to_host)
+        else:
+            rt = link_copy.Runtime("fake", copy_2d, lambda d, s=stream: s, 1 << 40, 1 << 40, batch=batch)
+            rt.issue(p, host.t, stage.t, to_host)
+            assert set(used) == {"batch" if case == "batch" else "2d"}, case
+            if case == "batch":
+                assert len(used) == 1
+        host.check()
+        stage.check()
+        results[case] = (host.snapshot(), stage.snapshot())
+    for case in ("batch", "default-stream", "2d"):
+        assert all(torch.equal(a, b) for a, b in zip(results[case], results["torch"])), case
+
+
+def test_pieces_expand_every_row():
+    t = lambda *v: torch.tensor(v, dtype=torch.int64)
+    plan_ = CopyPlan(t(0, 100), t(0, 10), t(4, 2), t(3, 1), host_pitch=20, stage_pitch=5)
+    h, s, w = plan_.pieces()
+    assert (h.tolist(), s.tolist(), w.tolist()) == ([0, 20, 40, 100], [0, 5, 10, 10], [4, 4, 4, 2])
+
+
+def test_dma_copy_mode_is_checked(monkeypatch):
+    monkeypatch.setenv("KVTIER_DMA_COPY", "fast")
+    with pytest.raises(ValueError, match="KVTIER_DMA_COPY='fast'"):
+        link_copy.runtime_for(torch.device("cpu"), torch.empty(1))
+    monkeypatch.setenv("KVTIER_DMA_COPY", "torch")
+    assert link_copy.runtime_for(torch.device("cuda"), torch.empty(1)) is None
+
+
 def test_runtime_error_names_the_copy():
-    rt = memcpy2d.Runtime("fake", lambda *a: 11, lambda d: 0, 1 << 40, 1 << 40, error=lambda rc: "bad")
+    rt = link_copy.Runtime("fake", lambda *a: 11, lambda d: 0, 1 << 40, 1 << 40, error=lambda rc: "bad")
     host, stage = buffers("layer_first", 1, 2, L, torch.Generator().manual_seed(1))
     p = plan(shape_2d(host.t, stage.t, 2), *runs(torch.tensor([3, 4])))
     with pytest.raises(RuntimeError, match=r"fake 2-D copy of 4 x 24 bytes failed: bad \(11\)"):
@@ -180,26 +248,31 @@ def test_runtime_error_names_the_copy():
 
 
 def test_cpu_and_pageable_memory_take_torch_copies():
-    assert memcpy2d.runtime_for(torch.device("cpu"), torch.empty(4)) is None
-    assert memcpy2d.runtime_for(torch.device("cuda"), torch.empty(4)) is None       # not pinned
+    assert link_copy.runtime_for(torch.device("cpu"), torch.empty(4)) is None
+    assert link_copy.runtime_for(torch.device("cuda"), torch.empty(4)) is None       # not pinned
 
 
 @pytest.mark.cuda
-def test_cuda_runtime_moves_plans():
+@pytest.mark.parametrize("mode,side_stream", [("auto", True), ("auto", False), ("2d", True)])
+def test_cuda_runtime_moves_plans(mode, side_stream, monkeypatch):
+    """On the GPU: the batch call on a side stream (CUDA 12.8+), 2-D calls on the default
+    stream or when asked for."""
     assert torch.cuda.is_available()
+    monkeypatch.setenv("KVTIER_DMA_COPY", mode)
     gen = torch.Generator().manual_seed(3)
     units = fragmented_units(SLOTS, gen)
     host = torch.randint(0, 256, (2, L, SLOTS, 48), dtype=torch.uint8, generator=gen).pin_memory()
-    rt = memcpy2d.runtime_for(torch.device("cuda"), host)
+    rt = link_copy.runtime_for(torch.device("cuda"), host)
     assert rt is not None and rt.name in ("cuda", "hip")
-    stage = torch.full((2, L, units.numel(), 48), POISON, dtype=torch.uint8, device="cuda")
-    p = plan(shape_2d(host, stage, 2), *runs(units))
-    rt.issue(p, host, stage, to_host=False)
-    torch.cuda.synchronize()
+    stream = torch.cuda.Stream() if side_stream else torch.cuda.current_stream()
+    with torch.cuda.stream(stream):
+        stage = torch.full((2, L, units.numel(), 48), POISON, dtype=torch.uint8, device="cuda")
+        p = plan(shape_2d(host, stage, 2), *runs(units))
+        rt.issue(p, host, stage, to_host=False)
+        back = torch.full_like(host, POISON).pin_memory()
+        rt.issue(p, back, stage, to_host=True)
+    stream.synchronize()
     assert torch.equal(stage.cpu(), host[:, :, units])
-    back = torch.full_like(host, POISON).pin_memory()
-    rt.issue(p, back, stage, to_host=True)
-    torch.cuda.synchronize()
     want = torch.full_like(host, POISON)
     want[:, :, units] = host[:, :, units]
     assert torch.equal(back, want)

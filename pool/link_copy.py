@@ -1,15 +1,19 @@
-"""Issue a `CopyPlan` between a host buffer and a device staging buffer, on the current
-stream, as 2-D copies of the platform's runtime (one call per copy):
+"""Issue a `CopyPlan` between a host buffer and a device staging buffer on the current
+stream, through the platform runtime's own copy calls (ctypes on the runtime library the
+process already loaded for torch, found in /proc/self/maps; nothing is built):
 
-- CUDA: ``cudaMemcpy2DAsync``, ROCm: ``hipMemcpy2DAsync``, from the runtime library the
-  process already loaded for torch (found in /proc/self/maps; loaded by ctypes, no build).
-- Ascend: ``aclrtMemcpy2dAsync`` (libascendcl). torch_npu may defer its own launches to a
-  task queue thread, which a direct call would overtake, so it is used only with
-  ``TASK_QUEUE_ENABLE=0``; otherwise the copies go through torch.
-- Elsewhere (CPU, pageable host memory, no runtime found): torch copies, one per row of
-  each 2-D copy (torch copies only contiguous pieces across devices without a sync).
+- CUDA 12.8+, on a non-default stream: one ``cudaMemcpyBatchAsync`` for every piece of the
+  plan (the driver takes the whole list in one call);
+- otherwise CUDA ``cudaMemcpy2DAsync``, ROCm ``hipMemcpy2DAsync``: one call per 2-D copy;
+- Ascend ``aclrtMemcpy2dAsync`` (libascendcl), one call per 2-D copy. torch_npu may defer
+  its own launches to a task-queue thread, which a direct call would overtake, so it is
+  used only with ``TASK_QUEUE_ENABLE=0``; otherwise the copies go through torch;
+- elsewhere (CPU, pageable host memory, no runtime found): torch copies, one per piece
+  (torch moves only contiguous pieces across devices without a sync).
 
-The runtimes take rows ``pitch`` bytes apart; a one-row copy gets ``pitch = width``, and a
+``KVTIER_DMA_COPY`` = ``batch`` | ``2d`` | ``torch`` narrows the choice (benchmarks,
+or to step around a driver problem); the default ``auto`` takes the first that applies.
+The 2-D calls take rows ``pitch`` bytes apart; a one-row copy gets ``pitch = width``, and a
 copy whose pitch or height exceeds the runtime's limit is split into smaller ones.
 """
 from __future__ import annotations
@@ -39,10 +43,13 @@ class Runtime:
     max_pitch: int
     max_height: int
     error: Callable = str   # return code -> message
+    batch: Optional[Callable] = None    # (dsts, srcs, sizes, count, stream) -> int; arrays of u64
 
     def issue(self, plan: CopyPlan, host: torch.Tensor, stage: torch.Tensor, to_host: bool) -> None:
         stream = self.stream_of(stage.device)
         h0, s0 = host.data_ptr(), stage.data_ptr()
+        if self.batch is not None and stream and _mode() in ("auto", "batch"):
+            return self._issue_batch(plan, h0, s0, to_host, stream)
         kind = D2H if to_host else H2D
         for h, s, w, n in plan.rows():
             for hh, ss, m, (hp, sp) in self._pieces(plan, h, s, w, n):
@@ -51,6 +58,15 @@ class Runtime:
                 if rc != 0:
                     raise RuntimeError(f"kvtier dma: {self.name} 2-D copy of {m} x {w} bytes failed: "
                                        f"{self.error(rc)} ({rc})")
+
+    def _issue_batch(self, plan: CopyPlan, h0: int, s0: int, to_host: bool, stream) -> None:
+        h, s, w = plan.pieces()
+        h, s = h + h0, s + s0
+        dst, src = (h, s) if to_host else (s, h)
+        rc = self.batch(dst.data_ptr(), src.data_ptr(), w.data_ptr(), w.numel(), stream)
+        if rc != 0:
+            raise RuntimeError(f"kvtier dma: {self.name} batch of {w.numel()} copies failed: "
+                               f"{self.error(rc)} ({rc})")
 
     def _pieces(self, plan: CopyPlan, h: int, s: int, w: int, n: int):
         """(host offset, staging offset, rows, (host pitch, staging pitch)) within the limits."""
@@ -73,13 +89,11 @@ def issue(plan: CopyPlan, host: torch.Tensor, stage: torch.Tensor, to_host: bool
 
 
 def torch_copies(plan: CopyPlan, host: torch.Tensor, stage: torch.Tensor, to_host: bool) -> None:
-    """The plan as contiguous torch copies, one per row (any devices, any memory)."""
+    """The plan as contiguous torch copies, one per piece (any devices, any memory)."""
     hb, sb = _bytes(host), _bytes(stage)
-    for h, s, w, n in plan.rows():
-        for i in range(n):
-            hh, ss = h + i * plan.host_pitch, s + i * plan.stage_pitch
-            dst, src = (hb[hh:hh + w], sb[ss:ss + w]) if to_host else (sb[ss:ss + w], hb[hh:hh + w])
-            dst.copy_(src, non_blocking=True)
+    for hh, ss, w in zip(*(t.tolist() for t in plan.pieces())):
+        dst, src = (hb[hh:hh + w], sb[ss:ss + w]) if to_host else (sb[ss:ss + w], hb[hh:hh + w])
+        dst.copy_(src, non_blocking=True)
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
@@ -88,9 +102,19 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1).view(torch.uint8)
 
 
+def _mode() -> str:
+    mode = os.environ.get("KVTIER_DMA_COPY", "auto")
+    if mode not in MODES:
+        raise ValueError(f"KVTIER_DMA_COPY={mode!r}: must be one of {MODES}")
+    return mode
+
+
+MODES = ("auto", "batch", "2d", "torch")
+
+
 def runtime_for(device: torch.device, host: torch.Tensor) -> Optional[Runtime]:
     """The runtime that moves host <-> ``device`` bytes, or None (then torch copies)."""
-    if device.type == "cpu" or not host.is_pinned():
+    if _mode() == "torch" or device.type == "cpu" or not host.is_pinned():
         return None
     if device.type == "cuda":
         return _cuda_runtime()
@@ -116,7 +140,42 @@ def _cuda_runtime() -> Optional[Runtime]:
     return Runtime("hip" if hip else "cuda", copy_2d,
                    lambda d: torch.cuda.current_stream(d).cuda_stream,
                    max_pitch=(1 << 31) - 1, max_height=(1 << 31) - 1,
-                   error=lambda rc: get_error(rc).decode())
+                   error=lambda rc: get_error(rc).decode(), batch=None if hip else _cuda_batch())
+
+
+class _MemcpyAttributes(ctypes.Structure):
+    """cudaMemcpyAttributes: source access order, two location hints (ignored for pinned
+    and device memory), flags."""
+    _fields_ = [("src_access_order", ctypes.c_int), ("src_loc_type", ctypes.c_int),
+                ("src_loc_id", ctypes.c_int), ("dst_loc_type", ctypes.c_int),
+                ("dst_loc_id", ctypes.c_int), ("flags", ctypes.c_uint)]
+
+
+SRC_ACCESS_ORDER_STREAM = 1
+
+
+def _cuda_batch() -> Optional[Callable]:
+    """cudaMemcpyBatchAsync as ``(dsts, srcs, sizes, count, stream) -> rc``, or None before
+    CUDA 12.8. CUDA 12.8-12.9 take a ``failIdx`` argument before the stream; 13 does not."""
+    version = ctypes.c_int()
+    get_version = native.function("libcudart.so", "cudaRuntimeGetVersion", [ctypes.POINTER(ctypes.c_int)])
+    if get_version is None or get_version(ctypes.byref(version)) != 0 or version.value < 12080:
+        return None
+    fail_idx = version.value < 13000
+    P = ctypes.c_void_p
+    args = [P, P, P, ctypes.c_size_t, P, P, ctypes.c_size_t] + ([P] if fail_idx else []) + [P]
+    f = native.function("libcudart.so", "cudaMemcpyBatchAsync", args)
+    if f is None:
+        return None
+    attrs = _MemcpyAttributes(src_access_order=SRC_ACCESS_ORDER_STREAM)
+    attr_idx = (ctypes.c_size_t * 1)(0)
+    failed = ctypes.c_size_t()
+    extra = (ctypes.addressof(failed),) if fail_idx else ()
+
+    def batch(dsts, srcs, sizes, count, stream):
+        return f(dsts, srcs, sizes, count, ctypes.addressof(attrs), ctypes.addressof(attr_idx), 1,
+                 *extra, stream)
+    return batch
 
 
 @lru_cache(maxsize=None)
