@@ -25,7 +25,7 @@ torch.manual_seed(0)
 
 
 def setup(layout, P):
-    pool = MHADevicePool(4 * TOKENS, P, H, D, L, dtype=torch.bfloat16, device=dev)
+    pool = MHADevicePool(4 * TOKENS, P, L, H, D, dtype=torch.bfloat16, device=dev)
     for t in pool.buffers["k"] + pool.buffers["v"]:
         t.copy_(torch.randn_like(t))
     pages = TOKENS // P
