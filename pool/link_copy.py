@@ -2,9 +2,10 @@
 stream, through the platform runtime's own copy calls (ctypes on the runtime library the
 process already loaded for torch, found in /proc/self/maps; nothing is built):
 
-- CUDA 12.8+, on a non-default stream: one ``cudaMemcpyBatchAsync`` for every piece of the
-  plan (the driver takes the whole list in one call);
-- otherwise CUDA ``cudaMemcpy2DAsync``, ROCm ``hipMemcpy2DAsync``: one call per 2-D copy;
+- CUDA ``cudaMemcpy2DAsync``, ROCm ``hipMemcpy2DAsync``: one call per 2-D copy; but
+  CUDA 12.8+ on a non-default stream takes one ``cudaMemcpyBatchAsync`` for every row of
+  the plan instead when the 2-D copies are short (under 4 rows on average: a per-layer
+  load from page-major layouts, page_first backups), where it measured faster;
 - Ascend ``aclrtMemcpy2dAsync`` (libascendcl), one call per 2-D copy. torch_npu may defer
   its own launches to a task-queue thread, which a direct call would overtake, so it is
   used only with ``TASK_QUEUE_ENABLE=0``; otherwise the copies go through torch;
@@ -48,7 +49,7 @@ class Runtime:
     def issue(self, plan: CopyPlan, host: torch.Tensor, stage: torch.Tensor, to_host: bool) -> None:
         stream = self.stream_of(stage.device)
         h0, s0 = host.data_ptr(), stage.data_ptr()
-        if self.batch is not None and stream and _mode() in ("auto", "batch"):
+        if self.batch is not None and stream and self._batched(plan):
             return self._issue_batch(plan, h0, s0, to_host, stream)
         kind = D2H if to_host else H2D
         for h, s, w, n in plan.rows():
@@ -58,6 +59,17 @@ class Runtime:
                 if rc != 0:
                     raise RuntimeError(f"kvtier dma: {self.name} 2-D copy of {m} x {w} bytes failed: "
                                        f"{self.error(rc)} ({rc})")
+
+    def _batched(self, plan: CopyPlan) -> bool:
+        """Whether the batch call should move ``plan``: when asked to, or ("auto") when its
+        2-D copies are short. On an H200 (CUDA 13, driver 580) a batch costs about 0.6 us
+        per piece device->host and 4 us host->device, a 2-D call 4-7 us whatever its
+        height, and the batch won wherever copies averaged under 4 rows
+        (bench/scripts/dma_modes.py, README)."""
+        mode = _mode()
+        if mode != "auto":
+            return mode == "batch"
+        return int(plan.height.sum()) < BATCH_BELOW_MEAN_HEIGHT * len(plan)
 
     def _issue_batch(self, plan: CopyPlan, h0: int, s0: int, to_host: bool, stream) -> None:
         h, s, w = plan.pieces()
@@ -110,6 +122,7 @@ def _mode() -> str:
 
 
 MODES = ("auto", "batch", "2d", "torch")
+BATCH_BELOW_MEAN_HEIGHT = 4
 
 
 def runtime_for(device: torch.device, host: torch.Tensor) -> Optional[Runtime]:

@@ -197,7 +197,7 @@ def test_runtime_batch_moves_every_piece(layout, to_host, monkeypatch):
         return _memmove_2d(*args)
 
     results = {}
-    for case, stream, mode in [("batch", 7, "auto"), ("default-stream", 0, "auto"), ("2d", 7, "2d"),
+    for case, stream, mode in [("batch", 7, "batch"), ("default-stream", 0, "batch"), ("2d", 7, "2d"),
                                ("torch", None, None)]:
         monkeypatch.setenv("KVTIER_DMA_COPY", mode or "auto")
         g = torch.Generator().manual_seed(12)
@@ -222,6 +222,19 @@ def test_runtime_batch_moves_every_piece(layout, to_host, monkeypatch):
         results[case] = (host.snapshot(), stage.snapshot())
     for case in ("batch", "default-stream", "2d"):
         assert all(torch.equal(a, b) for a, b in zip(results[case], results["torch"])), case
+
+
+def test_auto_batches_short_copies_only(monkeypatch):
+    monkeypatch.setenv("KVTIER_DMA_COPY", "auto")
+    rt = link_copy.Runtime("fake", None, lambda d: 7, 1 << 40, 1 << 40, batch=lambda *a: 0)
+    t = lambda *v: torch.tensor(v, dtype=torch.int64)
+    short = CopyPlan(t(0, 9), t(0, 9), t(8, 8), t(3, 4), host_pitch=100, stage_pitch=8)
+    tall = CopyPlan(t(0, 9), t(0, 9), t(8, 8), t(4, 4), host_pitch=100, stage_pitch=8)
+    assert rt._batched(short) and not rt._batched(tall)
+    monkeypatch.setenv("KVTIER_DMA_COPY", "batch")
+    assert rt._batched(tall)
+    monkeypatch.setenv("KVTIER_DMA_COPY", "2d")
+    assert not rt._batched(short)
 
 
 def test_pieces_expand_every_row():
@@ -253,7 +266,7 @@ def test_cpu_and_pageable_memory_take_torch_copies():
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("mode,side_stream", [("auto", True), ("auto", False), ("2d", True)])
+@pytest.mark.parametrize("mode,side_stream", [("batch", True), ("auto", True), ("auto", False), ("2d", True)])
 def test_cuda_runtime_moves_plans(mode, side_stream, monkeypatch):
     """On the GPU: the batch call on a side stream (CUDA 12.8+), 2-D calls on the default
     stream or when asked for."""
