@@ -1,5 +1,5 @@
 """How the dma strategy's copy calls compare on a GPU: HostPool backup / per-layer load /
-all-layer load with strategy="dma" under each KVTIER_DMA_COPY mode (batch, 2d, torch),
+all-layer load with strategy="dma" under each KVTIER_DMA_COPY mode (auto, batch, 2d, torch),
 on a side stream and on the default stream, for host layouts x page sizes, against the
 kernel strategy. Prints one line per point (GB/s of KV bytes, host us per call) and
 writes them as JSON.
@@ -58,13 +58,14 @@ for layout, P in itertools.product(("layer_first", "page_first", "page_first_dir
     if layout == "page_first_direct" and P == 1:
         continue
     pool, didx, hidx = setup(layout, P)
-    for strategy, mode, stream_name in [("kernel", "-", "side"), ("dma", "batch", "side"), ("dma", "2d", "side"),
-                                         ("dma", "batch", "default"), ("dma", "torch", "side")]:
+    for strategy, mode, stream_name in [("kernel", "auto", "side"), ("dma", "auto", "side"),
+                                         ("dma", "batch", "side"), ("dma", "2d", "side"),
+                                         ("dma", "auto", "default"), ("dma", "torch", "side")]:
         if time.time() - t_start > budget:
             break
         if mode == "torch" and P == 1:
             continue        # one torch copy per slot and layer: minutes
-        os.environ["KVTIER_DMA_COPY"] = "auto" if mode in ("-", "batch") else mode
+        os.environ["KVTIER_DMA_COPY"] = mode
         host = HostPool(pool, layout=layout, size_tokens=2 * TOKENS, strategy=strategy, check=False)
         stream = side if stream_name == "side" else torch.cuda.default_stream()
         ops = {"backup_all": (lambda: host.backup_from_device_all_layer(pool, hidx, didx), L),
