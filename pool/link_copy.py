@@ -3,9 +3,11 @@ stream, through the platform runtime's own copy calls (ctypes on the runtime lib
 process already loaded for torch, found in /proc/self/maps; nothing is built):
 
 - CUDA ``cudaMemcpy2DAsync``, ROCm ``hipMemcpy2DAsync``: one call per 2-D copy; but
-  CUDA 12.8+ on a non-default stream takes one ``cudaMemcpyBatchAsync`` for every row of
-  the plan instead when the 2-D copies are short (under 4 rows on average: a per-layer
-  load from page-major layouts, page_first backups), where it measured faster;
+  CUDA 12.8+ takes one ``cudaMemcpyBatchAsync`` for every row of the plan instead when
+  the 2-D copies are short (under 4 rows on average: a per-layer load from page-major
+  layouts, page_first backups), where it measured faster. The batch call refuses the
+  legacy default stream; on it the batch goes to the per-thread default stream, which
+  the legacy stream is ordered with both ways;
 - Ascend ``aclrtMemcpy2dAsync`` (libascendcl), one call per 2-D copy. torch_npu may defer
   its own launches to a task-queue thread, which a direct call would overtake, so it is
   used only with ``TASK_QUEUE_ENABLE=0``; otherwise the copies go through torch;
@@ -45,12 +47,16 @@ class Runtime:
     max_height: int
     error: Callable = str   # return code -> message
     batch: Optional[Callable] = None    # (dsts, srcs, sizes, count, stream) -> int; arrays of u64
+    # The batch call refuses the legacy default stream (handle 0); this stream takes the
+    # batch instead, and must be ordered with the legacy stream both ways.
+    batch_default_stream: Optional[int] = None
 
     def issue(self, plan: CopyPlan, host: torch.Tensor, stage: torch.Tensor, to_host: bool) -> None:
         stream = self.stream_of(stage.device)
         h0, s0 = host.data_ptr(), stage.data_ptr()
-        if self.batch is not None and stream and self._batched(plan):
-            return self._issue_batch(plan, h0, s0, to_host, stream)
+        batch_stream = stream or self.batch_default_stream
+        if self.batch is not None and batch_stream and self._batched(plan):
+            return self._issue_batch(plan, h0, s0, to_host, batch_stream)
         kind = D2H if to_host else H2D
         for h, s, w, n in plan.rows():
             for hh, ss, m, (hp, sp) in self._pieces(plan, h, s, w, n):
@@ -153,7 +159,8 @@ def _cuda_runtime() -> Optional[Runtime]:
     return Runtime("hip" if hip else "cuda", copy_2d,
                    lambda d: torch.cuda.current_stream(d).cuda_stream,
                    max_pitch=(1 << 31) - 1, max_height=(1 << 31) - 1,
-                   error=lambda rc: get_error(rc).decode(), batch=None if hip else _cuda_batch())
+                   error=lambda rc: get_error(rc).decode(), batch=None if hip else _cuda_batch(),
+                   batch_default_stream=CUDA_STREAM_PER_THREAD)
 
 
 class _MemcpyAttributes(ctypes.Structure):
@@ -165,6 +172,9 @@ class _MemcpyAttributes(ctypes.Structure):
 
 
 SRC_ACCESS_ORDER_STREAM = 1
+# cudaStreamPerThread: a blocking stream, so the legacy default stream (torch's default)
+# and it wait for each other's earlier work; a batch issued there keeps stream order.
+CUDA_STREAM_PER_THREAD = 0x2
 
 
 def _cuda_batch() -> Optional[Callable]:

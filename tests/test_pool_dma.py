@@ -198,6 +198,7 @@ def test_runtime_batch_moves_every_piece(layout, to_host, monkeypatch):
 
     results = {}
     for case, stream, mode in [("batch", 7, "batch"), ("default-stream", 0, "batch"), ("2d", 7, "2d"),
+                               ("default-stream-batched", 0, "batch"),
                                ("torch", None, None)]:
         monkeypatch.setenv("KVTIER_DMA_COPY", mode or "auto")
         g = torch.Generator().manual_seed(12)
@@ -212,15 +213,17 @@ def test_runtime_batch_moves_every_piece(layout, to_host, monkeypatch):
         if stream is None:
             link_copy.torch_copies(p, host.t, stage.t, to_host)
         else:
-            rt = link_copy.Runtime("fake", copy_2d, lambda d, s=stream: s, 1 << 40, 1 << 40, batch=batch)
+            batched = case in ("batch", "default-stream-batched")
+            rt = link_copy.Runtime("fake", copy_2d, lambda d, s=stream: s, 1 << 40, 1 << 40, batch=batch,
+                                   batch_default_stream=2 if case == "default-stream-batched" else None)
             rt.issue(p, host.t, stage.t, to_host)
-            assert set(used) == {"batch" if case == "batch" else "2d"}, case
-            if case == "batch":
+            assert set(used) == {"batch" if batched else "2d"}, case
+            if batched:
                 assert len(used) == 1
         host.check()
         stage.check()
         results[case] = (host.snapshot(), stage.snapshot())
-    for case in ("batch", "default-stream", "2d"):
+    for case in ("batch", "default-stream", "2d", "default-stream-batched"):
         assert all(torch.equal(a, b) for a, b in zip(results[case], results["torch"])), case
 
 
@@ -266,10 +269,12 @@ def test_cpu_and_pageable_memory_take_torch_copies():
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("mode,side_stream", [("batch", True), ("auto", True), ("auto", False), ("2d", True)])
+@pytest.mark.parametrize("mode,side_stream", [("batch", True), ("batch", False), ("auto", True), ("auto", False),
+                                              ("2d", True)])
 def test_cuda_runtime_moves_plans(mode, side_stream, monkeypatch):
-    """On the GPU: the batch call on a side stream (CUDA 12.8+), 2-D calls on the default
-    stream or when asked for."""
+    """On the GPU: the batch call (CUDA 12.8+) on a side stream or, for the default
+    stream, on the per-thread stream; 2-D calls when asked for. Bytes moved in stream order:
+    the staging fill before the upload, the upload before the read-back."""
     assert torch.cuda.is_available()
     monkeypatch.setenv("KVTIER_DMA_COPY", mode)
     gen = torch.Generator().manual_seed(3)
@@ -279,13 +284,18 @@ def test_cuda_runtime_moves_plans(mode, side_stream, monkeypatch):
     assert rt is not None and rt.name in ("cuda", "hip")
     stream = torch.cuda.Stream() if side_stream else torch.cuda.current_stream()
     with torch.cuda.stream(stream):
-        stage = torch.full((2, L, units.numel(), 48), POISON, dtype=torch.uint8, device="cuda")
+        stage = torch.empty((2, L, units.numel(), 48), dtype=torch.uint8, device="cuda")
         p = plan(shape_2d(host, stage, 2), *runs(units))
+        torch.cuda._sleep(20_000_000)          # a late writer: the upload must wait for it
+        stage.fill_(POISON)
         rt.issue(p, host, stage, to_host=False)
+        torch.cuda._sleep(20_000_000)          # a late change: the read-back must see it
+        stage.bitwise_xor_(0x5A)
         back = torch.full_like(host, POISON).pin_memory()
         rt.issue(p, back, stage, to_host=True)
     stream.synchronize()
-    assert torch.equal(stage.cpu(), host[:, :, units])
+    rows = host[:, :, units] ^ 0x5A
+    assert torch.equal(stage.cpu(), rows)
     want = torch.full_like(host, POISON)
-    want[:, :, units] = host[:, :, units]
+    want[:, :, units] = rows
     assert torch.equal(back, want)
