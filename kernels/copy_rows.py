@@ -193,7 +193,33 @@ def copy_rows(src: RowMap, src_indices: torch.Tensor, dst: RowMap, dst_indices: 
         _warn_once("cpu", "kvtier: CPU tensors need Triton's interpreter (TRITON_INTERPRET=1 before "
                    "importing triton); copies run the torch reference")
         return _reference(src, src_indices, dst, dst_indices, src_layer, dst_layer, num_layers)
+    if device.type == "cpu":
+        check_interpreter()
     launch(src, src_indices, dst, dst_indices, src_layer, dst_layer, num_layers, config, device)
+
+
+_interpreter_problem = []
+
+
+def check_interpreter() -> None:
+    """Raise a clear error where Triton's interpreter cannot run the kernel: Triton < 3.7
+    turns a loop bound tensor into an int with ``int(array)``, which numpy >= 2.4 refuses
+    for 1-element arrays ("only 0-dimensional arrays can be converted")."""
+    if not _interpreter_problem:
+        import numpy as np
+        triton = _triton()
+        version = tuple(int(x) for x in triton.__version__.split(".")[:2] if x.isdigit())
+        try:
+            int(np.ones(1, dtype=np.int64))
+            numpy_ok = True
+        except TypeError:
+            numpy_ok = False
+        _interpreter_problem.append(
+            None if numpy_ok or version >= (3, 7) else
+            f"Triton {triton.__version__}'s interpreter cannot run kernels with numpy {np.__version__} "
+            "(int() of a 1-element array); install 'numpy<2.4' or Triton >= 3.7")
+    if _interpreter_problem[0]:
+        raise KvtierError(_interpreter_problem[0])
 
 
 def _reference(src, si, dst, di, src_layer, dst_layer, num_layers):

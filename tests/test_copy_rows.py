@@ -26,7 +26,7 @@ import torch
 from copy_rows_support import HOST_FORMS, PATTERNS, Side, make_indices, run_and_check
 from copy_rows_support import kernel_really_runs  # noqa: F401  (autouse fixture: the kernel runs)
 from helpers import POISON, Guarded, assert_bytes_equal
-from kvtier.kernels import CopyConfig, RowMap, copy_rows_reference, default_config
+from kvtier.kernels import CopyConfig, KvtierError, RowMap, copy_rows_reference, default_config
 
 copy_rows_module = importlib.import_module("kvtier.kernels.copy_rows")
 copy_rows = copy_rows_module.copy_rows
@@ -360,3 +360,33 @@ def test_poison_is_not_random_data():
     """Guard for the suite itself: poisoned destinations really hold the poison byte."""
     dst = Side("page_head", L=1, N=4, P=2, fill="poison")
     assert bool((dst.logical() == POISON).all())
+
+
+@pytest.mark.parametrize("triton_version,numpy_refuses,ok", [
+    ("3.6.0", True, False), ("3.6.0", False, True), ("3.7.0", True, True), ("3.9.1", True, True)])
+def test_interpreter_check_names_the_incompatible_pair(monkeypatch, triton_version, numpy_refuses, ok):
+    """Triton < 3.7's interpreter with numpy >= 2.4 fails deep inside the kernel; copy_rows
+    says so up front, naming both versions."""
+    import types
+    import numpy as np
+    fake_triton = types.SimpleNamespace(__version__=triton_version)
+    monkeypatch.setattr(copy_rows_module, "_triton", lambda: fake_triton)
+    monkeypatch.setattr(copy_rows_module, "_interpreter_problem", [])
+    monkeypatch.setattr(np, "ones", lambda *a, **k: _OneElement(numpy_refuses))
+    if ok:
+        copy_rows_module.check_interpreter()
+    else:
+        with pytest.raises(KvtierError, match=r"Triton 3\.6\.0's interpreter .*numpy<2\.4"):
+            copy_rows_module.check_interpreter()
+
+
+class _OneElement:
+    """A 1-element array as numpy treats int() of it: refused from numpy 2.4 on."""
+
+    def __init__(self, refuse):
+        self.refuse = refuse
+
+    def __int__(self):
+        if self.refuse:
+            raise TypeError("only 0-dimensional arrays can be converted to Python scalars")
+        return 1
