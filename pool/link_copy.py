@@ -38,7 +38,8 @@ H2D, D2H = 1, 2     # the value of host-to-device / device-to-host in all three 
 
 @dataclass(frozen=True)
 class Runtime:
-    """A runtime's 2-D copy entry point and its limits."""
+    """A runtime's copy entry points (2-D copy; batch of 1-D copies where it has one)
+    and their limits."""
 
     name: str
     copy_2d: Callable       # (dst, dpitch, src, spitch, width, height, kind, stream) -> int
