@@ -23,6 +23,8 @@ def collect() -> dict:
     try:
         from kvtier.kernels import platform
         info.update(platform.platform_info())
+        from kvtier.pool import link_copy
+        info["dma_copies"] = link_copy.describe(info["platform"])
     except ImportError:
         info["platform"] = "cuda" if torch.cuda.is_available() else "cpu"
     return info

@@ -121,6 +121,23 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1).view(torch.uint8)
 
 
+def describe(platform: str) -> str:
+    """How dma copies move on ``platform`` here (for `kvtier info`)."""
+    mode = os.environ.get("KVTIER_DMA_COPY", "auto")
+    if mode == "torch" or platform == "cpu":
+        return "torch copies" + (" (KVTIER_DMA_COPY=torch)" if mode == "torch" else "")
+    if platform in ("cuda", "rocm"):
+        rt = _cuda_runtime()
+    elif os.environ.get("TASK_QUEUE_ENABLE", "1") != "0":
+        return "torch copies (set TASK_QUEUE_ENABLE=0 for aclrtMemcpy2dAsync)"
+    else:
+        rt = _acl_runtime()
+    if rt is None:
+        return "torch copies (the runtime library was not found)"
+    batch = " + batch for short copies" if rt.batch is not None and mode != "2d" else ""
+    return f"{rt.name} 2-D copies{batch} (KVTIER_DMA_COPY={mode})"
+
+
 def _mode() -> str:
     mode = os.environ.get("KVTIER_DMA_COPY", "auto")
     if mode not in MODES:

@@ -8,6 +8,20 @@ def test_info(capsys):
     assert main(["info"]) == 0
     out = capsys.readouterr().out
     assert "torch" in out and "platform" in out and "interpreter" in out
+    assert "dma_copies: torch copies" in out
+
+
+def test_dma_copy_description(monkeypatch):
+    from kvtier.pool import link_copy
+    monkeypatch.setenv("TASK_QUEUE_ENABLE", "1")
+    assert "TASK_QUEUE_ENABLE=0" in link_copy.describe("npu")
+    fake = link_copy.Runtime("cuda", None, None, 1, 1, batch=lambda *a: 0)
+    monkeypatch.setattr(link_copy, "_cuda_runtime", lambda: fake)
+    assert link_copy.describe("cuda") == "cuda 2-D copies + batch for short copies (KVTIER_DMA_COPY=auto)"
+    monkeypatch.setenv("KVTIER_DMA_COPY", "2d")
+    assert link_copy.describe("cuda") == "cuda 2-D copies (KVTIER_DMA_COPY=2d)"
+    monkeypatch.setattr(link_copy, "_cuda_runtime", lambda: None)
+    assert "not found" in link_copy.describe("cuda")
 
 
 def test_demo_checks_every_byte(capsys):
