@@ -36,9 +36,10 @@ def device_address_of(addr: int) -> Optional[int]:
 
 
 def npu_reachable(m: RowMap) -> bool:
-    """Whether every layer of host map ``m`` lies in registered memory (cached)."""
+    """Whether every layer of host map ``m`` lies in registered memory (a yes is cached;
+    a no is asked again, since the memory may be registered later)."""
     key = "npu_reachable"
-    if key not in m._anchors:
+    if not m._anchors.get(key):
         m._anchors[key] = all(device_address_of(a) is not None for a in _layer_bases(m))
     return m._anchors[key]
 
