@@ -40,8 +40,7 @@ class CopyPlan:
 
     def pieces(self) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Every row of every copy as a 1-D piece: (host offsets, staging offsets, sizes)."""
-        r = torch.repeat_interleave(torch.arange(len(self)), self.height)
-        step = torch.arange(r.numel()) - torch.repeat_interleave(self.height.cumsum(0) - self.height, self.height)
+        r, step = _expand(self.height)
         return (self.host_off[r] + step * self.host_pitch, self.stage_off[r] + step * self.stage_pitch,
                 self.width[r])
 
@@ -129,18 +128,24 @@ def plan(shape: Shape2D, host_units: torch.Tensor, stage_units: torch.Tensor,
         size, hp, sp = shape.height_dim
         height = k.clone() if size is None else torch.full_like(k, size)
     for size, h_stride, s_stride in shape.loops:
-        n = 1 if size is None else size
-        steps = torch.arange(n, dtype=torch.int64)
-        host = (host[:, None] + steps * (0 if size is None else h_stride)).flatten()
-        stage = (stage[:, None] + steps * (0 if size is None else s_stride)).flatten()
-        width, height = width.repeat_interleave(n), height.repeat_interleave(n)
+        if size is None:
+            continue            # the unit dim: runs were split into single units above
+        steps = torch.arange(size, dtype=torch.int64)
+        host = (host[:, None] + steps * h_stride).flatten()
+        stage = (stage[:, None] + steps * s_stride).flatten()
+        width, height = width.repeat_interleave(size), height.repeat_interleave(size)
     return CopyPlan(host, stage, width, height, hp, sp)
 
 
 def _split_units(hu, su, k):
-    r = torch.repeat_interleave(torch.arange(k.numel()), k)
-    step = torch.arange(r.numel()) - torch.repeat_interleave(k.cumsum(0) - k, k)
+    r, step = _expand(k)
     return hu[r] + step, su[r] + step, torch.ones_like(r)
+
+
+def _expand(counts: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """For ``counts[i]`` items of each entry i: (entry of every item, its step within the entry)."""
+    r = torch.repeat_interleave(torch.arange(counts.numel()), counts)
+    return r, torch.arange(r.numel()) - torch.repeat_interleave(counts.cumsum(0) - counts, counts)
 
 
 def runs(units: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

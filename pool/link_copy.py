@@ -25,7 +25,7 @@ import ctypes
 import os
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Callable, Optional
+from typing import Callable, Optional, Tuple
 
 import torch
 
@@ -124,16 +124,11 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
 def describe(platform: str) -> str:
     """How dma copies move on ``platform`` here (for `kvtier info`)."""
     mode = os.environ.get("KVTIER_DMA_COPY", "auto")
-    if mode == "torch" or platform == "cpu":
-        return "torch copies" + (" (KVTIER_DMA_COPY=torch)" if mode == "torch" else "")
-    if platform in ("cuda", "rocm"):
-        rt = _cuda_runtime()
-    elif os.environ.get("TASK_QUEUE_ENABLE", "1") != "0":
-        return "torch copies (set TASK_QUEUE_ENABLE=0 for aclrtMemcpy2dAsync)"
-    else:
-        rt = _acl_runtime()
+    if mode == "torch":
+        return "torch copies (KVTIER_DMA_COPY=torch)"
+    rt, why = _selection({"cuda": "cuda", "rocm": "cuda", "npu": "npu"}.get(platform, "cpu"))
     if rt is None:
-        return "torch copies (the runtime library was not found)"
+        return "torch copies" + (f" ({why})" if why else "")
     batch = " + batch for short copies" if rt.batch is not None and mode != "2d" else ""
     return f"{rt.name} 2-D copies{batch} (KVTIER_DMA_COPY={mode})"
 
@@ -153,11 +148,21 @@ def runtime_for(device: torch.device, host: torch.Tensor) -> Optional[Runtime]:
     """The runtime that moves host <-> ``device`` bytes, or None (then torch copies)."""
     if _mode() == "torch" or device.type == "cpu" or not host.is_pinned():
         return None
-    if device.type == "cuda":
-        return _cuda_runtime()
-    if device.type == "npu" and os.environ.get("TASK_QUEUE_ENABLE", "1") == "0":
-        return _acl_runtime()
-    return None
+    return _selection(device.type)[0]
+
+
+def _selection(device_type: str) -> Tuple[Optional[Runtime], str]:
+    """The runtime for a torch device type, or None and why torch copies move the bytes
+    ("" where there is no accelerator runtime to use)."""
+    if device_type == "cuda":
+        rt = _cuda_runtime()
+    elif device_type == "npu":
+        if os.environ.get("TASK_QUEUE_ENABLE", "1") != "0":
+            return None, "set TASK_QUEUE_ENABLE=0 for aclrtMemcpy2dAsync"
+        rt = _acl_runtime()
+    else:
+        return None, ""
+    return rt, "" if rt is not None else "the runtime library was not found"
 
 
 _ARGS = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t,
