@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import replace
-from typing import Optional
-
 import torch
 
 from . import native, platform
@@ -27,20 +25,12 @@ ACL_HOST_REGISTER_MAPPED = 0
 HOST_PAGE = 4096        # aclrtHostRegister needs a 4 KiB-aligned start
 
 
-def device_address_of(addr: int) -> Optional[int]:
-    """The device address of host byte ``addr`` under a recorded registration, or None."""
-    for start, (dev, nbytes) in platform._registered.items():
-        if start <= addr < start + nbytes:
-            return dev + (addr - start)
-    return None
-
-
 def npu_reachable(m: RowMap) -> bool:
     """Whether every layer of host map ``m`` lies in registered memory (a yes is cached;
     a no is asked again, since the memory may be registered later)."""
     key = "npu_reachable"
     if not m._anchors.get(key):
-        m._anchors[key] = all(device_address_of(a) is not None for a in _layer_bases(m))
+        m._anchors[key] = all(platform.registered_device_address(a) is not None for a in _layer_bases(m))
     return m._anchors[key]
 
 
@@ -61,7 +51,7 @@ def translate(m: RowMap, table_device: torch.device) -> RowMap:
     on ``table_device`` (where the kernel reads it)."""
     addrs = []
     for a in _layer_bases(m):
-        d = device_address_of(a)
+        d = platform.registered_device_address(a)
         if d is None:
             raise KvtierError(f"{m.describe()}: host byte {a:#x} is not registered with the NPU; "
                               "register the host buffer (HostPool(register=True), "

@@ -217,12 +217,16 @@ def host_device_address(tensor: torch.Tensor, platform: str) -> Optional[int]:
     if platform in ("cuda", "rocm"):
         return tensor.data_ptr() if tensor.is_pinned() else None
     if platform == "npu":
-        st = tensor.untyped_storage()
-        reg = _registered.get(st.data_ptr())
-        if reg is None:
-            return None
-        return reg[0] + (tensor.data_ptr() - st.data_ptr())
+        return registered_device_address(tensor.data_ptr())
     return tensor.data_ptr()  # cpu: the interpreter reads host memory itself
+
+
+def registered_device_address(addr: int) -> Optional[int]:
+    """The NPU device address of host byte ``addr`` under a recorded registration, or None."""
+    for start, (dev, nbytes) in _registered.items():
+        if start <= addr < start + nbytes:
+            return dev + (addr - start)
+    return None
 
 
 # ------------------------------------------------------------------ properties
