@@ -3,7 +3,7 @@
 # named `triton`, so it cannot share the main venv):
 #   1. lower every launcher configuration for Ascend910B3 and read the linalg/HIVM form
 #      (tests/ascend/test_lowering.py), plus the interpreter checks in tests/ascend;
-#   2. run the kernel and pool suites (tests/test_copy_rows*.py, tests/test_pool*.py) under
+#   2. run the kernel and pool suites (tests/kernels/test_copy_rows*.py, tests/pool/test_pool_*.py) under
 #      triton-ascend's own interpreter.
 # Idempotent: the venv is kept in .venv-ascend (git-ignored) and reused while its marker
 # matches the pinned versions below. KVTIER_ASCEND_VENV overrides its place.
@@ -38,6 +38,6 @@ echo "ascend: lowering (tests/ascend/test_lowering.py)"
 "${PYTEST[@]}" tests/ascend/test_lowering.py "$@"
 # 2. The kernel and pool suites under triton-ascend's interpreter (TRITON_INTERPRET=1 is set
 #    by tests/conftest.py).
-SUITES=(tests/ascend/test_interpreter.py tests/test_copy_rows*.py tests/test_pool*.py)
+SUITES=(tests/ascend/test_interpreter.py tests/kernels/test_copy_rows*.py tests/pool/test_pool_*.py)
 echo "ascend: interpreter (${SUITES[*]})"
 "${PYTEST[@]}" "${SUITES[@]}" "$@"

@@ -90,9 +90,9 @@ def _kvtier_version() -> str:
 @functools.lru_cache(maxsize=None)
 def device_identity(platform: str) -> DeviceId:
     """Name, architecture and compute units of the current device of ``platform``
-    (queried once per process through kvtier.kernels.platform, which loads torch_npu
+    (queried once per process through kvtier.platforms, which loads torch_npu
     only for "npu")."""
-    from kvtier.kernels.platform import default_device, device_properties
+    from kvtier.platforms import default_device, device_properties
     p = device_properties(default_device(platform))
     return DeviceId(platform, str(p["name"]), str(p["arch"]), int(p.get("compute_units") or 0),
                     int(p.get("ub_bytes") or 0))

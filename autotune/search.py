@@ -101,7 +101,7 @@ def tune(shape: PoolShape, *, ops: Sequence[str] = ("backup", "load", "gather"),
     for op in ops:
         if op not in OPS:
             raise ValueError(f"ops: {op!r} is not one of {sorted(OPS)}")
-    from kvtier.kernels.platform import default_device, detect_platform
+    from kvtier.platforms import default_device, detect_platform
     platform = platform or detect_platform()
     device = device or device_identity(platform)
     dev = default_device(platform)

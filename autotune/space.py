@@ -88,7 +88,7 @@ def space_for(device: DeviceId, quick: bool = False) -> Space:
     table = _QUICK if quick else _SPACES
     space = table.get(device.platform, table["cpu"])
     if device.platform == "npu" and device.ub_bytes:
-        from kvtier.kernels.platform import npu_launch_limits
+        from kvtier.platforms import npu_launch_limits
         tile = npu_launch_limits(props={"ub_bytes": device.ub_bytes, "compute_units": device.units})
         space = dataclasses.replace(space, tile_limit=tile["max_tile_bytes"])
     return space

@@ -20,7 +20,8 @@ from typing import Callable, List, Optional, Tuple
 
 import torch
 
-from kvtier.kernels import CopyConfig, RowMap, copy_rows, platform
+from kvtier import platforms as platform
+from kvtier.kernels import CopyConfig, RowMap, copy_rows
 from kvtier.kernels.reference import layer_rows
 from kvtier.kernels.validate import compute_device
 

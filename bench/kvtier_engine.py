@@ -7,7 +7,7 @@ from typing import Optional
 
 from kvtier.autotune import select_config
 from kvtier.kernels import copy_rows
-from kvtier.kernels.platform import device_properties, platform_of
+from kvtier.platforms import device_properties, platform_of
 
 from .probe import LaunchProbe, NoKernel
 from .workload import Prepared, Unsupported, Workload

@@ -9,7 +9,7 @@ from typing import Callable, Optional
 
 import torch
 
-from kvtier.kernels.platform import platform_of, synchronize
+from kvtier.platforms import platform_of, synchronize
 
 from . import kvtier_engine, pool_engine, sgl_baseline, torch_baseline
 from .ceiling import measure_ceilings

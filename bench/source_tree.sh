@@ -4,10 +4,11 @@
 # repository this file is in). An installed kvtier that imports is used as it is.
 ROOT=${ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}
 PY=${PY:-python3}
-if ! "$PY" -c "import kvtier.kernels, kvtier.pool, kvtier.autotune, kvtier.cli" >/dev/null 2>&1; then
+if ! "$PY" -c "import kvtier.kernels, kvtier.platforms, kvtier.pool, kvtier.autotune, kvtier.adapters, kvtier.cli" >/dev/null 2>&1; then
   SHIM=$(mktemp -d)
   mkdir -p "$SHIM/kvtier"
-  for pkg in kernels pool autotune cli bench; do
+  ln -s "$ROOT"/kvtier/*.py "$SHIM/kvtier/"
+  for pkg in kernels platforms pool autotune adapters cli bench; do
     if [ -d "$ROOT/$pkg" ]; then ln -s "$ROOT/$pkg" "$SHIM/kvtier/$pkg"; fi
   done
   export PYTHONPATH="$SHIM${PYTHONPATH:+:$PYTHONPATH}"

@@ -14,7 +14,7 @@ from typing import Callable
 
 import torch
 
-from kvtier.kernels.platform import synchronize
+from kvtier.platforms import synchronize
 
 
 @dataclass(frozen=True)

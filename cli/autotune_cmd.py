@@ -141,7 +141,7 @@ def _platform() -> str:
     if os.environ.get("KVTIER_PLATFORM") is None and not torch.cuda.is_available() \
             and importlib.util.find_spec("torch_npu") is None:
         return "cpu"
-    from kvtier.kernels.platform import detect_platform
+    from kvtier.platforms import detect_platform
     return detect_platform()
 
 

@@ -74,7 +74,7 @@ def _sweep(args, bench, on_cpu: bool):
 
 
 def run(args) -> int:
-    from kvtier.kernels.platform import default_device, detect_platform
+    from kvtier.platforms import default_device, detect_platform
     on_cpu = detect_platform() == "cpu"
     if on_cpu:
         # Triton runs CPU tensors only in its interpreter, chosen before Triton is imported.

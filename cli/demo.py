@@ -23,7 +23,7 @@ def _best_device():
     if torch.cuda.is_available():
         return torch.device("cuda"), ("rocm" if getattr(torch.version, "hip", None) else "cuda")
     try:
-        from kvtier.kernels import platform
+        from kvtier import platforms as platform
         if platform.npu_available():
             return torch.device("npu"), "npu"
     except ImportError:

@@ -21,7 +21,7 @@ def collect() -> dict:
         info["triton"] = None
     info["interpreter"] = os.environ.get("TRITON_INTERPRET", "0") == "1"
     try:
-        from kvtier.kernels import platform
+        from kvtier import platforms as platform
         info.update(platform.platform_info())
         from kvtier.pool import link_copy
         info["dma_copies"] = link_copy.describe(info["platform"])

@@ -5,8 +5,8 @@ kernel module (and with it Triton) loads on the first launch of `copy_rows`, so 
 still choose Triton's interpreter (TRITON_INTERPRET=1) after importing kvtier. Where
 Triton cannot run, copies fall back to the torch reference with one warning.
 """
-# platform first: it keeps `import torch` from auto-loading torch_npu (see platform.py).
-from . import platform  # noqa: F401
+# platforms first: it keeps `import torch` from auto-loading torch_npu (see kvtier.platforms).
+import kvtier.platforms  # noqa: F401
 from .config import CopyConfig, default_config
 from .copy_rows import copy_rows
 from .errors import KvtierError

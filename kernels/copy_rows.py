@@ -17,7 +17,7 @@ import torch
 
 from .config import CopyConfig, default_config
 from .errors import KvtierError
-from .platform import NPU_MIN_PIECE_BYTES, NPU_MIN_ROWS
+from kvtier.platforms import NPU_MIN_PIECE_BYTES, NPU_MIN_ROWS
 from .rowmap import RowMap
 from .validate import check_copy
 
@@ -232,7 +232,7 @@ def launch(src: RowMap, src_indices, dst: RowMap, dst_indices, src_layer: int, d
            num_layers: int, config: CopyConfig, device: torch.device) -> None:
     """Launch the kernel on already-validated arguments (the pools' hot path)."""
     if device.type == "npu":    # host maps reach an NPU kernel through registered device addresses
-        from .host_maps import device_addressed
+        from kvtier.platforms.ascend_host import device_addressed
         src, dst = device_addressed(src, device), device_addressed(dst, device)
     src, dst = _unify_chunks(src, dst)
     # The kernel reads indices as dense arrays: a strided view would address other rows.

@@ -100,7 +100,7 @@ def check_copy(src: RowMap, src_indices, dst: RowMap, dst_indices, src_layer: in
         if device.type == "npu" and m.device.type == "cpu":
             # Plain pinned memory is reachable by DMA only; registered memory through its
             # device addresses (kernels/host_maps.py).
-            from .host_maps import npu_reachable
+            from kvtier.platforms.ascend_host import npu_reachable
             if not npu_reachable(m):
                 raise KvtierError(f"{m.describe()}: Ascend kernels reach only host memory registered "
                                   "with the NPU (HostPool(register=True), host_maps.register_npu_host); "

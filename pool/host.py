@@ -130,7 +130,7 @@ class HostPool:
             self.groups.append((tuple(names), RowMap.stack(maps), buf))
 
     def _register_buffers(self) -> None:
-        from kvtier.kernels.host_maps import register_npu_host, unregister_storage
+        from kvtier.platforms.ascend_host import register_npu_host, unregister_storage
         for _, _, buf in self.groups:
             register_npu_host(buf)
             weakref.finalize(buf, unregister_storage, buf.untyped_storage().data_ptr())

@@ -29,7 +29,7 @@ from typing import Callable, Optional, Tuple
 
 import torch
 
-from kvtier.kernels import native
+from kvtier.platforms import runtime_libs
 
 from .dma_plan import CopyPlan
 
@@ -175,8 +175,8 @@ def _cuda_runtime() -> Optional[Runtime]:
     lib, fn, err = (("libamdhip64.so", "hipMemcpy2DAsync", "hipGetErrorString") if hip else
                     ("libcudart.so", "cudaMemcpy2DAsync", "cudaGetErrorString"))
     torch.cuda.init()
-    copy_2d = native.function(lib, fn, _ARGS)
-    get_error = native.function(lib, err, [ctypes.c_int], ctypes.c_char_p)
+    copy_2d = runtime_libs.function(lib, fn, _ARGS)
+    get_error = runtime_libs.function(lib, err, [ctypes.c_int], ctypes.c_char_p)
     if copy_2d is None or get_error is None:
         return None
     return Runtime("hip" if hip else "cuda", copy_2d,
@@ -204,13 +204,13 @@ def _cuda_batch() -> Optional[Callable]:
     """cudaMemcpyBatchAsync as ``(dsts, srcs, sizes, count, stream) -> rc``, or None before
     CUDA 12.8. CUDA 12.8-12.9 take a ``failIdx`` argument before the stream; 13 does not."""
     version = ctypes.c_int()
-    get_version = native.function("libcudart.so", "cudaRuntimeGetVersion", [ctypes.POINTER(ctypes.c_int)])
+    get_version = runtime_libs.function("libcudart.so", "cudaRuntimeGetVersion", [ctypes.POINTER(ctypes.c_int)])
     if get_version is None or get_version(ctypes.byref(version)) != 0 or version.value < 12080:
         return None
     fail_idx = version.value < 13000
     P = ctypes.c_void_p
     args = [P, P, P, ctypes.c_size_t, P, P, ctypes.c_size_t] + ([P] if fail_idx else []) + [P]
-    f = native.function("libcudart.so", "cudaMemcpyBatchAsync", args)
+    f = runtime_libs.function("libcudart.so", "cudaMemcpyBatchAsync", args)
     if f is None:
         return None
     attrs = _MemcpyAttributes(src_access_order=SRC_ACCESS_ORDER_STREAM)
@@ -226,7 +226,7 @@ def _cuda_batch() -> Optional[Callable]:
 
 @lru_cache(maxsize=None)
 def _acl_runtime() -> Optional[Runtime]:
-    copy_2d = native.function("libascendcl.so", "aclrtMemcpy2dAsync", _ARGS)
+    copy_2d = runtime_libs.function("libascendcl.so", "aclrtMemcpy2dAsync", _ARGS)
     if copy_2d is None:
         return None
     # aclrtMemcpy2dAsync takes at most 5 * 1024 * 1024 rows per call (CANN documentation).

@@ -12,7 +12,7 @@ import torch  # noqa: E402
 
 from helpers import POISON, Guarded, assert_bytes_equal  # noqa: E402
 from kvtier.kernels import CopyConfig, RowMap, copy_rows, copy_rows_reference  # noqa: E402
-from kvtier.kernels.platform import npu_launch_limits  # noqa: E402
+from kvtier.platforms import npu_launch_limits  # noqa: E402
 
 launcher = importlib.import_module("kvtier.kernels.copy_rows")
 LIMITS = npu_launch_limits(props={"name": "Ascend910B4", "num_vectorcore": 40})

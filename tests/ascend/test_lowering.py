@@ -22,7 +22,7 @@ if lowering.interpreter_patched():
                 "patched); .ci/ascend.sh runs the lowering in its own pytest", allow_module_level=True)
 
 from kvtier.kernels import CopyConfig, RowMap, copy_rows, default_config  # noqa: E402
-from kvtier.kernels.platform import npu_launch_limits  # noqa: E402
+from kvtier.platforms import npu_launch_limits  # noqa: E402
 
 L, N, P = 2, 8, 4
 # (name, dtype, row shape): MHA K/V rows, MLA latent (bf16 576; fp8 656 moved as bytes),

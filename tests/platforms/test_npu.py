@@ -10,7 +10,7 @@ import torch
 
 from helpers import POISON, Guarded, assert_bytes_equal
 from kvtier.kernels import CopyConfig, RowMap, copy_rows, copy_rows_reference
-from kvtier.kernels import platform as plat
+from kvtier import platforms as plat
 
 pytestmark = pytest.mark.npu
 

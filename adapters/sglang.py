@@ -32,10 +32,10 @@ from typing import Optional, Sequence
 
 import torch
 
-from .compat_maps import (layer_first, layer_table, page_count, page_first, page_head,
+from .maps import (layer_first, layer_table, page_count, page_first, page_head,
                           per_layer_list, run_copy)
-from .errors import KvtierError, fail
-from .rowmap import RowMap
+from kvtier.kernels.errors import KvtierError, fail
+from kvtier.kernels.rowmap import RowMap
 
 __all__ = [
     "transfer_kv_per_layer", "transfer_kv_per_layer_pf_lf", "transfer_kv_per_layer_ph_lf",

@@ -7,7 +7,7 @@ address of its own; triton-ascend also rejects host tensors as kernel arguments.
 an NPU copy a host map is re-described as an int64 table of per-layer *device* addresses
 (the kernel's table mode), built once per map and device and cached on the map.
 
-Registrations are recorded in `kvtier.kernels.platform` (storage start -> device
+Registrations are recorded in `kvtier.platforms` (storage start -> device
 address, bytes) by `register_npu_host` here or by an engine that registered the memory
 itself (`platform.register_host_memory`).
 """
@@ -17,9 +17,11 @@ import ctypes
 from dataclasses import replace
 import torch
 
-from . import native, platform
-from .errors import KvtierError, fail
-from .rowmap import RowMap, _pow2_align
+import kvtier.platforms as platform
+from kvtier.kernels.errors import KvtierError, fail
+from kvtier.kernels.rowmap import RowMap, _pow2_align
+
+from . import runtime_libs
 
 ACL_HOST_REGISTER_MAPPED = 0
 HOST_PAGE = 4096        # aclrtHostRegister needs a 4 KiB-aligned start
@@ -55,7 +57,7 @@ def translate(m: RowMap, table_device: torch.device) -> RowMap:
         if d is None:
             raise KvtierError(f"{m.describe()}: host byte {a:#x} is not registered with the NPU; "
                               "register the host buffer (HostPool(register=True), "
-                              "kvtier.kernels.host_maps.register_npu_host) or use the dma strategy")
+                              "kvtier.platforms.ascend_host.register_npu_host) or use the dma strategy")
         addrs.append(d)
     table = torch.tensor(addrs, dtype=torch.int64).to(table_device)
     align = _pow2_align(m.row_bytes, m.token_stride, m.page_stride, m.chunk_bytes,
@@ -75,7 +77,7 @@ def _layer_bases(m: RowMap):
 # ------------------------------------------------------------------ registration (CANN)
 def _acl(name: str, argtypes):
     platform.load_torch_npu()            # loads libascendcl, or says why it cannot
-    f = native.function("libascendcl.so", name, argtypes)
+    f = runtime_libs.function("libascendcl.so", name, argtypes)
     if f is None:
         raise platform.PlatformUnavailable(f"{name} not found: libascendcl is not loaded")
     return f

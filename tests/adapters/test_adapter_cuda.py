@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvtier.kernels import compat
+from kvtier import adapters
 from helpers import POISON, Guarded, assert_bytes_equal
 
 pytestmark = pytest.mark.cuda
@@ -48,7 +48,7 @@ def test_backup_device_tables_to_pinned_page_first_with_draft(dtype):
     di = torch.randperm(96)[:20].to(dtype).to(DEV)
     tk = torch.cat([ptrs([g.t for g in k[:2]]), ptrs([k[2].t])])   # target + draft tables
     tv = torch.cat([ptrs([g.t for g in v[:2]]), ptrs([v[2].t])])
-    compat.transfer_kv_all_layer_lf_pf(tk, hk.t, tv, hv.t, si, di, 256, 256 * L, L)
+    adapters.transfer_kv_all_layer_lf_pf(tk, hk.t, tv, hv.t, si, di, 256, 256 * L, L)
     check(hk, hv, *k, *v)
     s, d = si.long().cpu(), di.long().cpu()
     for gs, hg in ((k, hk), (v, hv)):
@@ -65,7 +65,7 @@ def test_load_pinned_layer_first_through_host_tables():
     d = dev_layers(L, N, row, torch.uint8, fill="poison")
     si = torch.tensor([47, 0, 13, -1, 5], device=DEV)
     di = torch.tensor([1, 31, 2, 7, -3], device=DEV)   # the negative pairs are skipped
-    compat.transfer_kv_all_layer_mla(ptrs([hl.t[l] for l in range(L)]), ptrs([g.t for g in d]),
+    adapters.transfer_kv_all_layer_mla(ptrs([hl.t[l] for l in range(L)]), ptrs([g.t for g in d]),
                                      si, di, 656, L)
     check(hl, *d)
     for l in range(L):
@@ -81,7 +81,7 @@ def test_load_one_layer_from_page_first():
     dk, dv = dev_layers(2, N, row, fill="poison")
     si = torch.tensor([3, 39, 17, 8], device=DEV)
     di = torch.tensor([0, 30, 9, 12], device=DEV)
-    compat.transfer_kv_per_layer_pf_lf(kv.t[0], dk.t, kv.t[1], dv.t, si, di, 2, item, item * L)
+    adapters.transfer_kv_per_layer_pf_lf(kv.t[0], dk.t, kv.t[1], dv.t, si, di, 2, item, item * L)
     check(kv, dk, dv)
     for c, g in enumerate((dk, dv)):
         want = poisoned_like(g.t)
@@ -96,7 +96,7 @@ def test_load_one_layer_from_page_head():
     dk, dv = dev_layers(2, N, (H, D), fill="poison")
     si = torch.tensor([3, 39, 17, 8], device=DEV)
     di = torch.tensor([0, 30, 9, 12], device=DEV)
-    compat.transfer_kv_per_layer_ph_lf(kv.t[0], dk.t, kv.t[1], dv.t, si, di, 1, item, item * L, P, H)
+    adapters.transfer_kv_per_layer_ph_lf(kv.t[0], dk.t, kv.t[1], dv.t, si, di, 1, item, item * L, P, H)
     check(kv, dk, dv)
     s = si.cpu()
     for c, g in enumerate((dk, dv)):
@@ -112,7 +112,7 @@ def test_backup_to_page_head():
     kv = host((2, 6, H, P, L, D))
     si = torch.tensor([15, 2, 7], device=DEV)
     di = torch.tensor([23, 0, 9], device=DEV)
-    compat.transfer_kv_all_layer_lf_ph(ptrs([g.t for g in k]), kv.t[0], ptrs([g.t for g in v]), kv.t[1],
+    adapters.transfer_kv_all_layer_lf_ph(ptrs([g.t for g in k]), kv.t[0], ptrs([g.t for g in v]), kv.t[1],
                                        si, di, item, item * L, L, P, H)
     check(kv, *k, *v)
     s, d = si.cpu(), di.cpu()
@@ -129,7 +129,7 @@ def test_direct_with_cpu_indices():
     kv = host((2, 5, L, P, *row))
     si = torch.tensor([8, 9, 10, 11, 0, 1, 2, 3])     # on the CPU, as SGLang keeps them
     di = torch.tensor([4, 5, 6, 7, 16, 17, 18, 19])
-    compat.transfer_kv_all_layer_direct_lf_pf([g.t for g in k + v], [kv.t[0], kv.t[1]], si, di, P)
+    adapters.transfer_kv_all_layer_direct_lf_pf([g.t for g in k + v], [kv.t[0], kv.t[1]], si, di, P)
     check(kv)
     want = poisoned_like(kv.t)
     for c, gs in enumerate((k, v)):
@@ -147,7 +147,7 @@ def test_ascend_dim_exchange_convention_on_cuda(direction):
                   fill="random" if direction == 1 else "poison")
     want_dev, want_hst = dev.t.cpu().clone(), hst.t.clone()
     di, hi = torch.arange(8, 16), torch.arange(24, 32)   # device pages 2, 3; host pages 6, 7
-    compat.transfer_kv_dim_exchange(di, hi, dev.t[0], hst.t[0], dev.t[1], hst.t[1], page_size=P,
+    adapters.transfer_kv_dim_exchange(di, hi, dev.t[0], hst.t[0], dev.t[1], hst.t[1], page_size=P,
                                     layer_start=1, layer_num=2, direction=direction)
     check(dev, hst)
     if direction == 1:

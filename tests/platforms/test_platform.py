@@ -1,4 +1,4 @@
-"""kvtier.kernels.platform: detection, per-backend routing, host memory, and importing
+"""kvtier.platforms: detection, per-backend routing, host memory, and importing
 kvtier with torch_npu absent, broken, or (simulated) working.
 
 torch_npu states are simulated in subprocesses with a fake package on PYTHONPATH, so
@@ -12,8 +12,8 @@ import textwrap
 import pytest
 import torch
 
-from kvtier.kernels import platform as plat
-from kvtier.kernels.platform import PlatformUnavailable
+from kvtier import platforms as plat
+from kvtier.platforms import PlatformUnavailable
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -70,7 +70,7 @@ def test_import_without_torch_npu_loads_no_backend():
     r = run_py("""
         import sys
         import kvtier.kernels, kvtier.pool, kvtier.autotune, kvtier.cli.main
-        from kvtier.kernels import platform as p
+        from kvtier import platforms as p
         assert "torch_npu" not in sys.modules
         assert p.detect_platform() == "cpu", p.detect_platform()
         ok, why = p.npu_status()
@@ -95,7 +95,7 @@ def test_broken_torch_npu_kvtier_imports_and_npu_says_why(tmp_path):
         import sys
         import kvtier.kernels
         import torch  # after kvtier: autoload is off, torch_npu is not imported
-        from kvtier.kernels import platform as p
+        from kvtier import platforms as p
         assert "torch_npu" not in sys.modules
         assert p.detect_platform() == "cpu"
         ok, why = p.npu_status()
@@ -128,7 +128,7 @@ def test_working_torch_npu_routes_to_torch_npu(tmp_path):
     r = run_py("""
         import sys, torch
         import kvtier.kernels
-        from kvtier.kernels import platform as p
+        from kvtier import platforms as p
         assert "torch_npu" not in sys.modules        # still lazy after import
         assert p.detect_platform() == "npu"
         import torch_npu

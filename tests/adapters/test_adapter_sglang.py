@@ -1,9 +1,9 @@
-"""kvtier.kernels.compat_sglang against a byte-level model of SGLang's kvcacheio calls.
+"""kvtier.adapters.sglang against a byte-level model of SGLang's kvcacheio calls.
 
 Each test builds an SGLang-style device pool (one tensor per layer, target then draft
 layers, separate allocations) and host pool (K and V in one allocation, in the layout the
 call names), runs the kvtier adapter, applies the documented semantics to the model
-(test_compat_model) and compares every byte of every buffer.
+(test_adapter_model) and compares every byte of every buffer.
 """
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from kvtier.kernels import KvtierError
-from kvtier.kernels import compat
-from test_compat_model import (Memory, head_copy, kernel_copy, lf, needs_cpu_kernel, pf, ph,
+from kvtier import adapters
+from test_adapter_model import (Memory, head_copy, kernel_copy, lf, needs_cpu_kernel, pf, ph,
                                row_addr, slice_bytes, table)
 
 INDEX_DTYPES = [torch.int32, torch.int64]
@@ -94,13 +94,13 @@ def _a(t):
 # SGLang's one-layer load of each host layout (K and V, or MLA's one component):
 # a layer_first host passes that layer's tensor, a page_first one its tensor and layer_id.
 PER_LAYER_LOADS = {
-    ("lf", False): lambda w, si, di, hl, dl: compat.transfer_kv_per_layer(
+    ("lf", False): lambda w, si, di, hl, dl: adapters.transfer_kv_per_layer(
         w.host["k"][hl], w.dev["k"][dl], w.host["v"][hl], w.dev["v"][dl], si, di, w.item),
-    ("lf", True): lambda w, si, di, hl, dl: compat.transfer_kv_per_layer_mla(
+    ("lf", True): lambda w, si, di, hl, dl: adapters.transfer_kv_per_layer_mla(
         w.host["kv"][hl], w.dev["kv"][dl], si, di, w.item),
-    ("pf", False): lambda w, si, di, hl, dl: compat.transfer_kv_per_layer_pf_lf(
+    ("pf", False): lambda w, si, di, hl, dl: adapters.transfer_kv_per_layer_pf_lf(
         w.host["k"], w.dev["k"][dl], w.host["v"], w.dev["v"][dl], si, di, hl, w.item, w.layout_dim),
-    ("pf", True): lambda w, si, di, hl, dl: compat.transfer_kv_per_layer_mla_pf_lf(
+    ("pf", True): lambda w, si, di, hl, dl: adapters.transfer_kv_per_layer_mla_pf_lf(
         w.host["kv"], w.dev["kv"][dl], si, di, hl, w.item, w.layout_dim),
 }
 
@@ -125,7 +125,7 @@ def test_per_layer_skips_pairs_with_a_negative_index():
     si = torch.tensor([3, -1, 5, 7, 0], dtype=torch.int32)
     di = torch.tensor([1, 2, -4, 9, 11], dtype=torch.int32)
     src, dst = w.host["k"][0], w.dev["k"][0]
-    compat.transfer_kv_per_layer(src, dst, w.host["v"][0], w.dev["v"][0], si, di, w.item)
+    adapters.transfer_kv_per_layer(src, dst, w.host["v"][0], w.dev["v"][0], si, di, w.item)
     kernel_copy(w.mem, [(lambda l, s, t=t: lf(_a(t[0]), s, w.item), lambda l, d, t=t: lf(_a(t[1]), d, w.item))
                         for t in ((src, dst), (w.host["v"][0], w.dev["v"][0]))], si, di, [0], w.item)
     w.mem.check()
@@ -138,7 +138,7 @@ def test_per_layer_ph_lf(dtype):
     layer_id, heads = 1, w.row[0]
     si, di = w.pick(w.host_rows, 9, dtype), w.pick(w.dev_rows, 9, dtype, seed=4)
     dst = {c: w.dev[c][2] for c in w.comps}
-    compat.transfer_kv_per_layer_ph_lf(w.host["k"], dst["k"], w.host["v"], dst["v"], si, di,
+    adapters.transfer_kv_per_layer_ph_lf(w.host["k"], dst["k"], w.host["v"], dst["v"], si, di,
                                        layer_id, w.item, w.layout_dim, w.page, heads)
     head_copy(w.mem, [(lambda l, s, h, c=c: ph(_a(w.host[c]), l, s, w.item, w.layout_dim, h, heads, w.page),
                        lambda l, d, h, c=c: lf(_a(dst[c]), d, w.item) + w.item // heads * h)
@@ -151,14 +151,14 @@ def test_per_layer_ph_lf(dtype):
 # SGLang's all-layer backup from packed device tables (K and V, or MLA) to each host
 # layout: a layer_first host given as per-layer tables, a page_first one as its tensor.
 ALL_LAYER_BACKUPS = {
-    ("lf", False): lambda w, src, si, di: compat.transfer_kv_all_layer(
+    ("lf", False): lambda w, src, si, di: adapters.transfer_kv_all_layer(
         src["k"], table(w.host_layer_views("k")), src["v"], table(w.host_layer_views("v")), si, di, w.item,
         w.layers),
-    ("lf", True): lambda w, src, si, di: compat.transfer_kv_all_layer_mla(
+    ("lf", True): lambda w, src, si, di: adapters.transfer_kv_all_layer_mla(
         src["kv"], table(w.host_layer_views("kv")), si, di, w.item, w.layers),
-    ("pf", False): lambda w, src, si, di: compat.transfer_kv_all_layer_lf_pf(
+    ("pf", False): lambda w, src, si, di: adapters.transfer_kv_all_layer_lf_pf(
         src["k"], w.host["k"], src["v"], w.host["v"], si, di, w.item, w.layout_dim, w.layers),
-    ("pf", True): lambda w, src, si, di: compat.transfer_kv_all_layer_mla_lf_pf(
+    ("pf", True): lambda w, src, si, di: adapters.transfer_kv_all_layer_mla_lf_pf(
         src["kv"], w.host["kv"], si, di, w.item, w.layout_dim, w.layers),
 }
 
@@ -184,7 +184,7 @@ def test_all_layer_lf_ph(dtype):
     w = World("ph", load=False)
     heads = w.row[0]
     si, di = w.pick(w.dev_rows, 6, dtype), w.pick(w.host_rows, 6, dtype, seed=7)
-    compat.transfer_kv_all_layer_lf_ph(w.tables("k"), w.host["k"], w.tables("v"), w.host["v"], si, di,
+    adapters.transfer_kv_all_layer_lf_ph(w.tables("k"), w.host["k"], w.tables("v"), w.host["v"], si, di,
                                        w.item, w.layout_dim, w.layers, w.page, heads)
     head_copy(w.mem, [(lambda l, s, h, c=c: lf(_a(w.dev[c][l]), s, w.item) + w.item // heads * h,
                        lambda l, d, h, c=c: ph(_a(w.host[c]), l, d, w.item, w.layout_dim, h, heads, w.page))
@@ -197,12 +197,12 @@ def test_all_layer_accepts_lists_of_layer_tensors():
     """kvtier extension: per-layer tensors instead of tables (then rows are range-checked)."""
     w = World("pf", load=False)
     si, di = w.pick(w.dev_rows, 4, torch.int64), w.pick(w.host_rows, 4, torch.int64, seed=8)
-    compat.transfer_kv_all_layer_lf_pf(w.dev["k"], w.host["k"], w.dev["v"], w.host["v"], si, di,
+    adapters.transfer_kv_all_layer_lf_pf(w.dev["k"], w.host["k"], w.dev["v"], w.host["v"], si, di,
                                        w.item, w.layout_dim, w.layers)
     w.model_backup_all_layers(si, di)
     w.mem.check()
     with pytest.raises(KvtierError, match="src_indices"):
-        compat.transfer_kv_all_layer_lf_pf(w.dev["k"], w.host["k"], w.dev["v"], w.host["v"],
+        adapters.transfer_kv_all_layer_lf_pf(w.dev["k"], w.host["k"], w.dev["v"], w.host["v"],
                                            torch.tensor([w.dev_rows]), torch.tensor([0]),
                                            w.item, w.layout_dim, w.layers)
     w.mem.check()
@@ -220,7 +220,7 @@ def test_direct_lists(dtype, host_layout):
              for c in w.comps}
     src = w.dev["k"] + w.dev["v"]
     dst = views["k"] + views["v"]
-    compat.transfer_kv_direct(src, dst, si, di, w.page)
+    adapters.transfer_kv_direct(src, dst, si, di, w.page)
     for s_t, d_t in zip(src, dst):
         for s, d in zip(si.tolist(), di.tolist()):
             w.mem.copy(row_addr(d_t, d), row_addr(s_t, s), slice_bytes(s_t))
@@ -235,7 +235,7 @@ def test_per_layer_direct_pf_lf(dtype, mla):
     layer_id, dl, p = 1, 2, w.page
     si, di = w.pages(w.host_rows, 3, dtype), w.pages(w.dev_rows, 3, dtype, seed=10)
     dst = [w.dev[c][dl] for c in w.comps]
-    compat.transfer_kv_per_layer_direct_pf_lf([w.host[c] for c in w.comps], dst, si, di, layer_id, p)
+    adapters.transfer_kv_per_layer_direct_pf_lf([w.host[c] for c in w.comps], dst, si, di, layer_id, p)
     for i in range(0, si.numel(), p):
         s_page, d0 = int(si[i]) // p, int(di[i])
         for c, d_t in zip(w.comps, dst):
@@ -251,7 +251,7 @@ def test_all_layer_direct_lf_pf_with_draft_layers(dtype, mla):
     p = w.page
     si, di = w.pages(w.dev_rows, 2, dtype), w.pages(w.host_rows, 2, dtype, seed=11)
     src = [t for c in w.comps for t in w.dev[c]]
-    compat.transfer_kv_all_layer_direct_lf_pf(src, [w.host[c] for c in w.comps], si, di, p)
+    adapters.transfer_kv_all_layer_direct_lf_pf(src, [w.host[c] for c in w.comps], si, di, p)
     for i in range(0, si.numel(), p):
         s0, d_page = int(si[i]), int(di[i]) // p
         for c in w.comps:
@@ -266,12 +266,12 @@ def _calls(w: World, si, di):
     """One call of every function, in the world's pools (layouts permitting)."""
     k, v, item, L = w.host["k"], w.host["v"], w.item, w.layers
     return {
-        "per_layer": lambda: compat.transfer_kv_per_layer(k[0], w.dev["k"][0], v[0], w.dev["v"][0], si, di, item),
-        "all_layer": lambda: compat.transfer_kv_all_layer(w.tables("k"), table(w.host_layer_views("k")),
+        "per_layer": lambda: adapters.transfer_kv_per_layer(k[0], w.dev["k"][0], v[0], w.dev["v"][0], si, di, item),
+        "all_layer": lambda: adapters.transfer_kv_all_layer(w.tables("k"), table(w.host_layer_views("k")),
                                                           w.tables("v"), table(w.host_layer_views("v")),
                                                           si, di, item, L),
-        "direct": lambda: compat.transfer_kv_direct(w.dev["k"], w.host_layer_views("k"), si, di, w.page),
-        "mla": lambda: compat.transfer_kv_per_layer_mla(k[1], w.dev["k"][1], si, di, item),
+        "direct": lambda: adapters.transfer_kv_direct(w.dev["k"], w.host_layer_views("k"), si, di, w.page),
+        "mla": lambda: adapters.transfer_kv_per_layer_mla(k[1], w.dev["k"][1], si, di, item),
     }
 
 
@@ -287,19 +287,19 @@ def test_empty_index_lists_move_nothing(dtype):
 def test_empty_index_lists_in_every_layout():
     empty = torch.empty(0, dtype=torch.int64)
     w = World("pf")
-    compat.transfer_kv_per_layer_pf_lf(w.host["k"], w.dev["k"][0], w.host["v"], w.dev["v"][0],
+    adapters.transfer_kv_per_layer_pf_lf(w.host["k"], w.dev["k"][0], w.host["v"], w.dev["v"][0],
                                        empty, empty, 0, w.item, w.layout_dim)
-    compat.transfer_kv_all_layer_lf_pf(w.tables("k"), w.host["k"], w.tables("v"), w.host["v"],
+    adapters.transfer_kv_all_layer_lf_pf(w.tables("k"), w.host["k"], w.tables("v"), w.host["v"],
                                        empty, empty, w.item, w.layout_dim, w.layers)
     w.mem.check()
     w = World("ph")
-    compat.transfer_kv_per_layer_ph_lf(w.host["k"], w.dev["k"][0], w.host["v"], w.dev["v"][0],
+    adapters.transfer_kv_per_layer_ph_lf(w.host["k"], w.dev["k"][0], w.host["v"], w.dev["v"][0],
                                        empty, empty, 0, w.item, w.layout_dim, w.page, w.row[0])
     w.mem.check()
     w = World("pfd")
-    compat.transfer_kv_per_layer_direct_pf_lf([w.host["k"], w.host["v"]], [w.dev["k"][0], w.dev["v"][0]],
+    adapters.transfer_kv_per_layer_direct_pf_lf([w.host["k"], w.host["v"]], [w.dev["k"][0], w.dev["v"][0]],
                                               empty, empty, 0, w.page)
-    compat.transfer_kv_all_layer_direct_lf_pf(w.dev["k"] + w.dev["v"], [w.host["k"], w.host["v"]],
+    adapters.transfer_kv_all_layer_direct_lf_pf(w.dev["k"] + w.dev["v"], [w.host["k"], w.host["v"]],
                                               empty, empty, w.page)
     w.mem.check()
 
@@ -312,7 +312,7 @@ def _bad_cases():
             a = dict(src_k=w.host["k"][0], dst_k=w.dev["k"][0], src_v=w.host["v"][0],
                      dst_v=w.dev["v"][0], src_indices=si, dst_indices=di, item_size=w.item)
             a.update({k: (v(w) if callable(v) else v) for k, v in kw.items()})
-            compat.transfer_kv_per_layer(**a)
+            adapters.transfer_kv_per_layer(**a)
         return call
 
     def all_layer(**kw):
@@ -321,7 +321,7 @@ def _bad_cases():
                      dst_v=w.host["v"], src_indices=si, dst_indices=di, item_size=w.item,
                      dst_layout_dim=w.layout_dim, num_layers=w.layers)
             a.update({k: (v(w) if callable(v) else v) for k, v in kw.items()})
-            compat.transfer_kv_all_layer_lf_pf(**a)
+            adapters.transfer_kv_all_layer_lf_pf(**a)
         return call
 
     return [
@@ -332,16 +332,16 @@ def _bad_cases():
         ("item_size in elements", "lf", per_layer(item_size=lambda w: w.item // 2), "item_size"),
         ("item_size zero", "lf", per_layer(item_size=0), "item_size"),
         ("non-contiguous layer", "lf", per_layer(dst_k=lambda w: w.dev["k"][0][::2]), "dst_k"),
-        ("layer_id out of range", "pf", lambda w, si, di: compat.transfer_kv_per_layer_pf_lf(
+        ("layer_id out of range", "pf", lambda w, si, di: adapters.transfer_kv_per_layer_pf_lf(
             w.host["k"], w.dev["k"][0], w.host["v"], w.dev["v"][0], si, di, w.layers, w.item,
             w.layout_dim), "layer_id"),
-        ("layout_dim not whole rows", "pf", lambda w, si, di: compat.transfer_kv_per_layer_pf_lf(
+        ("layout_dim not whole rows", "pf", lambda w, si, di: adapters.transfer_kv_per_layer_pf_lf(
             w.host["k"], w.dev["k"][0], w.host["v"], w.dev["v"][0], si, di, 0, w.item,
             w.layout_dim + 8), "layout_dim"),
-        ("head_num not dividing", "ph", lambda w, si, di: compat.transfer_kv_per_layer_ph_lf(
+        ("head_num not dividing", "ph", lambda w, si, di: adapters.transfer_kv_per_layer_ph_lf(
             w.host["k"], w.dev["k"][0], w.host["v"], w.dev["v"][0], si, di, 0, w.item,
             w.layout_dim, w.page, 3), "head_num"),
-        ("ph negative index", "ph", lambda w, si, di: compat.transfer_kv_per_layer_ph_lf(
+        ("ph negative index", "ph", lambda w, si, di: adapters.transfer_kv_per_layer_ph_lf(
             w.host["k"], w.dev["k"][0], w.host["v"], w.dev["v"][0], torch.tensor([0, -1, 2]), di,
             0, w.item, w.layout_dim, w.page, w.row[0]), "src_indices"),
         ("num_layers vs table", "pf", all_layer(num_layers=lambda w: w.layers - 1), "src_k_layers.size(0)"),
@@ -349,16 +349,16 @@ def _bad_cases():
         ("null address", "pf", all_layer(src_k_layers=lambda w: torch.zeros(w.layers, dtype=torch.uint64)),
          "src_k_layers"),
         ("pf host index out of range", "pf", all_layer(dst_indices=torch.tensor([0, 1, 24])), "dst_indices"),
-        ("direct lists differ", "lf", lambda w, si, di: compat.transfer_kv_direct(
+        ("direct lists differ", "lf", lambda w, si, di: adapters.transfer_kv_direct(
             w.dev["k"], w.host_layer_views("k")[:2], si, di, 1), "len(dst_layers)"),
-        ("direct partial page", "lf", lambda w, si, di: compat.transfer_kv_direct(
+        ("direct partial page", "lf", lambda w, si, di: adapters.transfer_kv_direct(
             w.dev["k"], w.host_layer_views("k"), si, di, 2), "page_size"),
-        ("direct pf unaligned page", "pfd", lambda w, si, di: compat.transfer_kv_per_layer_direct_pf_lf(
+        ("direct pf unaligned page", "pfd", lambda w, si, di: adapters.transfer_kv_per_layer_direct_pf_lf(
             [w.host["k"], w.host["v"]], [w.dev["k"][0], w.dev["v"][0]], torch.arange(1, 5), torch.arange(4),
             0, w.page), "src_indices"),
-        ("direct pf three buffers", "pfd", lambda w, si, di: compat.transfer_kv_per_layer_direct_pf_lf(
+        ("direct pf three buffers", "pfd", lambda w, si, di: adapters.transfer_kv_per_layer_direct_pf_lf(
             [w.host["k"]] * 3, [w.dev["k"][0]] * 3, si, di, 0, 1), "src_ptrs"),
-        ("direct lf_pf odd list", "pfd", lambda w, si, di: compat.transfer_kv_all_layer_direct_lf_pf(
+        ("direct lf_pf odd list", "pfd", lambda w, si, di: adapters.transfer_kv_all_layer_direct_lf_pf(
             w.dev["k"] + w.dev["v"][:2], [w.host["k"], w.host["v"]], torch.arange(4), torch.arange(4),
             w.page), "src_ptrs"),
     ]

@@ -1,4 +1,4 @@
-"""kvtier.kernels.compat_ascend against a byte-level model of sgl_kernel_npu's
+"""kvtier.adapters.sglang_npu against a byte-level model of sgl_kernel_npu's
 transfer_kv_dim_exchange: device (L, pages, P, H, D) <-> host (pages, L, P, H, D), whole
 pages, a layer range per layer space, optional V and DSA indexer (index_k, fp32 scales).
 """
@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from kvtier.kernels import KvtierError
-from kvtier.kernels.compat import (TransferDirection, transfer_kv_dim_exchange,
+from kvtier.adapters import (TransferDirection, transfer_kv_dim_exchange,
                                    transfer_kv_per_layer_dim_exchange)
-from test_compat_model import Memory
+from test_adapter_model import Memory
 
 H2D, D2H = TransferDirection.H2D, TransferDirection.D2H
 INDEX_DTYPES = [torch.int32, torch.int64]

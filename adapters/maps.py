@@ -1,6 +1,6 @@
 """Engine arguments as row maps, and the one copy every engine adapter ends in.
 
-The engine adapters (`kvtier.kernels.compat`) take an engine's own arguments: tensors
+The engine adapters (`kvtier.adapters`) take an engine's own arguments: tensors
 addressed by byte arithmetic from ``item_size`` and ``layout_dim``, per-layer pointer
 tables, lists of per-layer tensors, token indices wherever they live. This module turns
 each of those into a `RowMap` (the layouts stay data: strides, not branches), and
@@ -15,10 +15,10 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from .copy_rows import copy_rows, interpreter_active, triton_available
-from .errors import KvtierError, fail
-from .rowmap import RowMap
-from .validate import check_copy, check_index, compute_device
+from kvtier.kernels.copy_rows import copy_rows, interpreter_active, triton_available
+from kvtier.kernels.errors import KvtierError, fail
+from kvtier.kernels.rowmap import RowMap
+from kvtier.kernels.validate import check_copy, check_index, compute_device
 
 # Rows assumed behind a raw address table: it carries no size, so indices into a table
 # side are checked for sign only (as the engines' own kernels do not check them at all).
@@ -225,7 +225,7 @@ def _stacked(pairs: List[Pair]) -> List[Pair]:
 def _config(op: str, device: torch.device, m: RowMap, n: int, num_layers: int,
             block_quota: Optional[int]):
     from kvtier.autotune import select_config
-    from .platform import platform_of
+    from kvtier.platforms import platform_of
     cfg = select_config(op, platform_of(device), row_bytes=m.row_bytes, page_size=m.page_size,
                         num_rows=n, num_layers=num_layers, crosses_link=True)
     if block_quota is not None:

@@ -26,9 +26,9 @@ from typing import Optional
 
 import torch
 
-from .compat_maps import page_count, run_jobs
-from .errors import KvtierError, fail
-from .rowmap import RowMap
+from .maps import page_count, run_jobs
+from kvtier.kernels.errors import KvtierError, fail
+from kvtier.kernels.rowmap import RowMap
 
 __all__ = ["TransferDirection", "TransferFlag", "transfer_kv_dim_exchange",
            "transfer_kv_per_layer_dim_exchange"]

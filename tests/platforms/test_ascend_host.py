@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from copy_rows_support import HOST_FORMS, Side, make_indices, run_and_check
-from kvtier.kernels import KvtierError, RowMap, host_maps
-from kvtier.kernels import platform as plat
+from kvtier.kernels import KvtierError, RowMap
+from kvtier.platforms import ascend_host as host_maps
+from kvtier import platforms as plat
 
 
 @pytest.fixture(autouse=True)

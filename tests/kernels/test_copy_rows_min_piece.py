@@ -19,7 +19,7 @@ import torch
 
 from copy_rows_support import Side, kernel_really_runs, make_indices, run_and_check  # noqa: F401
 from kvtier.kernels import CopyConfig
-from kvtier.kernels.platform import NPU_MIN_PIECE_BYTES, NPU_MIN_ROWS, npu_launch_limits
+from kvtier.platforms import NPU_MIN_PIECE_BYTES, NPU_MIN_ROWS, npu_launch_limits
 
 copy_rows_module = importlib.import_module("kvtier.kernels.copy_rows")
 

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from kvtier.kernels import KvtierError, RowMap, copy_rows
-from kvtier.kernels import compat, compat_maps
-from test_compat_model import Memory, kernel_copy, lf, needs_cpu_kernel, table
+from kvtier import adapters
+from kvtier.adapters import maps as adapter_maps
+from test_adapter_model import Memory, kernel_copy, lf, needs_cpu_kernel, table
 
 
 # ------------------------------------------------------------------ RowMap.from_table
@@ -61,13 +62,13 @@ def test_from_table_checks_rows_against_owners():
 def launches(monkeypatch):
     """Records (row_bytes, num_components, config) of every copy_rows the adapters run."""
     seen = []
-    real = compat_maps.copy_rows
+    real = adapter_maps.copy_rows
 
     def spy(src, si, dst, di, **kw):
         seen.append((src.row_bytes, src.num_components, kw["config"]))
         return real(src, si, dst, di, **kw)
 
-    monkeypatch.setattr(compat_maps, "copy_rows", spy)
+    monkeypatch.setattr(adapter_maps, "copy_rows", spy)
     return seen
 
 
@@ -77,7 +78,7 @@ def test_k_and_v_tables_share_one_launch(launches):
     dev = {c: [mem.buffer(f"{c}{l}", (8, 2, 4)) for l in range(2)] for c in "kv"}
     host = mem.buffer("host", (2, 8, 2, 2, 4), fill="poison")
     si, di = torch.tensor([1, 6]), torch.tensor([7, 0])
-    compat.transfer_kv_all_layer_lf_pf(table(dev["k"]), host[0], table(dev["v"]), host[1], si, di,
+    adapters.transfer_kv_all_layer_lf_pf(table(dev["k"]), host[0], table(dev["v"]), host[1], si, di,
                                        16, 32, 2, block_quota=3)
     assert [(r, c) for r, c, _ in launches] == [(16, 2)]
     assert launches[0][2].num_programs == 3
@@ -92,7 +93,7 @@ def test_separate_allocations_take_one_launch_each(launches):
     k, v = mem.buffer("k", (8, 16)), mem.buffer("v", (8, 16))
     dk, dv = mem.buffer("dk", (8, 16), fill="poison"), mem.buffer("dv", (8, 16), fill="poison")
     idx = torch.tensor([2, 5])
-    compat.transfer_kv_per_layer(k, dk, v, dv, idx, idx, 32)
+    adapters.transfer_kv_per_layer(k, dk, v, dv, idx, idx, 32)
     assert [(r, c) for r, c, _ in launches] == [(32, 1), (32, 1)]
     kernel_copy(mem, [(lambda l, s, a=a: lf(a.data_ptr(), s, 32), lambda l, d, b=b: lf(b.data_ptr(), d, 32))
                       for a, b in ((k, dk), (v, dv))], idx, idx, [0], 32)
@@ -104,19 +105,19 @@ def test_a_bad_second_component_moves_no_byte_of_the_first():
     k, v = mem.buffer("k", (8, 16)), mem.buffer("v", (8, 16))
     dk, dv = mem.buffer("dk", (8, 16), fill="poison"), mem.buffer("dv", (4, 16), fill="poison")
     with pytest.raises(KvtierError, match="dst_indices"):
-        compat.transfer_kv_per_layer(k, dk, v, dv, torch.tensor([1, 2]), torch.tensor([3, 6]), 32)
+        adapters.transfer_kv_per_layer(k, dk, v, dv, torch.tensor([1, 2]), torch.tensor([3, 6]), 32)
     mem.check()
 
 
 def test_a_bare_table_needs_the_kernel(monkeypatch):
     """Where only the torch reference could run, raw addresses cannot be read: say so
     before any byte moves."""
-    monkeypatch.setattr(compat_maps, "triton_available", lambda: False)
+    monkeypatch.setattr(adapter_maps, "triton_available", lambda: False)
     mem = Memory(5)
     dev = [mem.buffer("d0", (8, 16))]
     host = mem.buffer("host", (1, 8, 16), fill="poison")
     with pytest.raises(KvtierError, match="Triton"):
-        compat.transfer_kv_all_layer_mla(table(dev), table([host[0]]), torch.tensor([1]),
+        adapters.transfer_kv_all_layer_mla(table(dev), table([host[0]]), torch.tensor([1]),
                                          torch.tensor([2]), 32, 1)
     mem.check()
 
@@ -131,11 +132,11 @@ def test_a_table_is_read_once_and_again_after_it_changes(monkeypatch):
     dst = mem.buffer("dst", (1, 8, 16), fill="poison")
     src, out = table([a]), table([dst[0]])
     for s, d in ((1, 2), (3, 4)):
-        compat.transfer_kv_all_layer_mla(src, out, torch.tensor([s]), torch.tensor([d]), 32, 1)
+        adapters.transfer_kv_all_layer_mla(src, out, torch.tensor([s]), torch.tensor([d]), 32, 1)
         mem.copy(dst[0].data_ptr() + d * 32, a.data_ptr() + s * 32, 32)
     assert len(built) == 2                    # one per table, not per call
     src[0] = b.data_ptr()                     # the engine re-points a layer
-    compat.transfer_kv_all_layer_mla(src, out, torch.tensor([5]), torch.tensor([6]), 32, 1)
+    adapters.transfer_kv_all_layer_mla(src, out, torch.tensor([5]), torch.tensor([6]), 32, 1)
     mem.copy(dst[0].data_ptr() + 6 * 32, b.data_ptr() + 5 * 32, 32)
     assert len(built) == 3
     mem.check()

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from kvtier.kernels import KvtierError, LAYOUTS
-from kvtier.kernels import platform as plat
+from kvtier import platforms as plat
 from kvtier.pool import HostPool, MHADevicePool
 from pool_support import (KINDS, DeviceCase, HostCase, assert_same, dev_rows, moved_dev_rows, pages_to_slots,
                           put_host_rows)
