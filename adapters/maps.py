@@ -15,10 +15,12 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from kvtier.kernels.copy_rows import copy_rows, interpreter_active, triton_available
+from kvtier.kernels.copy_rows import interpreter_active, triton_available
+from kvtier.kernels.ops import BACKUP, LOAD, Op
 from kvtier.kernels.errors import KvtierError, fail
 from kvtier.kernels.rowmap import RowMap
 from kvtier.kernels.validate import check_copy, check_index, compute_device
+from kvtier.pool.launch import launch, lookup
 
 # Rows assumed behind a raw address table: it carries no size, so indices into a table
 # side are checked for sign only (as the engines' own kernels do not check them at all).
@@ -182,7 +184,7 @@ def run_copy(pairs: Sequence[Pair], src_indices, dst_indices, *, src_layer: int 
     run_jobs([(pairs, src_layer, dst_layer, num_layers)], src_indices, dst_indices, **kw)
 
 
-def run_jobs(jobs: Sequence[Job], src_indices, dst_indices, *, op: str, by_page: bool = False,
+def run_jobs(jobs: Sequence[Job], src_indices, dst_indices, *, op: Op, by_page: bool = False,
              skip_negative: bool = False, config=None, block_quota: Optional[int] = None,
              check: bool = True, index_names: Tuple[str, str] = ("src_indices", "dst_indices")) -> None:
     """Copy several jobs (each its own layer map, as the Ascend indexer cache has) at the
@@ -208,10 +210,12 @@ def run_jobs(jobs: Sequence[Job], src_indices, dst_indices, *, op: str, by_page:
     if si.numel() == 0:
         return
     _require_runnable(maps, device)
+    quota = None if block_quota is None else _positive("block_quota", block_quota)
     for s, d, sl, dl, nl in plans:
-        cfg = config or _config(op, device, s, si.numel(), nl, block_quota)
-        copy_rows(s, si, d, di, src_layer=sl, dst_layer=dl, num_layers=nl, by_page=by_page,
-                  config=cfg, check=False)
+        cfg = config or lookup(op, s, d, si.numel(), nl)
+        if quota is not None:
+            cfg = replace(cfg, num_programs=quota)
+        launch(op, s, si, d, di, src_layer=sl, dst_layer=dl, num_layers=nl, by_page=by_page, config=cfg)
 
 
 def _stacked(pairs: List[Pair]) -> List[Pair]:
@@ -222,15 +226,11 @@ def _stacked(pairs: List[Pair]) -> List[Pair]:
     return pairs
 
 
-def _config(op: str, device: torch.device, m: RowMap, n: int, num_layers: int,
-            block_quota: Optional[int]):
-    from kvtier.autotune import select_config
-    from kvtier.platforms import platform_of
-    cfg = select_config(op, platform_of(device), row_bytes=m.row_bytes, page_size=m.page_size,
-                        num_rows=n, num_layers=num_layers, crosses_link=True)
-    if block_quota is not None:
-        cfg = replace(cfg, num_programs=_positive("block_quota", block_quota))
-    return cfg
+def direction(pairs: Sequence[Pair]) -> Op:
+    """A call that moves either way (the direct calls): backup when the destination is
+    host memory and the source is not, else load."""
+    src, dst = pairs[0]
+    return BACKUP if dst.device.type == "cpu" and src.device.type != "cpu" else LOAD
 
 
 def _require_runnable(maps: Sequence[RowMap], device: torch.device) -> None:

@@ -32,7 +32,9 @@ from typing import Optional, Sequence
 
 import torch
 
-from .maps import (layer_first, layer_table, page_count, page_first, page_head,
+from kvtier.kernels.ops import BACKUP, LOAD, LOAD_LAYER
+
+from .maps import (direction, layer_first, layer_table, page_count, page_first, page_head,
                           per_layer_list, run_copy)
 from kvtier.kernels.errors import KvtierError, fail
 from kvtier.kernels.rowmap import RowMap
@@ -66,7 +68,7 @@ def _layer_id(layer_id, m: RowMap, arg: str = "layer_id") -> int:
 # ------------------------------------------------------------------ one layer, per component
 def _lf_lf(comps, src_indices, dst_indices, item_size, block_quota, config, check):
     pairs = [(layer_first(sn, s, item_size), layer_first(dn, d, item_size)) for sn, s, dn, d in comps]
-    run_copy(pairs, src_indices, dst_indices, op="load", skip_negative=True,
+    run_copy(pairs, src_indices, dst_indices, op=LOAD_LAYER, skip_negative=True,
              block_quota=block_quota, config=config, check=check)
 
 
@@ -75,7 +77,7 @@ def _pf_lf(comps, src_indices, dst_indices, layer_id, item_size, src_layout_dim,
     pairs = [(page_first(sn, s, item_size, src_layout_dim), layer_first(dn, d, item_size))
              for sn, s, dn, d in comps]
     run_copy(pairs, src_indices, dst_indices, src_layer=_layer_id(layer_id, pairs[0][0]),
-             num_layers=1, op="load", skip_negative=True, block_quota=block_quota,
+             num_layers=1, op=LOAD_LAYER, skip_negative=True, block_quota=block_quota,
              config=config, check=check)
 
 
@@ -127,7 +129,7 @@ def transfer_kv_per_layer_ph_lf(src_k, dst_k, src_v, dst_v, src_indices, dst_ind
     pairs = [(page_head(sn, s, item_size, src_layout_dim, page_size, head_num),
               layer_first(dn, d, item_size)) for sn, s, dn, d in _kv(src_k, dst_k, src_v, dst_v)]
     run_copy(pairs, src_indices, dst_indices, src_layer=_layer_id(layer_id, pairs[0][0]),
-             num_layers=1, op="load", block_quota=block_quota, config=config, check=check)
+             num_layers=1, op=LOAD_LAYER, block_quota=block_quota, config=config, check=check)
 
 
 # ------------------------------------------------------------------ all layers, tables
@@ -139,7 +141,7 @@ def _tables(comps, item_size, num_layers, dst):
 def _all_layer(comps, src_indices, dst_indices, item_size, num_layers, dst, skip_negative,
                block_quota, config, check):
     pairs = _tables(comps, item_size, num_layers, dst)
-    run_copy(pairs, src_indices, dst_indices, num_layers=num_layers, op="backup",
+    run_copy(pairs, src_indices, dst_indices, num_layers=num_layers, op=BACKUP,
              skip_negative=skip_negative, block_quota=block_quota, config=config, check=check)
 
 
@@ -223,7 +225,7 @@ def transfer_kv_direct(src_layers: Sequence[torch.Tensor], dst_layers: Sequence[
         groups.setdefault((_signature(s), _signature(d)), []).append((s, d))
     pairs = [(per_layer_list("src_layers", [s for s, _ in g]),
               per_layer_list("dst_layers", [d for _, d in g])) for g in groups.values()]
-    run_copy(pairs, src_indices, dst_indices, op="load", config=config, check=check)
+    run_copy(pairs, src_indices, dst_indices, op=direction(pairs), config=config, check=check)
 
 
 def _host_pages(arg: str, t, page_size: int) -> RowMap:
@@ -266,7 +268,7 @@ def transfer_kv_per_layer_direct_pf_lf(src_ptrs, dst_ptrs, src_indices, dst_indi
         raise fail("layer_id", layer_id, f"layers {layer_id}..+{n} are outside the host buffer's "
                    f"{pairs[0][0].num_layers}")
     run_copy(pairs, src_indices, dst_indices, src_layer=layer_id, num_layers=n, by_page=True,
-             op="load", config=config, check=check)
+             op=LOAD_LAYER if n == 1 else LOAD, config=config, check=check)
 
 
 def transfer_kv_all_layer_direct_lf_pf(src_ptrs, dst_ptrs, src_indices, dst_indices,
@@ -281,4 +283,4 @@ def transfer_kv_all_layer_direct_lf_pf(src_ptrs, dst_ptrs, src_indices, dst_indi
               _host_pages(f"dst_ptrs[{c}]", dst_ptrs[c], page_size))
              for c, group in enumerate(_split("src_ptrs", src_ptrs, parts))]
     run_copy(pairs, src_indices, dst_indices, num_layers=pairs[0][0].num_layers, by_page=True,
-             op="backup", config=config, check=check)
+             op=BACKUP, config=config, check=check)

@@ -26,6 +26,8 @@ from typing import Optional
 
 import torch
 
+from kvtier.kernels.ops import BACKUP, LOAD
+
 from .maps import page_count, run_jobs
 from kvtier.kernels.errors import KvtierError, fail
 from kvtier.kernels.rowmap import RowMap
@@ -154,7 +156,7 @@ def transfer_kv_dim_exchange(
     jobs = [([(h, dv) if h2d else (dv, h) for dv, h in pairs], start, start, count)
             for pairs, start, count in jobs]
     src_idx, dst_idx = (host_indices, device_indices) if h2d else (device_indices, host_indices)
-    run_jobs(jobs, src_idx, dst_idx, op="load" if h2d else "backup", by_page=True, config=config,
+    run_jobs(jobs, src_idx, dst_idx, op=LOAD if h2d else BACKUP, by_page=True, config=config,
              check=check, index_names=("host_indices", "device_indices") if h2d
              else ("device_indices", "host_indices"))
 

@@ -12,11 +12,11 @@ The search modules import torch-heavy code only when `tune` is used.
 """
 from __future__ import annotations
 
-from .select import select_config, resolve, invalidate
-from .key import TuneKey, DeviceId, rows_bucket, OPS
+from .select import config_for, select_config, resolve, invalidate
+from .key import TuneKey, DeviceId, rows_bucket
 
-__all__ = ["select_config", "resolve", "invalidate", "tune", "PoolShape", "TuneKey", "DeviceId",
-           "rows_bucket", "OPS"]
+__all__ = ["config_for", "select_config", "resolve", "invalidate", "tune", "PoolShape", "TuneKey", "DeviceId",
+           "rows_bucket"]
 
 
 def __getattr__(name):

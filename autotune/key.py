@@ -9,8 +9,6 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, asdict
 
-# Operations and whether they cross the device-host link.
-OPS = {"backup": True, "load": True, "gather": False, "scatter": False}
 
 
 def rows_bucket(num_rows: int) -> int:

@@ -16,9 +16,8 @@ ReportFn = Callable[..., object]
 
 def codegen_target(device) -> Optional[str]:
     """The codegen target for a device (a `key.DeviceId`), or None where none exists."""
-    if device.platform in ("cuda", "rocm"):
-        return device.arch.replace("_", "").split(":")[0]     # "sm_90" -> "sm90"; "gfx942"
-    return None
+    import kvtier.platforms as platforms
+    return platforms.get(device.platform).codegen_target(device.arch)
 
 
 def codegen_report(target: str, *, config: CopyConfig, row_bytes: int, **shape):

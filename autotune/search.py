@@ -14,7 +14,9 @@ from typing import Callable, Iterable, List, Optional, Sequence
 from kvtier.kernels.config import CopyConfig
 
 from . import cache, select
-from .key import OPS, DeviceId, TuneKey, device_identity
+from kvtier.kernels.ops import Op
+
+from .key import DeviceId, TuneKey, device_identity
 from .prune import codegen_report, codegen_target, prune_spilling
 from .space import candidates, default_max_programs
 from .timing import Timer, default_timer
@@ -98,9 +100,7 @@ def tune(shape: PoolShape, *, ops: Sequence[str] = ("backup", "load", "gather"),
 
     ``target`` names the codegen target for spill pruning ("auto": the device's own;
     None: no pruning); ``report`` is the codegen report function (tests inject one)."""
-    for op in ops:
-        if op not in OPS:
-            raise ValueError(f"ops: {op!r} is not one of {sorted(OPS)}")
+    ops = [Op.parse(op, "ops") for op in ops]
     from kvtier.platforms import default_device, detect_platform
     platform = platform or detect_platform()
     device = device or device_identity(platform)
@@ -109,13 +109,14 @@ def tune(shape: PoolShape, *, ops: Sequence[str] = ("backup", "load", "gather"),
     target = codegen_target(device) if target == "auto" else target
     jobs = []
     for op in ops:
-        cap = max_programs or default_max_programs(device, OPS[op])
-        for layers in (layer_counts or (shape.num_layers,)):
+        cap = max_programs or default_max_programs(device, op.crosses_link)
+        counts = (1,) if op.scope == "layer" else (layer_counts or (shape.num_layers,))
+        for layers in counts:
             for n in sizes:
                 t = build_transfer(dataclasses.replace(shape, num_layers=layers), op, n, dev)
                 shape_kw = _codegen_shape(t)
                 cfgs = candidates(device, chunk_bytes=shape_kw["row_bytes"] // shape_kw["n_chunks"],
-                                  crosses_link=OPS[op], max_programs=cap, quick=quick)
+                                  crosses_link=op.crosses_link, max_programs=cap, quick=quick)
                 kept, pruned = prune_spilling(cfgs, target=target, report=report, **shape_kw)
                 jobs.append((t, kept, pruned, cap))
     total, done = sum(len(k) for _, k, _, _ in jobs), [0]
@@ -128,7 +129,7 @@ def tune(shape: PoolShape, *, ops: Sequence[str] = ("backup", "load", "gather"),
     results = []
     for t, kept, pruned, cap in jobs:
         ms = tune_transfer(t, kept, timer, verify=verify, progress=tick)
-        key = TuneKey.of(t.op, row_bytes=shape.row_bytes, page_size=shape.page_size,
+        key = TuneKey.of(t.op.name, row_bytes=shape.row_bytes, page_size=shape.page_size,
                          num_rows=t.num_rows, num_layers=t.num_layers, crosses_link=t.crosses_link)
         results.append(TuneResult(key, shape.describe(), t.nbytes, cap, ms, pruned))
     winners = {r.key: r.entry() for r in results if r.best is not None}

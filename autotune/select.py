@@ -9,10 +9,13 @@ is tuned here.
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Dict, Optional, Tuple
 
-from kvtier.kernels.config import CopyConfig, default_config
+from kvtier.kernels.config import CopyConfig
+from kvtier.platforms import default_config
+from kvtier.kernels.ops import Op
 
 from . import cache
 from .key import DeviceId, TuneKey, device_identity, rows_bucket
@@ -55,10 +58,28 @@ def _distance(a: TuneKey, b: TuneKey) -> float:
             + (1000 if a.crosses_link != b.crosses_link else 0))
 
 
+def config_for(op, device, *, row_bytes: int, page_size: int, num_rows: int,
+               num_layers: int) -> CopyConfig:
+    """The configuration for one transfer ``op`` (an `Op` or its name) on torch ``device``:
+    the lookup every pool, adapter and benchmark launch goes through."""
+    op = Op.parse(op)
+    platform, name = _identity(device)
+    return select_config(op.name, platform, row_bytes=row_bytes, page_size=page_size,
+                         num_rows=num_rows, num_layers=num_layers, crosses_link=op.crosses_link,
+                         device_name=name)
+
+
+@functools.lru_cache(maxsize=None)
+def _identity(device) -> Tuple[str, str]:
+    from kvtier.platforms import device_name, platform_of
+    return platform_of(device), device_name(device)
+
+
 def select_config(op: str, platform: str, *, row_bytes: int, page_size: int, num_rows: int,
                   num_layers: int, crosses_link: bool, device_name: str = "") -> CopyConfig:
     """The configuration for one transfer: tuned for this device if `kvtier autotune` has
     measured it (exact key or nearest bucket), else `default_config(platform, crosses_link)`."""
+    op = Op.parse(op).name
     q = (op, platform, device_name, row_bytes, page_size, rows_bucket(num_rows), num_layers, crosses_link)
     cfg = _RESOLVED.get(q)
     if cfg is None:
@@ -71,7 +92,7 @@ def select_config(op: str, platform: str, *, row_bytes: int, page_size: int, num
 def resolve(op: str, platform: str, *, row_bytes: int, page_size: int, num_rows: int, num_layers: int,
             crosses_link: bool, device_name: str = "") -> Tuple[CopyConfig, str]:
     """(config, source) without memoisation; source is "exact", "nearest" or "default"."""
-    key = TuneKey.of(op, row_bytes=row_bytes, page_size=page_size, num_rows=num_rows,
+    key = TuneKey.of(Op.parse(op).name, row_bytes=row_bytes, page_size=page_size, num_rows=num_rows,
                      num_layers=num_layers, crosses_link=crosses_link)
     device = _device(platform, device_name)
     if device is not None:

@@ -1,68 +1,32 @@
 """The configurations the autotuner times, per platform and operation.
 
-Spaces are data: one table entry per platform lists the values each launch parameter
-may take. Candidates are the product of those values, capped by the number of programs
-the user lets a transfer take from the model, with duplicates (settings the launcher
-would clamp to the same kernel) and tiles that cannot fit removed.
+Spaces are data in each platform's record (`kvtier.platforms`): the values each launch
+parameter may take. Candidates are the product of those values, capped by the number of
+programs the user lets a transfer take from the model, with duplicates (settings the
+launcher would clamp to the same kernel) and tiles that cannot fit removed. The shipped
+default is always a candidate, so tuning can only keep it or find better.
 """
 from __future__ import annotations
 
-import dataclasses
 import os
-from dataclasses import dataclass
 from typing import List, Optional
 
-from kvtier.kernels.config import CopyConfig, default_config
+import kvtier.platforms as platforms
+from kvtier.kernels.config import STRATEGIES, CopyConfig, Space
 
 from .key import DeviceId
 
 MAX_PROGRAMS_ENV = "KVTIER_MAX_PROGRAMS"
 
 
-@dataclass(frozen=True)
-class Space:
-    """Values per launch parameter; ``tile_limit`` bounds rows x block bytes (registers
-    on GPUs, the Unified Buffer on Ascend); ``warp`` is threads per warp (0: no warps)."""
-    rows: tuple
-    block_bytes: tuple
-    num_warps: tuple
-    tile_limit: int
-    warp: int
-
-
-# Full and quick spaces per platform.
-#  - cuda/rocm: a tile is held in registers; 16 KiB per program at most.
-#  - npu: no warps; wide tiles within half the Unified Buffer (double buffering), set
-#    from the device's figure by `space_for` (96 KiB: half the smallest, 192 KB).
-#  - cpu: the interpreter runs programs in turn; few wide tiles keep the search short.
-_SPACES = {
-    "cuda": Space((1, 2, 4, 8, 16), (256, 512, 1024, 2048, 4096), (1, 2, 4, 8), 16384, 32),
-    "rocm": Space((1, 2, 4, 8, 16), (256, 512, 1024, 2048, 4096), (1, 2, 4, 8), 16384, 64),
-    "npu": Space((1, 2, 4, 8), (4096, 8192, 16384, 32768), (1,), 96 * 1024, 0),
-    "cpu": Space((16, 64), (1024, 4096), (1,), 1 << 20, 0),
-}
-_QUICK = {
-    "cuda": Space((1, 4, 16), (512, 2048), (4, 8), 16384, 32),
-    "rocm": Space((1, 4, 16), (512, 2048), (4, 8), 16384, 64),
-    "npu": Space((1, 4), (8192, 16384), (1,), 96 * 1024, 0),
-    "cpu": Space((16,), (1024, 4096), (1,), 1 << 20, 0),
-}
-
-
 def default_max_programs(device: DeviceId, crosses_link: bool) -> int:
     """Programs one transfer may take, unless the user sets a cap (``KVTIER_MAX_PROGRAMS``
-    or ``--max-programs``): a link is saturated by a few programs, so link transfers take
-    an eighth of the compute units (at least 2); device-local copies may take them all.
-    Ascend launches about one program per vector core in every case."""
+    or ``--max-programs``); otherwise the platform's rule (a link is saturated by a few
+    programs; device-local copies may take the whole device)."""
     env = os.environ.get(MAX_PROGRAMS_ENV)
     if env:
         return max(1, int(env))
-    units = device.units or default_config(device.platform, crosses_link).num_programs
-    if device.platform in ("cuda", "rocm"):
-        return max(2, units // 8) if crosses_link else units
-    if device.platform == "npu":
-        return units
-    return 2   # the interpreter: more programs only add Python overhead
+    return platforms.get(device.platform).max_programs(device.units, crosses_link)
 
 
 def program_counts(cap: int) -> List[int]:
@@ -75,49 +39,52 @@ def program_counts(cap: int) -> List[int]:
 
 
 def strategies(device: DeviceId, crosses_link: bool) -> tuple:
-    """Device-local copies are kernels. Across the link both are timed, except on Ascend,
-    where a kernel can reach only registered host memory, which pools do not allocate."""
-    if not crosses_link:
-        return ("kernel",)
-    if device.platform == "npu":
-        return ("dma",)
-    return ("kernel", "dma")
+    """Device-local copies are kernels; across the link both strategies are timed (the
+    tuning workload makes its host memory reachable by kernels, as pools can)."""
+    return STRATEGIES if crosses_link else ("kernel",)
 
 
 def space_for(device: DeviceId, quick: bool = False) -> Space:
-    table = _QUICK if quick else _SPACES
-    space = table.get(device.platform, table["cpu"])
-    if device.platform == "npu" and device.ub_bytes:
-        from kvtier.platforms import npu_launch_limits
-        tile = npu_launch_limits(props={"ub_bytes": device.ub_bytes, "compute_units": device.units})
-        space = dataclasses.replace(space, tile_limit=tile["max_tile_bytes"])
-    return space
+    return platforms.get(device.platform).tuning_space(quick, ub_bytes=device.ub_bytes, units=device.units)
 
 
 def candidates(device: DeviceId, *, chunk_bytes: int, crosses_link: bool,
                max_programs: Optional[int] = None, quick: bool = False) -> List[CopyConfig]:
-    """Every configuration worth timing for rows made of ``chunk_bytes`` chunks."""
+    """Every configuration worth timing for rows made of ``chunk_bytes`` chunks, the
+    platform's shipped default first."""
     cap = max_programs or default_max_programs(device, crosses_link)
     space = space_for(device, quick)
+    default = platforms.get(device.platform).default_config(crosses_link)
     widest = 1 << (max(chunk_bytes, 1).bit_length() - 1)   # the launcher's block clamp
     programs = program_counts(cap)
     out, seen = [], set()
+
+    def add(cfg: CopyConfig) -> None:
+        if cfg not in seen:
+            seen.add(cfg)
+            out.append(cfg)
+
     for strategy in strategies(device, crosses_link):
+        add(_clamped(default, strategy, cap if max_programs else None, widest))
         for num_programs in programs:
-            for tile in _tiles(space, widest, strategy, device.platform):
-                cfg = CopyConfig(num_programs=num_programs, strategy=strategy, **tile)
-                if cfg not in seen:
-                    seen.add(cfg)
-                    out.append(cfg)
+            for tile in _tiles(space, widest, strategy, default):
+                add(CopyConfig(num_programs=num_programs, strategy=strategy, **tile))
     return out
 
 
-def _tiles(space: Space, widest: int, strategy: str, platform: str):
+def _clamped(default: CopyConfig, strategy: str, cap: Optional[int], widest: int) -> CopyConfig:
+    """The shipped default as the launcher would run it (block clamped to the row), within
+    a user's program cap."""
+    programs = min(default.num_programs, cap) if cap else default.num_programs
+    return CopyConfig(num_programs=programs, rows=default.rows, block_bytes=min(default.block_bytes, widest),
+                      num_warps=default.num_warps, strategy=strategy)
+
+
+def _tiles(space: Space, widest: int, strategy: str, default: CopyConfig):
     """(rows, block_bytes, num_warps) choices. The dma strategy's kernel is a device-local
     gather into staging; its tile is the platform default (programs are still searched)."""
     if strategy == "dma":
-        d = default_config(platform, crosses_link=False)
-        yield dict(rows=d.rows, block_bytes=min(d.block_bytes, widest), num_warps=d.num_warps)
+        yield dict(rows=default.rows, block_bytes=min(default.block_bytes, widest), num_warps=default.num_warps)
         return
     for rows in space.rows:
         for block in sorted({min(b, widest) for b in space.block_bytes}):

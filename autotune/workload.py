@@ -25,7 +25,7 @@ from kvtier.kernels import CopyConfig, RowMap, copy_rows
 from kvtier.kernels.reference import layer_rows
 from kvtier.kernels.validate import compute_device
 
-from .key import OPS
+from kvtier.kernels.ops import Op
 
 POISON = 0xA5
 
@@ -100,7 +100,7 @@ class Transfer:
 
     @property
     def crosses_link(self) -> bool:
-        return OPS[self.op]
+        return self.op.crosses_link
 
     @property
     def num_layers(self) -> int:
@@ -111,7 +111,7 @@ class Transfer:
         if config.strategy == "kernel" or self.stage is None:
             return lambda: copy_rows(self.src, self.src_idx, self.dst, self.dst_idx,
                                      by_page=self.by_page, config=config, check=False)
-        if self.op == "backup":
+        if self.op.from_device:
             def backup():
                 copy_rows(self.src, self.src_idx, self.stage, self.stage_idx, by_page=self.by_page,
                           config=config, check=False)
@@ -153,8 +153,7 @@ def build_transfer(shape: PoolShape, op: str, num_rows: int, device: torch.devic
                    seed: int = 0) -> Transfer:
     """Tensors and maps for ``op`` moving ``num_rows`` rows (rounded up to whole pages)
     of every layer and component of ``shape``, source filled with random bytes."""
-    if op not in OPS:
-        raise ValueError(f"op={op!r}: must be one of {sorted(OPS)}")
+    op = Op.parse(op)
     P = shape.page_size
     n = -(-max(num_rows, 1) // P) * P
     gen = torch.Generator().manual_seed(seed)
@@ -163,7 +162,7 @@ def build_transfer(shape: PoolShape, op: str, num_rows: int, device: torch.devic
     pages = torch.randperm(pages_dev, generator=gen)[: n // P]
     dev_idx = (pages[:, None] * P + torch.arange(P)).flatten().to(device)
     slots = torch.arange(n, device=device)
-    if op in ("gather", "scatter"):
+    if not op.crosses_link:
         buf = _random((shape.num_components, shape.num_layers, n, *shape.row_dims), shape.dtype, device, gen)
         other = RowMap.stack([RowMap.from_stacked(buf[c], P) for c in range(shape.num_components)])
         other_tensors = [buf]
@@ -175,13 +174,13 @@ def build_transfer(shape: PoolShape, op: str, num_rows: int, device: torch.devic
         other_tensors = [host]
     if other is None:
         raise ValueError(f"{shape.describe()}: components cannot share one launch")
-    forward = op in ("backup", "gather")
+    forward = op.from_device
     src, si, dst, di = (dev_maps, dev_idx, other, slots) if forward else (other, slots, dev_maps, dev_idx)
     t = Transfer(op=op, src=src, src_idx=si, dst=dst, dst_idx=di, by_page=P > 1,
                  nbytes=n * shape.row_bytes * shape.num_layers * shape.num_components, num_rows=n,
                  src_tensors=dev_tensors if forward else other_tensors,
                  dst_tensors=other_tensors if forward else dev_tensors)
-    if OPS[op]:
+    if op.crosses_link:
         _add_staging(t, shape, n, other_tensors[0], device)
     return t
 

@@ -10,7 +10,7 @@ import torch
 from .timing import gbps, time_calls
 
 # Which ceiling bounds which operation.
-CEILING_OF = {"backup_all": "d2h", "load_layer": "h2d", "load_all": "h2d", "gather": "d2d"}
+CEILING_OF = {"backup": "d2h", "load_layer": "h2d", "load": "h2d", "gather": "d2d"}
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-LINK_OPS = ("backup_all", "load_layer", "load_all")
+LINK_OPS = ("backup", "load_layer", "load")
 KVTIER = ("pool", "copy_rows")
 BATCHED_DMA_GBPS = 7.0   # vLLM's batched-DMA rate for small pages on H100 (upper end of 5-7 GB/s)
 

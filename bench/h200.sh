@@ -86,7 +86,7 @@ step bench 0 timeout -k 10 "$BENCH_TIMEOUT" "$PY" -m kvtier.cli.main bench --out
   --time-budget "$BENCH_BUDGET"
 if [ "$LAYOUTS_BUDGET" -gt 0 ]; then
   step bench-layouts 0 timeout -k 10 "$((LAYOUTS_BUDGET + 60))" "$PY" -m kvtier.cli.main bench \
-    --out "$OUT/layouts" --ops backup_all,load_layer,load_all \
+    --out "$OUT/layouts" --ops backup,load_layer,load \
     --layouts page_first,page_first_direct,page_head --rows 1024 --pages 64 \
     --tokens 1024,16384 --strategies kernel,dma --caps 4 --no-overhead \
     --time-budget "$LAYOUTS_BUDGET"

@@ -5,25 +5,18 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Optional
 
-from kvtier.autotune import select_config
+from kvtier.autotune import config_for as lookup
 from kvtier.kernels import copy_rows
-from kvtier.platforms import device_properties, platform_of
 
 from .probe import LaunchProbe, NoKernel
 from .workload import Prepared, Unsupported, Workload
 
 
-def device_name(device) -> str:
-    return "cpu" if device.type == "cpu" else device_properties(device).get("name", "")
-
-
 def config_for(w: Workload, op: str, num_programs: Optional[int] = None, strategy: str = "kernel"):
     """What the pools would look up for this transfer; ``num_programs`` caps its grid."""
     t = w.transfer(op)
-    s = w.shape
-    cfg = select_config(op, platform_of(w.device), row_bytes=s.row_bytes, page_size=s.page_size,
-                        num_rows=t.src_indices.numel(), num_layers=t.num_layers,
-                        crosses_link=op != "gather", device_name=device_name(w.device))
+    cfg = lookup(op, w.device, row_bytes=w.shape.row_bytes, page_size=w.shape.page_size,
+                 num_rows=t.src_indices.numel(), num_layers=t.num_layers)
     cfg = replace(cfg, strategy=strategy)
     return replace(cfg, num_programs=num_programs) if num_programs else cfg
 

@@ -69,8 +69,8 @@ def prepare(w: Workload, op: str, *, strategy: str = "kernel", check: bool = Fal
 
         return Prepared(fn, programs=_programs(fn), written=written)
     host = host_pool(w, dev, strategy, check)
-    fn = {"backup_all": lambda: host.backup_from_device_all_layer(dev, hi, di),
-          "load_all": lambda: host.load_to_device_all_layer(dev, hi, di),
+    fn = {"backup": lambda: host.backup_from_device_all_layer(dev, hi, di),
+          "load": lambda: host.load_to_device_all_layer(dev, hi, di),
           "load_layer": lambda: host.load_to_device_per_layer(dev, hi, di, L - 1)}[op]
     return Prepared(fn, programs=_programs(fn))
 

@@ -9,7 +9,7 @@ from typing import Callable, Optional
 
 import torch
 
-from kvtier.platforms import platform_of, synchronize
+from kvtier.platforms import device_name, platform_of, synchronize
 
 from . import kvtier_engine, pool_engine, sgl_baseline, torch_baseline
 from .ceiling import measure_ceilings
@@ -26,7 +26,7 @@ def environment(device: torch.device, sweep: Sweep) -> dict:
     """Where and how the run was made; ``hardware_figures`` is False for CPU runs."""
     from kvtier.kernels.copy_rows import interpreter_active, triton_available
     env = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "device": kvtier_engine.device_name(device), "platform": platform_of(device),
+           "device": device_name(device) or "cpu", "platform": platform_of(device),
            "torch": torch.__version__, "triton_available": triton_available(),
            "interpreter": interpreter_active(),
            "hardware_figures": device.type != "cpu" and sweep.hardware}

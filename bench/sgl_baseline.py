@@ -61,11 +61,11 @@ def prepare(w: Workload, op: str, kvio=None) -> Prepared:
                 src[0], dst[0], si, ti, R, block_quota=BLOCK_QUOTA), programs=BLOCK_QUOTA)
         return Prepared(lambda: kvio.transfer_kv_per_layer(
             src[0], dst[0], src[1], dst[1], si, ti, R, block_quota=BLOCK_QUOTA), programs=BLOCK_QUOTA)
-    if op == "backup_all":
+    if op == "backup":
         src = [_pointers(d, w.device) for d in dev]
         dst = [_pointers(h, w.device) for h in host]
         si, ti = di, hi
-    else:  # load_all
+    else:  # load
         src = [_pointers(h, w.device) for h in host]
         dst = [_pointers(d, w.device) for d in dev]
         si, ti = hi, di

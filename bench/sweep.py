@@ -10,12 +10,14 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, fields, replace
 
+from kvtier.kernels.layouts import NAMES
+
 from .workload import OPS, Shape
 
 ROW_SIZES = (128, 256, 576, 656, 1024, 4096)
 PAGE_SIZES = (1, 16, 64, 128)
 TOKENS = (64, 256, 1024, 4096, 16384, 65536)
-LAYOUTS = ("layer_first", "page_first", "page_first_direct", "page_head")
+LAYOUTS = NAMES
 MLA_ROWS = (576, 656)   # MLA latent rows: one component; every other size is K and V
 
 
@@ -87,7 +89,7 @@ HARDWARE = Sweep(grids=(
     # Row sizes, token-granular and paged.
     Grid(row_bytes=ROW_SIZES, page_sizes=(1, 64), tokens=(1024, 16384)),
     # Host layouts against page sizes (256 B and 1 KiB rows: pages of 256 B to 128 KiB).
-    Grid(ops=("backup_all", "load_layer", "load_all"), layouts=LAYOUTS, row_bytes=(256, 1024),
+    Grid(ops=("backup", "load_layer", "load"), layouts=LAYOUTS, row_bytes=(256, 1024),
          page_sizes=PAGE_SIZES, tokens=(16384,)),
 ))
 

@@ -4,9 +4,9 @@ A shape is a device pool (one tensor per layer and component, the CUDA pools' fo
 a host pool in one of the named host layouts, and scattered page indices on both
 sides. Every operation is then a row copy between two of these maps:
 
-- backup_all: device pool -> host pool, all layers
+- backup: device pool -> host pool, all layers
 - load_layer: host pool -> device pool, one layer
-- load_all:   host pool -> device pool, all layers
+- load:   host pool -> device pool, all layers
 - gather:     device pool -> one contiguous device buffer (C, L, tokens, row), all layers
 """
 from __future__ import annotations
@@ -16,10 +16,12 @@ from typing import Optional
 
 import torch
 
+from kvtier.kernels.ops import LABELS
+
 from kvtier.kernels import RowMap
 from kvtier.kernels.reference import layer_rows
 
-OPS = ("backup_all", "load_layer", "load_all", "gather")
+OPS = tuple(op for op in LABELS if op != "scatter")   # kvtier.kernels.ops names
 POISON = 0xA5
 HEAD_BYTES = 128      # one head's row in the page_head layout (64 bf16 elements)
 
@@ -124,12 +126,12 @@ class Workload:
 
     def transfer(self, op: str) -> Transfer:
         L = self.shape.layers
-        if op == "backup_all":
+        if op == "backup":
             return Transfer(self.device_map, self.device_slots, self.host_map, self.host_slots, 0, 0, L)
         if op == "load_layer":
             layer = L - 1  # any layer; the last one has the largest offsets
             return Transfer(self.host_map, self.host_slots, self.device_map, self.device_slots, layer, layer, 1)
-        if op == "load_all":
+        if op == "load":
             return Transfer(self.host_map, self.host_slots, self.device_map, self.device_slots, 0, 0, L)
         if op == "gather":
             buf = self.gather_buffer
@@ -140,7 +142,7 @@ class Workload:
         raise ValueError(f"op={op!r}: must be one of {OPS}")
 
     def destination_tensors(self, op: str):
-        if op == "backup_all":
+        if op == "backup":
             return [self.host]
         if op == "gather":
             return [self.gather_buffer]

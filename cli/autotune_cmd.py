@@ -33,7 +33,7 @@ def register(sub) -> None:
                    help="layer_first, page_first, page_first_direct or page_head")
     p.add_argument("--device-layout", default="layers", choices=("layers", "stacked"),
                    help="one tensor per layer (CUDA engines) or one stacked buffer (Ascend engines)")
-    p.add_argument("--ops", default="backup,load,gather", help="comma list of backup, load, gather, scatter")
+    p.add_argument("--ops", default="backup,load,gather", help="comma list of backup, load, load_layer, gather, scatter")
     p.add_argument("--rows", help="comma list of transfer sizes in tokens (default 256,4096,32768; 16 on CPU)")
     p.add_argument("--transfer-layers", help="comma list of layer counts per transfer (default: all layers)")
     p.add_argument("--max-programs", type=int,
@@ -56,7 +56,8 @@ def run(args) -> int:
     if args.show:
         return show()
     import torch
-    from kvtier.autotune import OPS
+    from kvtier.kernels.errors import KvtierError
+    from kvtier.kernels.ops import parse_list
     from kvtier.autotune.search import tune
     from kvtier.autotune.report import format_results
     from kvtier.autotune.workload import PoolShape
@@ -67,10 +68,10 @@ def run(args) -> int:
     if not isinstance(dtype, torch.dtype):
         print(f"--dtype {args.dtype!r}: not a torch dtype", file=sys.stderr)
         return 2
-    ops = [o for o in args.ops.split(",") if o]
-    bad = [o for o in ops if o not in OPS]
-    if bad:
-        print(f"--ops {args.ops!r}: {bad} are not among {sorted(OPS)}", file=sys.stderr)
+    try:
+        ops = [op.label for op in parse_list(args.ops, "--ops")]
+    except KvtierError as e:
+        print(str(e), file=sys.stderr)
         return 2
     try:
         sizes = _ints(args.rows or d["rows"], "--rows")
@@ -134,13 +135,8 @@ def show() -> int:
 
 
 def _platform() -> str:
-    """The platform to tune, found without importing Triton where that is possible (the
-    interpreter must be chosen before Triton is imported)."""
-    import importlib.util
-    import torch
-    if os.environ.get("KVTIER_PLATFORM") is None and not torch.cuda.is_available() \
-            and importlib.util.find_spec("torch_npu") is None:
-        return "cpu"
+    """The platform to tune (kvtier.platforms imports no Triton: the interpreter must be
+    chosen before Triton is imported)."""
     from kvtier.platforms import detect_platform
     return detect_platform()
 

@@ -19,16 +19,9 @@ def register(sub) -> None:
 
 
 def _best_device():
-    import torch
-    if torch.cuda.is_available():
-        return torch.device("cuda"), ("rocm" if getattr(torch.version, "hip", None) else "cuda")
-    try:
-        from kvtier import platforms as platform
-        if platform.npu_available():
-            return torch.device("npu"), "npu"
-    except ImportError:
-        pass
-    return torch.device("cpu"), "cpu"
+    from kvtier import platforms
+    name = platforms.detect_platform()
+    return platforms.default_device(name), name
 
 
 def run(args) -> int:
@@ -39,6 +32,8 @@ def run(args) -> int:
         os.environ.setdefault("TRITON_INTERPRET", "1")
     from kvtier.kernels import RowMap, copy_rows
     from kvtier.kernels.copy_rows import interpreter_active
+    from kvtier.kernels.layouts import host_layout
+    from kvtier.platforms import device_name, synchronize
     L, pages, P, H, D = args.layers, args.pages, args.page_size, args.heads, args.head_dim
     N = pages * P
     g = torch.Generator().manual_seed(0)
@@ -48,9 +43,8 @@ def run(args) -> int:
     dev_k = [rand(N, H, D).to(device) for _ in range(L)]
     dev_v = [rand(N, H, D).to(device) for _ in range(L)]
     # Host: K and V in one buffer, so one launch moves both.
-    shapes = {"layer_first": (2, L, N, H, D), "page_first": (2, N, L, H, D),
-              "page_first_direct": (2, pages, L, P, H, D), "page_head": (2, pages, H, P, L, D)}
-    host = torch.empty(shapes[args.layout], dtype=torch.bfloat16)
+    layout = host_layout(args.layout, "--layout")
+    host = torch.empty((2, *layout.shape(layers=L, slots=N, page_size=P, row_shape=(H, D))), dtype=torch.bfloat16)
     host = host.pin_memory() if pin else host
     host.view(torch.int16).fill_(0x5A5A)
     dmap = RowMap.stack([RowMap.from_layers(dev_k, P), RowMap.from_layers(dev_v, P)])
@@ -64,11 +58,10 @@ def run(args) -> int:
     moved = 2 * L * dev_idx.numel() * H * D * 2
 
     def timed(fn):
-        sync = getattr(torch, device.type).synchronize if device.type != "cpu" else (lambda: None)
-        sync()
+        synchronize(device)
         t = time.perf_counter()
         fn()
-        sync()
+        synchronize(device)
         return time.perf_counter() - t
 
     t_backup = timed(lambda: copy_rows(dmap, dev_idx, hmap, host_idx, by_page=True))
@@ -78,7 +71,7 @@ def run(args) -> int:
     ok = all(torch.equal(a[dev_idx].cpu().view(torch.int16), b.view(torch.int16))
              for a, b in zip(dev_k + dev_v, want_k + want_v))
     runner = ("Triton interpreter (CPU)" if interpreter_active() else "torch reference") if platform == "cpu" \
-        else f"Triton kernels on {torch.cuda.get_device_name() if device.type == 'cuda' else device}"
+        else f"Triton kernels on {device_name(device) or device}"
     print(f"kvtier demo: {platform} ({runner})")
     print(f"  device KV: {L} layers x K,V x {N} slots x {H} heads x {D} bf16 (one tensor per layer)")
     print(f"  host KV:   {args.layout} {tuple(host.shape)}{' pinned' if pin else ''}")

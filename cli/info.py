@@ -25,8 +25,8 @@ def collect() -> dict:
         info.update(platform.platform_info())
         from kvtier.pool import link_copy
         info["dma_copies"] = link_copy.describe(info["platform"])
-    except ImportError:
-        info["platform"] = "cuda" if torch.cuda.is_available() else "cpu"
+    except ImportError as e:
+        info["platform"] = f"unavailable ({e})"
     return info
 
 

@@ -7,13 +7,24 @@ Triton cannot run, copies fall back to the torch reference with one warning.
 """
 # platforms first: it keeps `import torch` from auto-loading torch_npu (see kvtier.platforms).
 import kvtier.platforms  # noqa: F401
-from .config import CopyConfig, default_config
+from .config import CopyConfig, Space
 from .copy_rows import copy_rows
 from .errors import KvtierError
 from .reference import copy_rows_reference
-from .rowmap import LAYOUTS, RowMap
+from .layouts import NAMES as LAYOUTS, HostLayout, host_layout
+from .ops import OPS, Op
+from .rowmap import RowMap
 
 __all__ = [
-    "RowMap", "LAYOUTS", "CopyConfig", "default_config",
+    "RowMap", "LAYOUTS", "HostLayout", "host_layout", "OPS", "Op", "CopyConfig", "Space", "default_config",
     "copy_rows", "copy_rows_reference", "KvtierError",
 ]
+
+
+def __getattr__(name):
+    # The shipped defaults live in each platform's record; kvtier.platforms imports this
+    # package's config module, so the name is looked up when first asked for.
+    if name == "default_config":
+        from kvtier.platforms import default_config
+        return default_config
+    raise AttributeError(f"module 'kvtier.kernels' has no attribute {name!r}")

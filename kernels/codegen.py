@@ -192,7 +192,7 @@ def _fill_amd(rep: KernelReport, compiled) -> None:
 def default_sweep(target: str = "sm90"):
     """The configurations `kvtier codegen` reports: the platform default and a few
     neighbours, for the row sizes engines use, in all four addressing-mode pairs."""
-    from .config import default_config
+    from kvtier.platforms import default_config
     platform = "rocm" if target.startswith("gfx") else "cuda"
     configs = [default_config(platform), default_config(platform, crosses_link=False),
                CopyConfig(num_programs=4, rows=16, block_bytes=2048, num_warps=8),

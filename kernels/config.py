@@ -1,13 +1,13 @@
-"""Launch configuration of the row-copy kernel, with per-platform defaults.
+"""Launch configuration of the row-copy kernel, and the space the autotuner searches.
 
-The autotuner (kvtier.autotune) measures these per device and size bucket; until a
-device is tuned, `default_config` gives settings that are safe everywhere.
+The autotuner (kvtier.autotune) measures configurations per device and size bucket;
+until a device is tuned, each platform's shipped defaults apply (`kvtier.platforms`).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, asdict
 
-STRATEGIES = ("kernel", "dma")
+STRATEGIES = ("kernel", "dma")   # how a transfer crosses the link (docs/design.md)
 
 
 @dataclass(frozen=True)
@@ -50,32 +50,17 @@ class CopyConfig:
         return cls(**{k: d[k] for k in ("num_programs", "rows", "block_bytes", "num_warps", "strategy") if k in d})
 
 
-# Defaults per platform, until the autotuner has measured the device.
-#  - cuda: measured on an H200 (bench/results/2026-11-29_h200/defaults, 1 KiB rows,
-#    8192 random tokens x 8 layers x K,V): 4 programs of 64-row tiles move 50.9 GB/s
-#    device->host and 49.6 GB/s host->device against a 55.2 GB/s pinned copy; 4-row
-#    tiles reach only 10-26 GB/s (too few bytes in flight across PCIe).
-#    On the device, 2112 programs (16 per SM) of 16-row tiles gather at 1166 GB/s.
-#  - rocm: the CUDA values, not yet measured on AMD hardware.
-#  - npu: about one program per vector core, looping inside (the launcher clamps to the
-#    core count it reads); at least 2 rows, since triton-ascend 3.2 cannot lower a
-#    one-row tile; tiles well inside the 192 KB Unified Buffer.
-#  - cpu: the interpreter runs programs one after another; few, wide programs are fastest.
-_DEFAULTS = {
-    "cuda": CopyConfig(num_programs=4, rows=64, block_bytes=1024, num_warps=8),
-    "rocm": CopyConfig(num_programs=4, rows=64, block_bytes=1024, num_warps=8),
-    "npu": CopyConfig(num_programs=40, rows=2, block_bytes=16384, num_warps=1),
-    "cpu": CopyConfig(num_programs=1, rows=64, block_bytes=4096, num_warps=1),
-}
-# Device-to-device copies (gather/scatter on one device) want the whole device.
-_DEVICE_COPY = {
-    "cuda": CopyConfig(num_programs=2112, rows=16, block_bytes=1024, num_warps=16),
-    "rocm": CopyConfig(num_programs=2112, rows=16, block_bytes=1024, num_warps=16),
-}
+@dataclass(frozen=True)
+class Space:
+    """The values the autotuner tries per launch parameter on one platform (each
+    platform's record in `kvtier.platforms` holds a full and a quick one).
 
+    tile_limit bounds rows x block bytes (registers on GPUs, the Unified Buffer on
+    Ascend); warp is threads per warp (0: no warps).
+    """
 
-def default_config(platform: str = "cpu", crosses_link: bool = True) -> CopyConfig:
-    """The shipped configuration for ``platform`` ("cuda", "rocm", "npu", "cpu")."""
-    if not crosses_link and platform in _DEVICE_COPY:
-        return _DEVICE_COPY[platform]
-    return _DEFAULTS.get(platform, _DEFAULTS["cpu"])
+    rows: tuple
+    block_bytes: tuple
+    num_warps: tuple
+    tile_limit: int
+    warp: int

@@ -15,9 +15,10 @@ from typing import Optional
 
 import torch
 
-from .config import CopyConfig, default_config
+import kvtier.platforms as platforms
+
+from .config import CopyConfig
 from .errors import KvtierError
-from kvtier.platforms import NPU_MIN_PIECE_BYTES, NPU_MIN_ROWS
 from .rowmap import RowMap
 from .validate import check_copy
 
@@ -60,12 +61,6 @@ def _warn_once(key: str, msg: str) -> None:
     if key not in _warned:
         _warned.add(key)
         warnings.warn(msg, RuntimeWarning, stacklevel=3)
-
-
-def _platform_of(device: torch.device) -> str:
-    if device.type == "cuda":
-        return "rocm" if getattr(torch.version, "hip", None) else "cuda"
-    return device.type  # "npu", "cpu"
 
 
 def _pow2_floor(x: int) -> int:
@@ -178,9 +173,8 @@ def copy_rows(src: RowMap, src_indices: torch.Tensor, dst: RowMap, dst_indices: 
     n = src_indices.numel()
     if n == 0 or num_layers == 0:
         return
-    platform = _platform_of(device)
     if config is None:
-        config = default_config(platform, crosses_link=(src.device.type != dst.device.type))
+        config = platforms.of(device).default_config(crosses_link=src.device.type != dst.device.type)
     if by_page and src.page_size > 1 and src.page_contiguous and dst.page_contiguous:
         p = src.page_size
         src, dst = _pages_of(src), _pages_of(dst)
@@ -231,14 +225,15 @@ def _reference(src, si, dst, di, src_layer, dst_layer, num_layers):
 def launch(src: RowMap, src_indices, dst: RowMap, dst_indices, src_layer: int, dst_layer: int,
            num_layers: int, config: CopyConfig, device: torch.device) -> None:
     """Launch the kernel on already-validated arguments (the pools' hot path)."""
-    if device.type == "npu":    # host maps reach an NPU kernel through registered device addresses
-        from kvtier.platforms.ascend_host import device_addressed
-        src, dst = device_addressed(src, device), device_addressed(dst, device)
+    plat = _platform(device)
+    # A map as the kernel addresses it (Ascend: registered host memory by device address).
+    src, dst = plat.kernel_view(src, device), plat.kernel_view(dst, device)
     src, dst = _unify_chunks(src, dst)
     # The kernel reads indices as dense arrays: a strided view would address other rows.
     src_indices, dst_indices = src_indices.contiguous(), dst_indices.contiguous()
     n = src_indices.numel()
-    plan = plan_copy(src, dst, n, config, threads=_threads(device, config), **_floors(device))
+    plan = plan_copy(src, dst, n, config, threads=config.num_warps * plat.warp_threads,
+                     min_rows=plat.min_rows, min_piece_bytes=plat.min_piece_bytes)
     word = plan["word"]
     unit = word * plan["align"]
     tiles = -(-n // plan["rows"])
@@ -267,19 +262,9 @@ def launch(src: RowMap, src_indices, dst: RowMap, dst_indices, src_layer: int, d
     )
 
 
-def _floors(device: torch.device) -> dict:
-    """plan_copy floors the platform imposes: on Ascend, tiles of at least two rows and
-    row pieces of at least 32 bytes (what triton-ascend 3.2 lowers as contiguous copies)."""
-    if device.type == "npu":
-        return dict(min_rows=NPU_MIN_ROWS, min_piece_bytes=NPU_MIN_PIECE_BYTES)
-    return {}
-
-
-def _threads(device: torch.device, config: CopyConfig) -> int:
-    """GPU threads per program (0 where the notion does not apply: CPU, NPU)."""
-    if device.type != "cuda":
-        return 0
-    return config.num_warps * (64 if getattr(torch.version, "hip", None) else 32)
+def _platform(device: torch.device):
+    """The platform record whose launch floors, thread counts and map views apply."""
+    return platforms.of(device)
 
 
 def _units(m: RowMap, unit: int):

@@ -22,9 +22,7 @@ from typing import Optional, Sequence
 import torch
 
 from .errors import KvtierError, fail
-
-# Host layouts: which dims of the component tensor are (pages, layers, tokens, heads).
-LAYOUTS = ("layer_first", "page_first", "page_first_direct", "page_head")
+from .layouts import host_layout
 
 
 def _pow2_align(*values: int, cap: int = 16) -> int:
@@ -261,44 +259,38 @@ class RowMap:
         return m
 
     @classmethod
-    def from_host_layout(cls, t: torch.Tensor, layout: str, page_size: int) -> "RowMap":
-        """One component of a host pool buffer in a named layout:
+    def from_host_layout(cls, t: torch.Tensor, layout, page_size: int) -> "RowMap":
+        """One component of a host pool buffer in a named layout (`kvtier.kernels.layouts`):
 
         - ``layer_first``       ``(L, N, *row)``
         - ``page_first``        ``(N, L, *row)``
         - ``page_first_direct`` ``(pages, L, P, *row)``
         - ``page_head``         ``(pages, H, P, L, D)``: a row is H chunks of D elements
-        """
-        if layout not in LAYOUTS:
-            raise fail("layout", layout, f"must be one of {LAYOUTS}")
-        if layout == "layer_first":
-            return cls.from_stacked(t, page_size)
-        item = t.element_size() if isinstance(t, torch.Tensor) else 0
-        if layout == "page_first":
-            _check_tensor("t", t, min_dim=3)
-            st = t.stride()
-            row = _dense_row(t.shape[2:], st[2:], item, "t", tuple(t.shape))
-            return cls.from_strides(t, num_layers=t.shape[1], num_rows=t.shape[0], page_size=page_size,
-                                    row_bytes=row, token_stride=st[0] * item,
-                                    page_stride=st[0] * item * page_size, layer_stride=st[1] * item)
-        if layout == "page_first_direct":
-            _check_tensor("t", t, min_dim=4)
-            _check_page_dim("t", t, 2, page_size)
-            st = t.stride()
-            row = _dense_row(t.shape[3:], st[3:], item, "t", tuple(t.shape))
-            return cls.from_strides(t, num_layers=t.shape[1], num_rows=t.shape[0] * page_size,
-                                    page_size=page_size, row_bytes=row, token_stride=st[2] * item,
-                                    page_stride=st[0] * item, layer_stride=st[1] * item)
-        _check_tensor("t", t, min_dim=5)   # page_head
-        if t.dim() != 5 or t.stride(4) != 1:
-            raise fail("t", tuple(t.shape), "page_head needs a (pages, H, P, L, D) tensor with contiguous D")
-        _check_page_dim("t", t, 2, page_size)
-        pages, heads, _, layers, d = t.shape
-        st = t.stride()
-        return cls.from_strides(t, num_layers=layers, num_rows=pages * page_size, page_size=page_size,
-                                row_bytes=heads * d * item, n_chunks=heads, chunk_stride=st[1] * item,
-                                token_stride=st[2] * item, page_stride=st[0] * item,
-                                layer_stride=st[3] * item)
+
+        The strides are read off the tensor by the layout's dim names, so every layout is
+        the same code."""
+        lay = host_layout(layout)
+        pos = {d: i for i, d in enumerate(lay.dims)}
+        _check_tensor("t", t, min_dim=len(lay.dims))
+        shape, st = t.shape, t.stride()
+        item = t.element_size()
+        if "H" in pos and (t.dim() != len(lay.dims) or st[pos["D"]] != 1):
+            raise fail("t", tuple(shape), f"{lay.name} needs a {lay.dims} tensor with contiguous D")
+        if lay.paged:
+            _check_page_dim("t", t, pos["P"], page_size)
+            num_rows, token, page = shape[pos["pages"]] * page_size, st[pos["P"]] * item, st[pos["pages"]] * item
+        else:
+            num_rows, token = shape[pos["N"]], st[pos["N"]] * item
+            page = token * page_size
+        if "H" in pos:
+            n_chunks, chunk_stride = shape[pos["H"]], st[pos["H"]] * item
+            row = n_chunks * shape[pos["D"]] * item
+        else:
+            n_chunks, chunk_stride = 1, 0
+            row = _dense_row(shape[pos["row"]:], st[pos["row"]:], item, "t", tuple(shape))
+        return cls.from_strides(t, num_layers=shape[pos["L"]], num_rows=num_rows, page_size=page_size,
+                                row_bytes=row, n_chunks=n_chunks, chunk_stride=chunk_stride,
+                                token_stride=token, page_stride=page, layer_stride=st[pos["L"]] * item)
 
     @classmethod
     def stack(cls, maps: Sequence["RowMap"]) -> Optional["RowMap"]:

@@ -6,6 +6,8 @@ from typing import Optional
 
 import torch
 
+import kvtier.platforms as platforms
+
 from .errors import KvtierError, fail
 from .rowmap import RowMap
 
@@ -96,18 +98,10 @@ def check_copy(src: RowMap, src_indices, dst: RowMap, dst_indices, src_layer: in
                    f"src_indices has {src_indices.numel()}; counts must match")
     if by_page and src.page_size != dst.page_size:
         raise fail("by_page", True, f"page sizes differ (src {src.page_size}, dst {dst.page_size})")
+    plat = platforms.of(device)
     for m in (src, dst):
-        if device.type == "npu" and m.device.type == "cpu":
-            # Plain pinned memory is reachable by DMA only; registered memory through its
-            # device addresses (kernels/host_maps.py).
-            from kvtier.platforms.ascend_host import npu_reachable
-            if not npu_reachable(m):
-                raise KvtierError(f"{m.describe()}: Ascend kernels reach only host memory registered "
-                                  "with the NPU (HostPool(register=True), host_maps.register_npu_host); "
-                                  "use the dma strategy (device staging + bulk copies)")
-        elif device.type != "cpu" and m.device.type == "cpu" and not host_addressable(m):
-            raise KvtierError(f"{m.describe()}: host memory is not pinned, so the device cannot "
-                              "address it; pin it or use the dma strategy")
+        if device.type != "cpu" and m.device.type == "cpu" and not host_reachable(m, plat):
+            raise KvtierError(f"{m.describe()}: {plat.unreachable}")
     if check_values:
         check_range("src_indices", src_indices, src.num_rows)
         check_range("dst_indices", dst_indices, dst.num_rows)
@@ -117,9 +111,10 @@ def check_copy(src: RowMap, src_indices, dst: RowMap, dst_indices, src_layer: in
     return device, num_layers
 
 
-def host_addressable(m: RowMap) -> bool:
-    """Whether a host map's memory is pinned (device-addressable under UVA); cached."""
-    key = "pinned"
-    if key not in m._anchors:
-        m._anchors[key] = all(t.is_pinned() for t, _ in m.segments)
+def host_reachable(m: RowMap, plat) -> bool:
+    """Whether a kernel on platform ``plat`` can address host map ``m`` (pinned under UVA,
+    registered on Ascend); a yes is cached on the map."""
+    key = ("reachable", plat.name)
+    if not m._anchors.get(key):
+        m._anchors[key] = plat.kernel_reaches(m)
     return m._anchors[key]

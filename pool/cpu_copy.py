@@ -30,7 +30,7 @@ def get_cpu_copy(pool, indices: torch.Tensor, chunk_size: int = 8192) -> CpuCopy
     slots = slots_of(pool, indices, pages=False)
     chunks = []
     for start in range(0, slots.numel(), chunk_size):
-        bufs = gather_groups(pool, slots[start:start + chunk_size], False, op="cpu_copy")
+        bufs = gather_groups(pool, slots[start:start + chunk_size], False)
         chunks.append([b.to("cpu") for b in bufs])
     return CpuCopy(tuple(names for names, _ in pool.groups), chunk_size, slots.numel(), chunks)
 
@@ -56,4 +56,4 @@ def load_cpu_copy(pool, copy: CpuCopy, indices: torch.Tensor) -> None:
     for k, chunk in enumerate(copy.chunks):
         start = k * copy.chunk_size
         scatter_groups(pool, slots[start:start + copy.chunk_size],
-                       [t.to(pool.device) for t in chunk], False, op="cpu_copy")
+                       [t.to(pool.device) for t in chunk], False)

@@ -16,8 +16,10 @@ import torch
 
 from kvtier.kernels import RowMap
 
-from . import layouts, link_copy
-from .dispatch import run_copy
+from kvtier.kernels.layouts import host_layout
+
+from . import link_copy
+from .launch import launch
 from .dma_plan import plan, runs, shape_2d
 
 Runs = Tuple[torch.Tensor, torch.Tensor, torch.Tensor]
@@ -28,38 +30,31 @@ class Staging:
 
     def __init__(self, host_buf: torch.Tensor, layout: str, page_size: int, n_slots: int,
                  layers: int, device: torch.device):
-        paged = layouts.is_paged(layout)
-        self.layout = layout
-        row_shape = _row_shape(host_buf, layout)
-        self.tensor = torch.empty(layouts.shape(layout, comps=host_buf.shape[0], layers=layers,
-                                                slots=n_slots, page_size=page_size, row_shape=row_shape),
+        lay = self.layout = host_layout(layout)
+        row_shape = lay.row_shape(host_buf.shape[1:])
+        self.tensor = torch.empty((host_buf.shape[0], *lay.shape(layers=layers, slots=n_slots, page_size=page_size,
+                                                                  row_shape=row_shape)),
                                   dtype=host_buf.dtype, device=device)
-        p = page_size if paged else 1
+        p = page_size if lay.paged else 1
         self.map = RowMap.stack([RowMap.from_host_layout(self.tensor[c], layout, p)
                                  for c in range(self.tensor.shape[0])])
         self.index = torch.arange(n_slots, dtype=torch.int64, device=device)
 
     def copy_runs(self, host_buf: torch.Tensor, host_layer: int, run_arrays: Runs, to_host: bool) -> None:
         """Every run between the host buffer (from layer ``host_layer``) and staging."""
-        ld = layouts.layer_dim(self.layout)
+        ld = 1 + self.layout.layer_dim          # buffers are (C, ...)
         host_view = host_buf.narrow(ld, host_layer, self.tensor.shape[ld])
-        shape = shape_2d(host_view, self.tensor, layouts.unit_dim(self.layout))
+        shape = shape_2d(host_view, self.tensor, 1 + self.layout.unit_dim)
         base = host_layer * host_buf.stride(ld) * host_buf.element_size()
         link_copy.issue(plan(shape, *run_arrays, host_base=base), host_buf, self.tensor, to_host)
-
-
-def _row_shape(buf: torch.Tensor, layout: str):
-    if layout == "page_head":     # (C, pages, H, P, L, D): rows are H x D
-        return (buf.shape[2], buf.shape[5])
-    return tuple(buf.shape[len(layouts.DIMS[layout]):])
 
 
 def backup(op, dev_map, didx, host_buf, layout, page_size, dev_layer, host_layer, num_layers,
            run_list, by_page, config) -> None:
     """Device rows ``didx`` of layers dev_layer.. -> host layers host_layer.. at the runs."""
     st = Staging(host_buf, layout, page_size, didx.numel(), num_layers, didx.device)
-    run_copy(op, dev_map, didx, st.map, st.index.to(didx.dtype), src_layer=dev_layer, dst_layer=0,
-             num_layers=num_layers, by_page=by_page, config=config)
+    launch(op, dev_map, didx, st.map, st.index.to(didx.dtype), src_layer=dev_layer, dst_layer=0,
+           num_layers=num_layers, by_page=by_page, config=config, strategy="dma")
     st.copy_runs(host_buf, host_layer, run_list, to_host=True)
 
 
@@ -68,5 +63,5 @@ def load(op, dev_map, didx, host_buf, layout, page_size, dev_layer, host_layer, 
     """Host layers host_layer.. at the runs -> device rows ``didx`` of layers dev_layer.."""
     st = Staging(host_buf, layout, page_size, didx.numel(), num_layers, didx.device)
     st.copy_runs(host_buf, host_layer, run_list, to_host=False)
-    run_copy(op, st.map, st.index.to(didx.dtype), dev_map, didx, src_layer=0, dst_layer=dev_layer,
-             num_layers=num_layers, by_page=by_page, config=config)
+    launch(op, st.map, st.index.to(didx.dtype), dev_map, didx, src_layer=0, dst_layer=dev_layer,
+           num_layers=num_layers, by_page=by_page, config=config, strategy="dma")

@@ -11,7 +11,9 @@ from kvtier.kernels import RowMap
 from kvtier.kernels.errors import fail
 from kvtier.kernels.validate import check_index, check_range
 
-from .dispatch import run_copy
+from kvtier.kernels.ops import GATHER, SCATTER, Op
+
+from .launch import launch
 
 
 def slots_of(pool, indices: torch.Tensor, pages: bool) -> torch.Tensor:
@@ -40,7 +42,7 @@ def contiguous_map(t: torch.Tensor, pool, pages: bool) -> RowMap:
     return RowMap.stack(maps)
 
 
-def gather_groups(pool, slots: torch.Tensor, pages: bool, op: str = "gather") -> List[torch.Tensor]:
+def gather_groups(pool, slots: torch.Tensor, pages: bool, op: Op = GATHER) -> List[torch.Tensor]:
     """One contiguous buffer per group in ``pool.groups``, filled from ``slots``."""
     out = []
     dst_idx = torch.arange(slots.numel(), dtype=slots.dtype, device=slots.device)
@@ -48,21 +50,21 @@ def gather_groups(pool, slots: torch.Tensor, pages: bool, op: str = "gather") ->
         c = pool.components[names[0]]
         buf = torch.empty(group_shape(pool, names, slots.numel(), pages), dtype=c.dtype, device=pool.device)
         if slots.numel():
-            run_copy(op, m, slots, contiguous_map(buf, pool, pages), dst_idx,
-                     num_layers=c.num_layers, by_page=pages)
+            launch(op, m, slots, contiguous_map(buf, pool, pages), dst_idx,
+                   num_layers=c.num_layers, by_page=pages)
         out.append(buf)
     return out
 
 
 def scatter_groups(pool, slots: torch.Tensor, bufs: List[torch.Tensor], pages: bool,
-                   op: str = "scatter") -> None:
+                   op: Op = SCATTER) -> None:
     """Write group buffers (shapes as `gather_groups` makes them) back at ``slots``."""
     src_idx = torch.arange(slots.numel(), dtype=slots.dtype, device=slots.device)
     if not slots.numel():
         return
     for (names, m), buf in zip(pool.groups, bufs):
-        run_copy(op, contiguous_map(buf, pool, pages), src_idx, m, slots,
-                 num_layers=pool.components[names[0]].num_layers, by_page=pages)
+        launch(op, contiguous_map(buf, pool, pages), src_idx, m, slots,
+               num_layers=pool.components[names[0]].num_layers, by_page=pages)
 
 
 def gather(pool, indices: torch.Tensor, *, pages: bool = False) -> Dict[str, torch.Tensor]:

@@ -16,12 +16,16 @@ import torch
 
 from kvtier.kernels import RowMap
 from kvtier.kernels.errors import KvtierError, fail
-from kvtier.kernels.validate import check_index, check_page_aligned, check_range, host_addressable
+from kvtier.kernels.layouts import host_layout
+from kvtier.kernels.ops import BACKUP, LOAD, LOAD_LAYER, Op
+from kvtier.kernels.validate import check_index, check_page_aligned, check_range, host_reachable
 
-from . import dma, layouts
+from . import dma
 from .allocator import PageAllocator
 from .device import DevicePool
-from .dispatch import config_for, platform_of, run_copy
+import kvtier.platforms as platforms
+
+from .launch import launch, lookup
 from .spec import Component
 
 STRATEGIES = ("auto", "kernel", "dma")
@@ -44,15 +48,16 @@ class HostPool:
     packed after the target's), sized in tokens or in GB (10^9 bytes).
 
     layout: "layer_first" | "page_first" | "page_first_direct" | "page_head".
-    strategy: "kernel", "dma" or "auto" (per transfer, as `select_config` says; "dma" on
-        Ascend, whose kernels cannot address plain pinned memory).
+    strategy: "kernel", "dma" or "auto" (per transfer, as the tuned configuration says;
+        "dma" wherever kernels cannot address the buffers: unpinned memory, or unregistered
+        memory on Ascend).
     pin_memory: default True when the device pools live on an accelerator.
     check: validate index values (ranges, whole pages); costs a device sync per call.
     factory: ``(shape, dtype, pin) -> tensor`` to supply host memory (registered memory,
         shared memory); default ``torch.empty``.
-    register: Ascend: register the host buffers with the NPU (``aclrtHostRegister``,
-        mapped) so that kernels reach them and "auto" picks the kernel strategy; they are
-        unregistered when freed. Elsewhere a no-op: pinned memory is device-addressable.
+    register: make the host buffers reachable by kernels where the platform needs it
+        (Ascend: ``aclrtHostRegister``, mapped; unregistered when freed), so that "auto"
+        may pick the kernel strategy. Elsewhere a no-op: pinned memory is device-addressable.
     """
 
     def __init__(self, device_pools: Union[DevicePool, Sequence[DevicePool]], *,
@@ -62,7 +67,7 @@ class HostPool:
         pools = [device_pools] if isinstance(device_pools, DevicePool) else list(device_pools)
         if not pools or not all(isinstance(p, DevicePool) for p in pools):
             raise fail("device_pools", device_pools, "must be a DevicePool or a list of them (target first)")
-        layouts.check_layout(layout)
+        self._layout = host_layout(layout)
         if strategy not in STRATEGIES:
             raise fail("strategy", strategy, f"must be one of {STRATEGIES}")
         target = pools[0]
@@ -85,9 +90,15 @@ class HostPool:
         self.pin_memory = pin_memory
         factory = factory or (lambda shape, dtype, pin: torch.empty(shape, dtype=dtype, pin_memory=pin))
         self._build_buffers(pools, factory)
-        self.registered = register and platform_of(self.device) == "npu"
+        self._platform = platforms.of(self.device)
+        self.registered = bool(register and self._platform.register_host)
         if self.registered:
-            self._register_buffers()
+            for _, _, buf in self.groups:
+                self._platform.register_host(buf)
+        # Whether kernels reach these buffers (pinned under UVA; registered on Ascend):
+        # where they do not, "auto" takes the dma strategy.
+        self._kernel_reaches = self.device.type == "cpu" or all(
+            host_reachable(m, self._platform) for _, m, _ in self.groups)
         self.allocator = PageAllocator(self.size, self.page_size)
         self._moves: Dict[int, List[Move]] = {}
 
@@ -119,8 +130,8 @@ class HostPool:
         self.buffers: Dict[str, torch.Tensor] = {}
         for (row, dtype, _), names in buckets.items():
             c = self.components[names[0]]
-            shape = layouts.shape(self.layout, comps=len(names), layers=c.num_layers, slots=self.size,
-                                  page_size=self.page_size, row_shape=row)
+            shape = (len(names), *self._layout.shape(layers=c.num_layers, slots=self.size,
+                                                      page_size=self.page_size, row_shape=row))
             buf = factory(shape, dtype, self.pin_memory)
             if tuple(buf.shape) != shape or buf.dtype != dtype or not buf.is_contiguous():
                 raise fail("factory", (tuple(buf.shape), buf.dtype), f"must return a contiguous {shape} {dtype} tensor")
@@ -128,12 +139,6 @@ class HostPool:
             self.maps.update(zip(names, maps))
             self.buffers.update({n: buf[i] for i, n in enumerate(names)})
             self.groups.append((tuple(names), RowMap.stack(maps), buf))
-
-    def _register_buffers(self) -> None:
-        from kvtier.platforms.ascend_host import register_npu_host, unregister_storage
-        for _, _, buf in self.groups:
-            register_npu_host(buf)
-            weakref.finalize(buf, unregister_storage, buf.untyped_storage().data_ptr())
 
     def __repr__(self) -> str:
         return (f"HostPool({self.layout}, size={self.size}, page_size={self.page_size}, "
@@ -157,20 +162,20 @@ class HostPool:
                                      device_indices: torch.Tensor) -> None:
         """Device -> host, every layer of every component. Passing the target pool moves
         the packed draft pools' layers too (they share the target's token slots)."""
-        self._transfer("backup", device_pool, host_indices, device_indices, None)
+        self._transfer(BACKUP, device_pool, host_indices, device_indices, None)
 
     def load_to_device_all_layer(self, device_pool, host_indices: torch.Tensor,
                                  device_indices: torch.Tensor) -> None:
         """Host -> device, every layer (target pool: drafts too)."""
-        self._transfer("load_all", device_pool, host_indices, device_indices, None)
+        self._transfer(LOAD, device_pool, host_indices, device_indices, None)
 
     def load_to_device_per_layer(self, device_pool, host_indices: torch.Tensor,
                                  device_indices: torch.Tensor, layer_id: int) -> None:
         """Host -> device for model layer ``layer_id`` of ``device_pool`` only (layer-wise
         overlap with the forward pass). Indexer rows move for layers that have them."""
-        self._transfer("load_layer", device_pool, host_indices, device_indices, layer_id)
+        self._transfer(LOAD_LAYER, device_pool, host_indices, device_indices, layer_id)
 
-    def _transfer(self, op, device_pool, host_indices, device_indices, layer_id) -> None:
+    def _transfer(self, op: Op, device_pool, host_indices, device_indices, layer_id) -> None:
         slots = self._resolve(device_pool, whole=layer_id is None)
         if layer_id is not None:
             local = slots[0][1].local_layer(layer_id)
@@ -178,7 +183,7 @@ class HostPool:
         n = device_indices.numel()
         if n == 0:
             return
-        by_page = layouts.is_paged(self.layout) and self.page_size > 1
+        by_page = self._layout.paged and self.page_size > 1
         run_list = None
         for slot, pool in slots:
             for mv in self._moves_for(slot, pool):
@@ -189,30 +194,31 @@ class HostPool:
                 else:
                     continue    # an indexer with fewer layers than the model
                 host_layer = mv.host_layer + dev_layer
-                config = config_for(op, pool.device, mv.dev_map, n, count, crosses_link=True)
-                if self._strategy(config, pool) == "kernel":
+                config = lookup(op, mv.dev_map, mv.host_map, n, count)
+                strategy = self._strategy(config, pool)
+                if strategy == "kernel":
                     h = hidx.to(pool.device, non_blocking=True)
-                    if op == "backup":
-                        run_copy(op, mv.dev_map, device_indices, mv.host_map, h, src_layer=dev_layer,
-                                 dst_layer=host_layer, num_layers=count, by_page=by_page, config=config)
+                    if op.from_device:
+                        launch(op, mv.dev_map, device_indices, mv.host_map, h, src_layer=dev_layer,
+                               dst_layer=host_layer, num_layers=count, by_page=by_page, config=config,
+                               strategy=strategy)
                     else:
-                        run_copy(op, mv.host_map, h, mv.dev_map, device_indices, src_layer=host_layer,
-                                 dst_layer=dev_layer, num_layers=count, by_page=by_page, config=config)
+                        launch(op, mv.host_map, h, mv.dev_map, device_indices, src_layer=host_layer,
+                               dst_layer=dev_layer, num_layers=count, by_page=by_page, config=config,
+                               strategy=strategy)
                     continue
                 if run_list is None:
                     h = hidx.cpu()
                     run_list = dma.runs(h[::self.page_size] // self.page_size
-                                        if layouts.is_paged(self.layout) else h)
-                move = dma.backup if op == "backup" else dma.load
+                                        if self._layout.paged else h)
+                move = dma.backup if op.from_device else dma.load
                 move(op, mv.dev_map, device_indices, mv.host_buf, self.layout, self.page_size,
                      dev_layer, host_layer, count, run_list, by_page, config)
 
     def _strategy(self, config, pool) -> str:
         if self.strategy != "auto":
             return self.strategy
-        if platform_of(pool.device) == "npu":
-            return "kernel" if self.registered else "dma"   # kernels reach registered memory only
-        return config.strategy
+        return config.strategy if self._kernel_reaches else "dma"
 
     # ------------------------------------------------------------------ resolution and checks
     def _resolve(self, device_pool, whole: bool) -> List[Tuple[int, DevicePool]]:
@@ -240,7 +246,7 @@ class HostPool:
             check_range("host_indices", host_indices, self.size)
             for _, pool in slots:
                 check_range("device_indices", device_indices, pool.size)
-            if layouts.is_paged(self.layout):   # page layouts move whole pages
+            if self._layout.paged:   # page layouts move whole pages
                 check_page_aligned("host_indices", host_indices, self.page_size)
                 check_page_aligned("device_indices", device_indices, self.page_size)
         return host_indices

@@ -2,6 +2,7 @@
 components, and the address/size of each contiguous region of a page (zero copy)."""
 from __future__ import annotations
 
+import itertools
 from typing import Iterator, List, Tuple
 
 import torch
@@ -9,7 +10,7 @@ import torch
 from kvtier.kernels.errors import fail
 from kvtier.kernels.validate import check_index, check_page_aligned, check_range
 
-from . import layouts
+from kvtier.kernels.layouts import host_layout
 
 
 def _check_page_index(host, index) -> None:
@@ -21,8 +22,8 @@ def _check_page_index(host, index) -> None:
 
 def page_views(host, index: int) -> Iterator[torch.Tensor]:
     """One view per host group of the page starting at slot ``index`` (layout order)."""
-    ud = layouts.unit_dim(host.layout)
-    paged = layouts.is_paged(host.layout)
+    lay = host_layout(host.layout)
+    ud, paged = 1 + lay.unit_dim, lay.paged      # host buffers are (C, ...)
     start, length = (index // host.page_size, 1) if paged else (index, host.page_size)
     for _, _, buf in host.groups:
         yield buf.narrow(ud, start, length)
@@ -53,7 +54,24 @@ def get_page_buffer_meta(host, indices: torch.Tensor) -> Tuple[List[int], List[i
     ptrs, sizes = [], []
     for index in indices[::host.page_size].tolist():
         for v in page_views(host, index):
-            for (piece,) in layouts.contiguous_pieces(v):
+            for piece in contiguous_pieces(v):
                 ptrs.append(piece.data_ptr())
                 sizes.append(piece.numel() * piece.element_size())
     return ptrs, sizes
+
+
+def contiguous_pieces(view: torch.Tensor) -> Iterator[torch.Tensor]:
+    """Split ``view`` into the fewest contiguous pieces: the leading dims are iterated,
+    the dense tail is kept."""
+    split = next(s for s in range(view.dim() + 1) if _dense_from(view, s))
+    for idx in itertools.product(*(range(n) for n in view.shape[:split])):
+        yield view[idx]
+
+
+def _dense_from(t: torch.Tensor, s: int) -> bool:
+    expect = 1
+    for size, stride in zip(reversed(t.shape[s:]), reversed(t.stride()[s:])):
+        if size != 1 and stride != expect:
+            return False
+        expect *= size
+    return True

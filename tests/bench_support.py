@@ -61,8 +61,8 @@ def rows_of(w: Workload, side: str) -> torch.Tensor:
 
 
 # op -> (source side, destination side, layers moved as (first, count) of L)
-SIDES = {"backup_all": ("device", "host"), "load_layer": ("host", "device"),
-         "load_all": ("host", "device"), "gather": ("device", "gather")}
+SIDES = {"backup": ("device", "host"), "load_layer": ("host", "device"),
+         "load": ("host", "device"), "gather": ("device", "gather")}
 
 
 def expected_after(w: Workload, op: str, before_src: torch.Tensor, before_dst: torch.Tensor) -> torch.Tensor:

@@ -68,9 +68,9 @@ for layout, P in itertools.product(("layer_first", "page_first", "page_first_dir
         os.environ["KVTIER_DMA_COPY"] = mode
         host = HostPool(pool, layout=layout, size_tokens=2 * TOKENS, strategy=strategy, check=False)
         stream = side if stream_name == "side" else torch.cuda.default_stream()
-        ops = {"backup_all": (lambda: host.backup_from_device_all_layer(pool, hidx, didx), L),
+        ops = {"backup": (lambda: host.backup_from_device_all_layer(pool, hidx, didx), L),
                "load_layer": (lambda: host.load_to_device_per_layer(pool, hidx, didx, L // 2), 1),
-               "load_all": (lambda: host.load_to_device_all_layer(pool, hidx, didx), L)}
+               "load": (lambda: host.load_to_device_all_layer(pool, hidx, didx), L)}
         for op, (fn, layers) in ops.items():
             sec, host_s = timed(fn, stream)
             nbytes = 2 * layers * TOKENS * H * D * 2

@@ -8,6 +8,7 @@ import torch
 from kvtier.kernels import KvtierError, RowMap, copy_rows
 from kvtier import adapters
 from kvtier.adapters import maps as adapter_maps
+from kvtier.pool import launch as launch_module
 from test_adapter_model import Memory, kernel_copy, lf, needs_cpu_kernel, table
 
 
@@ -62,13 +63,13 @@ def test_from_table_checks_rows_against_owners():
 def launches(monkeypatch):
     """Records (row_bytes, num_components, config) of every copy_rows the adapters run."""
     seen = []
-    real = adapter_maps.copy_rows
+    real = launch_module.copy_rows
 
     def spy(src, si, dst, di, **kw):
         seen.append((src.row_bytes, src.num_components, kw["config"]))
         return real(src, si, dst, di, **kw)
 
-    monkeypatch.setattr(adapter_maps, "copy_rows", spy)
+    monkeypatch.setattr(launch_module, "copy_rows", spy)
     return seen
 
 

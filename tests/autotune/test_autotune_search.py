@@ -14,7 +14,7 @@ from kvtier.autotune.key import TuneKey, device_identity
 from kvtier.autotune.search import tune, tune_transfer
 from kvtier.autotune.space import candidates
 from kvtier.autotune.workload import PoolShape, Transfer, build_transfer
-from kvtier.kernels.config import CopyConfig, default_config
+from kvtier.kernels import CopyConfig, default_config
 
 SHAPE = PoolShape.mha(2, 2, 8, torch.float16, page_size=2)       # 32-byte rows
 CPU = device_identity("cpu")

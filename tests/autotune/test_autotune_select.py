@@ -4,7 +4,7 @@ import pytest
 from kvtier.autotune import cache, select, select_config, resolve
 from kvtier.autotune.cache import cache_path, store
 from kvtier.autotune.key import TuneKey, device_identity
-from kvtier.kernels.config import CopyConfig, default_config
+from kvtier.kernels import CopyConfig, default_config
 
 A = CopyConfig(num_programs=2, rows=16, block_bytes=1024, num_warps=1, strategy="dma")
 B = CopyConfig(num_programs=1, rows=64, block_bytes=4096, num_warps=1, strategy="kernel")

@@ -1,6 +1,8 @@
 """The search space: program cap, clamping duplicates away, tile limits, strategies."""
 import pytest
 
+from kvtier.kernels import CopyConfig, default_config
+
 from kvtier.autotune.key import DeviceId
 from kvtier.autotune.space import (MAX_PROGRAMS_ENV, candidates, default_max_programs, program_counts,
                                    space_for)
@@ -24,7 +26,7 @@ def test_program_counts():
 
 def test_default_cap_per_device_and_user_override(monkeypatch):
     assert default_max_programs(H200, crosses_link=True) == 16        # an eighth of 132 SMs
-    assert default_max_programs(H200, crosses_link=False) == 132
+    assert default_max_programs(H200, crosses_link=False) == 16 * 132    # the device-copy default's 16 per SM
     assert default_max_programs(DeviceId("cuda", "small", "sm_80", 8), True) == 2
     assert default_max_programs(NPU, True) == 40                      # one per vector core
     monkeypatch.setenv(MAX_PROGRAMS_ENV, "6")
@@ -40,30 +42,45 @@ def test_gpu_candidates_respect_cap_clamp_and_tile_limit(device, chunk):
     assert {c.num_programs for c in cfgs} == {1, 2, 4, 8, 12}
     assert {c.strategy for c in cfgs} == {"kernel", "dma"}
     widest = 1 << (chunk.bit_length() - 1)
+    default = default_config(device.platform)
     kernel = [c for c in cfgs if c.strategy == "kernel"]
+    # the shipped default (within the cap, block clamped to the row) is always timed
+    assert kernel[0] == CopyConfig(num_programs=min(default.num_programs, 12), rows=default.rows,
+                                   block_bytes=min(default.block_bytes, widest), num_warps=default.num_warps)
+    kernel = kernel[1:]
     assert max(c.block_bytes for c in kernel) == min(4096, widest)   # clamped like the launcher
     assert all(c.rows * c.block_bytes <= space.tile_limit for c in kernel)
     # more warps than the tile feeds 16 bytes each are dropped, the fewest warps stay
     assert all(c.num_warps == 1 or c.rows * c.block_bytes >= c.num_warps * space.warp * 16 for c in kernel)
     assert any(c.num_warps == 1 for c in kernel)
-    # 8 warps only where some tile feeds them: 16 rows x 64 B does not
-    assert any(c.num_warps == 8 for c in kernel) == (chunk >= 656)
+    # 16 warps only where some tile feeds them: 64 rows x 64 B does not
+    assert any(c.num_warps == 16 for c in kernel) == (chunk >= 656)
 
 
 def test_device_local_copies_time_kernels_only():
     cfgs = candidates(H200, chunk_bytes=1024, crosses_link=False)
     assert {c.strategy for c in cfgs} == {"kernel"}
-    assert max(c.num_programs for c in cfgs) == 132
+    assert max(c.num_programs for c in cfgs) == 16 * 132
+    assert default_config("cuda", crosses_link=False) in cfgs
 
 
 def test_npu_space_has_no_warps_dma_across_the_link_and_fits_the_unified_buffer():
     across = candidates(NPU, chunk_bytes=65536, crosses_link=True)
-    assert {c.strategy for c in across} == {"dma"}
+    # both ways across: kernels reach registered host memory, which the tuner registers as pools can
+    assert {c.strategy for c in across} == {"kernel", "dma"}
     local = candidates(NPU, chunk_bytes=65536, crosses_link=False)
     assert {c.num_warps for c in local} == {1}
     assert max(c.num_programs for c in local) == 40
     assert all(c.rows * c.block_bytes <= 96 * 1024 for c in local)
     assert any(c.rows * c.block_bytes == 65536 for c in local)
+
+
+@pytest.mark.parametrize("device", [H200, MI300, NPU, CPU])
+@pytest.mark.parametrize("crosses_link", [True, False])
+@pytest.mark.parametrize("quick", [False, True])
+def test_every_shipped_default_is_a_candidate(device, crosses_link, quick):
+    default = default_config(device.platform, crosses_link)
+    assert default in candidates(device, chunk_bytes=default.block_bytes, crosses_link=crosses_link, quick=quick)
 
 
 def test_quick_space_is_smaller():

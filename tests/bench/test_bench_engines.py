@@ -64,8 +64,8 @@ def test_pool_gather_result_matches_model():
 
 def test_verify_reports_wrong_layer_and_untouched_destination():
     w, _ = guarded_workload(SHAPES[0], seed=1)
-    t = w.transfer("load_all")
-    w.poison("load_all")
+    t = w.transfer("load")
+    w.poison("load")
     msg = verify(t)
     assert msg and "differs" in msg
     # Right rows, wrong layer: layer 0's rows written into layer 1.
@@ -80,7 +80,7 @@ def test_verify_reports_wrong_layer_and_untouched_destination():
 def test_strategies_other_than_kernel_are_not_copy_rows_points():
     w, _ = guarded_workload(SHAPES[0])
     with pytest.raises(Unsupported, match="dma"):
-        kvtier_engine.prepare(w, "backup_all", strategy="dma")
+        kvtier_engine.prepare(w, "backup", strategy="dma")
 
 
 def test_page_head_needs_head_sized_rows():

@@ -14,7 +14,7 @@ from kvtier.bench.probe import LaunchProbe
 from kvtier.bench.workload import POISON, Shape, Unsupported
 from kvtier.kernels import copy_rows
 
-TINY = Sweep(grids=(Grid(ops=("backup_all", "load_layer", "gather"), row_bytes=(128,), page_sizes=(4,),
+TINY = Sweep(grids=(Grid(ops=("backup", "load_layer", "gather"), row_bytes=(128,), page_sizes=(4,),
                          tokens=(8, 16), program_caps=(1,)),),
              max_layers=2, max_bytes=1 << 20, ceiling_bytes=1 << 20, warmup=0, iters=2,
              baselines=("torch", "sgl_kernel"), hardware=False)
@@ -59,7 +59,7 @@ def test_a_failing_engine_is_recorded_not_fatal(monkeypatch):
             programs, written = None, None
         return P()
     monkeypatch.setattr(torch_baseline, "prepare", broken)
-    sweep = Sweep(grids=(Grid(ops=("load_all",), row_bytes=(128,), page_sizes=(1,), tokens=(8,),
+    sweep = Sweep(grids=(Grid(ops=("load",), row_bytes=(128,), page_sizes=(1,), tokens=(8,),
                               strategies=("kernel",)),), max_layers=1, warmup=0, iters=2,
                   ceiling_bytes=1 << 20, baselines=("torch",), hardware=False)
     pts = run_sweep(sweep, torch.device("cpu"), log=None)["points"]
@@ -74,7 +74,7 @@ def test_time_budget_truncates():
 
 
 def test_goals_graded_on_hardware_figures():
-    mk = lambda **kw: {"op": "load_all", "layout": "layer_first", "row_bytes": 1024, "page_size": 16,
+    mk = lambda **kw: {"op": "load", "layout": "layer_first", "row_bytes": 1024, "page_size": 16,
                        "tokens": 4096, "bytes": 8 << 20, "strategy": "kernel", "programs": 4, **kw}
     run = {"points": [mk(engine="pool", gbps=50.0, pct_ceiling=96.0),
                       mk(engine="pool", strategy="dma", gbps=5.0, pct_ceiling=9.0),
@@ -93,15 +93,15 @@ def test_goals_graded_on_hardware_figures():
 def test_probe_records_the_grid_and_moves_nothing():
     s = Shape(components=2, layers=2, row_bytes=128, page_size=1, tokens=32, layout="layer_first")
     w, alloc = guarded_workload(s)
-    t = w.transfer("load_all")
-    w.poison("load_all")
-    cfg = bench.kvtier_engine.config_for(w, "load_all", num_programs=3)
+    t = w.transfer("load")
+    w.poison("load")
+    cfg = bench.kvtier_engine.config_for(w, "load", num_programs=3)
     with LaunchProbe() as probe:
         copy_rows(t.src, t.src_indices, t.dst, t.dst_indices, config=cfg)
     assert probe.programs() == 3 and len(probe.grids) == 1
-    assert all((x == POISON).all() for x in w.destination_tensors("load_all"))
+    assert all((x == POISON).all() for x in w.destination_tensors("load"))
     copy_rows(t.src, t.src_indices, t.dst, t.dst_indices, config=cfg)   # the kernel is back
-    assert not all((x == POISON).all() for x in w.destination_tensors("load_all"))
+    assert not all((x == POISON).all() for x in w.destination_tensors("load"))
     alloc.check()
 
 
@@ -120,4 +120,4 @@ def test_sgl_kernel_baseline_absent_here():
     s = Shape(components=2, layers=1, row_bytes=128, page_size=1, tokens=8, layout="layer_first")
     w, _ = guarded_workload(s)
     with pytest.raises(Unsupported, match="sgl_kernel is not importable"):
-        sgl_baseline.prepare(w, "load_all")
+        sgl_baseline.prepare(w, "load")

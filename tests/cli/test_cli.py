@@ -12,15 +12,16 @@ def test_info(capsys):
 
 
 def test_dma_copy_description(monkeypatch):
+    from kvtier.platforms import cuda as cuda_platform
     from kvtier.pool import link_copy
     monkeypatch.setenv("TASK_QUEUE_ENABLE", "1")
     assert "TASK_QUEUE_ENABLE=0" in link_copy.describe("npu")
     fake = link_copy.Runtime("cuda", None, None, 1, 1, batch=lambda *a: 0)
-    monkeypatch.setattr(link_copy, "_cuda_runtime", lambda: fake)
+    monkeypatch.setattr(cuda_platform, "_runtime", lambda hip: fake)
     assert link_copy.describe("cuda") == "cuda 2-D copies + batch for short copies (KVTIER_DMA_COPY=auto)"
     monkeypatch.setenv("KVTIER_DMA_COPY", "2d")
     assert link_copy.describe("cuda") == "cuda 2-D copies (KVTIER_DMA_COPY=2d)"
-    monkeypatch.setattr(link_copy, "_cuda_runtime", lambda: None)
+    monkeypatch.setattr(cuda_platform, "_runtime", lambda hip: None)
     assert "not found" in link_copy.describe("cuda")
 
 

@@ -58,7 +58,7 @@ def test_show_survives_a_corrupt_file(capsys, tmp_cache):
 
 
 @pytest.mark.parametrize("args,msg", [
-    (["--ops", "backup,swap"], "['swap']"),
+    (["--ops", "backup,swap"], "ops='swap'"),
     (["--rows", "0"], "--rows '0'"),
     (["--rows", "a,b"], "--rows 'a,b'"),
     (["--dtype", "float99"], "--dtype 'float99'"),

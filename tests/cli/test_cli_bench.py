@@ -28,7 +28,7 @@ def test_default_smoke_run_writes_table_json_and_plot(tmp_path):
     run = json.loads((tmp_path / "bench.json").read_text())
     assert run["environment"]["interpreter"] is True
     assert run["points"] and not [p for p in run["points"] if "error" in p]
-    assert {p["op"] for p in run["points"]} == {"backup_all", "load_layer", "load_all", "gather"}
+    assert {p["op"] for p in run["points"]} == {"backup", "load_layer", "load", "gather"}
     assert {p["engine"] for p in run["points"]} >= {"pool", "copy_rows", "torch"}
     assert (tmp_path / "bench.png").read_bytes()[:4] == b"\x89PNG"
     assert (tmp_path / "bench.txt").read_text().startswith("op ")

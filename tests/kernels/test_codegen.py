@@ -3,7 +3,7 @@ import pytest
 
 triton = pytest.importorskip("triton")
 from kvtier.kernels.codegen import compile_report, default_sweep  # noqa: E402
-from kvtier.kernels.config import CopyConfig, default_config  # noqa: E402
+from kvtier.kernels import CopyConfig, default_config  # noqa: E402
 
 if not hasattr(triton, "knobs"):  # triton-ascend 3.2 has no GPU backends to compile for
     pytest.skip("codegen needs community Triton", allow_module_level=True)

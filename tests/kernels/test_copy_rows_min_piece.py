@@ -3,7 +3,7 @@
 triton-ascend 3.2 copies a row piece under 32 bytes element by element, so on an NPU the
 launcher sets MIN_PIECE (words) and the kernel copies the part of a row tail below it as
 one MIN_PIECE-word window ending at the chunk's end, rewriting bytes already copied. Here
-the NPU floors are forced on CPU (the launcher's `_floors` seam) and the kernel runs under
+the NPU floors are forced on CPU (the launcher's `_platform` seam) and the kernel runs under
 the interpreter; every copy is checked bit for bit against the torch oracle over the whole
 poisoned, guarded destination (copy_rows_support.py), and every launch must carry the
 MIN_PIECE the case expects, so the window branch really runs (or really is compiled out
@@ -14,11 +14,14 @@ from __future__ import annotations
 import importlib
 from types import SimpleNamespace
 
+import dataclasses
+
 import pytest
 import torch
 
 from copy_rows_support import Side, kernel_really_runs, make_indices, run_and_check  # noqa: F401
 from kvtier.kernels import CopyConfig
+import kvtier.platforms as platforms
 from kvtier.platforms import NPU_MIN_PIECE_BYTES, NPU_MIN_ROWS, npu_launch_limits
 
 copy_rows_module = importlib.import_module("kvtier.kernels.copy_rows")
@@ -61,7 +64,8 @@ PAIRS = [("stacked", "table", 1), ("table", "stacked", 1), ("page_first_direct",
 def npu_launches(monkeypatch):
     """Launches plan as on an NPU (its floors, through the launcher's seam); returns the
     MIN_PIECE of every kernel launch, which still runs the real (interpreted) kernel."""
-    monkeypatch.setattr(copy_rows_module, "_floors", lambda device: dict(NPU_FLOORS))
+    npu_like = dataclasses.replace(platforms.get("cpu"), **NPU_FLOORS)
+    monkeypatch.setattr(copy_rows_module, "_platform", lambda device: npu_like)
     real, seen = copy_rows_module._kernel(), []
 
     class Spy:
@@ -140,8 +144,9 @@ def test_floors_apply_on_npu_only():
     """The launcher asks for the 32-byte floor (and two-row tiles) on an NPU only; the
     figures are the ones npu_launch_limits reports."""
     lim = npu_launch_limits(props={"name": "Ascend910B3", "num_vectorcore": 40})
-    npu = copy_rows_module._floors(SimpleNamespace(type="npu"))
+    floors = lambda p: dict(min_rows=p.min_rows, min_piece_bytes=p.min_piece_bytes)
+    npu = floors(platforms.get("npu"))
     assert npu == dict(min_rows=lim["min_rows"], min_piece_bytes=lim["min_piece_bytes"])
     assert npu == dict(min_rows=2, min_piece_bytes=32)
-    for kind in ("cpu", "cuda"):
-        assert copy_rows_module._floors(SimpleNamespace(type=kind)) == {}
+    for kind in ("cpu", "cuda", "rocm"):
+        assert floors(platforms.get(kind)) == dict(min_rows=1, min_piece_bytes=1)

@@ -10,21 +10,21 @@ import torch
 
 from copy_rows_support import HOST_FORMS, Side, make_indices, run_and_check
 from kvtier.kernels import KvtierError, RowMap
-from kvtier.platforms import ascend_host as host_maps
+from kvtier.platforms import ascend as host_maps
 from kvtier import platforms as plat
 
 
 @pytest.fixture(autouse=True)
 def clean_registry():
-    saved = dict(plat._registered)
+    saved = dict(host_maps._registered)
     yield
-    plat._registered.clear()
-    plat._registered.update(saved)
+    host_maps._registered.clear()
+    host_maps._registered.update(saved)
 
 
 def register_identity(side: Side) -> None:
     for g in side.guards:
-        plat.register_host_memory(g.raw, g.raw.untyped_storage().data_ptr())
+        host_maps.register_host_memory(g.raw, g.raw.untyped_storage().data_ptr())
 
 
 def as_kernel_sees(side: Side) -> Side:
@@ -55,7 +55,7 @@ def test_table_holds_the_registered_device_addresses():
     t = torch.empty((2, 3, 8, 16), dtype=torch.uint8)       # (C, L, N, row) layer_first
     m = RowMap.stack([RowMap.from_host_layout(t[c], "layer_first", 1) for c in range(2)])
     start = t.untyped_storage().data_ptr()
-    plat.register_host_memory(t, 0x5000_0000)
+    host_maps.register_host_memory(t, 0x5000_0000)
     table = host_maps.translate(m, torch.device("cpu")).table.tolist()
     want = [0x5000_0000 + (t[c, l].data_ptr() - start) for c in range(2) for l in range(3)]
     assert table == want
@@ -74,11 +74,11 @@ def test_unregistered_memory_is_refused_naming_the_byte():
     assert not host_maps.npu_reachable(m)
     with pytest.raises(KvtierError, match="not registered with the NPU.*register_npu_host"):
         host_maps.translate(m, torch.device("cpu"))
-    plat.register_host_memory(t, 0x1000)       # two of three layers registered: still refused
+    host_maps.register_host_memory(t, 0x1000)       # two of three layers registered: still refused
     assert not host_maps.npu_reachable(m)
     with pytest.raises(KvtierError, match=f"host byte {other.data_ptr():#x}"):
         host_maps.translate(m, torch.device("cpu"))
-    plat.register_host_memory(other, 0x9000)   # registered later: the same map is reachable now
+    host_maps.register_host_memory(other, 0x9000)   # registered later: the same map is reachable now
     assert host_maps.npu_reachable(m)
 
 

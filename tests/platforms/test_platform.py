@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from kvtier import platforms as plat
-from kvtier.platforms import PlatformUnavailable
+from kvtier.platforms import PlatformUnavailable, ascend
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -182,7 +182,7 @@ def test_platform_of():
                                           ("Ascend910_9391", 192 << 10, 64 << 10)])
 def test_npu_launch_limits(name, ub, tile):
     props = {"name": name, "num_aicore": 20, "num_vectorcore": 40,
-             "ub_bytes": plat._NPU_UB_BYTES.get(name, plat._NPU_UB_DEFAULT)}
+             "ub_bytes": ascend._NPU_UB_BYTES.get(name, ascend._NPU_UB_DEFAULT)}
     lim = plat.npu_launch_limits(props=props)
     assert lim == {"grid": 40, "max_tile_bytes": tile, "ub_bytes": ub, "min_rows": 2, "min_piece_bytes": 32}
     assert lim["max_tile_bytes"] * 2 <= ub
@@ -198,6 +198,6 @@ def test_host_device_address():
     try:
         assert plat.host_device_address(view, "npu") == 0x7000_0000 + 16
     finally:
-        plat._registered.pop(t.untyped_storage().data_ptr())
+        ascend._registered.pop(t.untyped_storage().data_ptr())
     with pytest.raises(PlatformUnavailable, match="meta"):
         plat.register_host_memory(torch.empty(4, device="meta"), 1)

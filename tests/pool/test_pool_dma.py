@@ -13,18 +13,24 @@ import torch
 
 from helpers import POISON, Guarded, assert_bytes_equal
 from kvtier.kernels import LAYOUTS
-from kvtier.pool import layouts, link_copy
+from kvtier.kernels.layouts import host_layout
+from kvtier.pool import link_copy
 from kvtier.pool.dma_plan import CopyPlan, plan, runs, shape_2d
 
 L, SLOTS, P, ROW = 4, 16, 4, (2, 3)      # layers, host slots, page size, row (heads, dim)
 
 
+def buffer_shape(layout, comps, **dims):
+    """A (C, ...) host buffer of ``comps`` components in ``layout``."""
+    return (comps, *host_layout(layout).shape(**dims))
+
+
 def buffers(layout, C, n_units, layers, gen):
     """A random host buffer and a poisoned staging buffer (guarded), shaped by the layout."""
-    P_ = P if layouts.is_paged(layout) else 1
-    host = Guarded(layouts.shape(layout, comps=C, layers=L, slots=SLOTS, page_size=P, row_shape=ROW),
+    P_ = P if host_layout(layout).paged else 1
+    host = Guarded(buffer_shape(layout, comps=C, layers=L, slots=SLOTS, page_size=P, row_shape=ROW),
                    torch.float16, gen=gen)
-    stage = Guarded(layouts.shape(layout, comps=C, layers=layers, slots=n_units * P_, page_size=P,
+    stage = Guarded(buffer_shape(layout, comps=C, layers=layers, slots=n_units * P_, page_size=P,
                                   row_shape=ROW), torch.float16, fill="poison", gen=gen)
     return host, stage
 
@@ -59,7 +65,7 @@ LAYER_RANGES = [(0, L), (2, 1), (1, 2)]
 def test_plan_moves_exactly_the_runs(layout, C, layers, to_host):
     gen = torch.Generator().manual_seed(hash((layout, C, layers, to_host)) % 2**31)
     first, count = layers
-    n_host_units = SLOTS // P if layouts.is_paged(layout) else SLOTS
+    n_host_units = SLOTS // P if host_layout(layout).paged else SLOTS
     units = fragmented_units(n_host_units, gen)
     host, stage = buffers(layout, C, units.numel(), count, gen)
     if not to_host:
@@ -67,7 +73,7 @@ def test_plan_moves_exactly_the_runs(layout, C, layers, to_host):
     else:
         stage.bytes().copy_(torch.randint(0, 256, (stage.nbytes,), dtype=torch.uint8, generator=gen))
         host.bytes().fill_(POISON)
-    ld, ud = layouts.layer_dim(layout), layouts.unit_dim(layout)
+    ld, ud = 1 + host_layout(layout).layer_dim, 1 + host_layout(layout).unit_dim
     view = host.t.narrow(ld, first, count)
     want = expected(view, stage.t, ud, units, to_host)
     host_before = host.snapshot()
@@ -100,12 +106,12 @@ def test_one_copy_per_run_for_whole_layer_ranges():
     units = fragmented_units(SLOTS, gen)
     for layout in ("layer_first", "page_first"):
         host, stage = buffers(layout, 2, units.numel(), L, gen)
-        shape = shape_2d(host.t, stage.t, layouts.unit_dim(layout))
+        shape = shape_2d(host.t, stage.t, 1 + host_layout(layout).unit_dim)
         assert len(plan(shape, *runs(units))) == n_runs(units), layout
     # page_first_direct (pages, L, P, row): a run of pages is one block per component.
     pages = fragmented_units(SLOTS // P, gen)
     host, stage = buffers("page_first_direct", 2, pages.numel(), L, gen)
-    shape = shape_2d(host.t, stage.t, layouts.unit_dim("page_first_direct"))
+    shape = shape_2d(host.t, stage.t, 1 + host_layout("page_first_direct").unit_dim)
     p = plan(shape, *runs(pages))
     assert len(p) == n_runs(pages) and p.height.tolist() == [2] * len(p)
 
@@ -143,7 +149,7 @@ def test_runtime_issue_splits_within_limits(layout, C, limits, to_host):
     the torch copies, also when pitches or heights exceed the runtime's limits, and for
     one-row copies (page_first_direct, one component: a run is one dense block)."""
     gen = torch.Generator().manual_seed(9)
-    units = fragmented_units(SLOTS // P if layouts.is_paged(layout) else SLOTS, gen)
+    units = fragmented_units(SLOTS // P if host_layout(layout).paged else SLOTS, gen)
     calls = []
 
     def fake(*args):
@@ -157,7 +163,7 @@ def test_runtime_issue_splits_within_limits(layout, C, limits, to_host):
         host, stage = buffers(layout, C, units.numel(), L, g)
         (stage if to_host else host).bytes().copy_(
             torch.randint(0, 256, ((stage if to_host else host).nbytes,), dtype=torch.uint8, generator=g))
-        p = plan(shape_2d(host.t, stage.t, layouts.unit_dim(layout)), *runs(units))
+        p = plan(shape_2d(host.t, stage.t, 1 + host_layout(layout).unit_dim), *runs(units))
         issue(p, host.t, stage.t, to_host)
         host.check()
         stage.check()
@@ -185,7 +191,7 @@ def test_runtime_batch_moves_every_piece(layout, to_host, monkeypatch):
     """The batch call (CUDA 12.8+) gets every row of every 2-D copy as one 1-D piece;
     the default stream (0) and KVTIER_DMA_COPY=2d keep the 2-D calls."""
     gen = torch.Generator().manual_seed(11)
-    units = fragmented_units(SLOTS // P if layouts.is_paged(layout) else SLOTS, gen)
+    units = fragmented_units(SLOTS // P if host_layout(layout).paged else SLOTS, gen)
     used = []
 
     def batch(*args):
@@ -205,9 +211,9 @@ def test_runtime_batch_moves_every_piece(layout, to_host, monkeypatch):
         host, stage = buffers(layout, 2, units.numel(), 2, g)
         (stage if to_host else host).bytes().copy_(
             torch.randint(0, 256, ((stage if to_host else host).nbytes,), dtype=torch.uint8, generator=g))
-        ld = layouts.layer_dim(layout)
+        ld = 1 + host_layout(layout).layer_dim
         view = host.t.narrow(ld, 1, 2)
-        p = plan(shape_2d(view, stage.t, layouts.unit_dim(layout)), *runs(units),
+        p = plan(shape_2d(view, stage.t, 1 + host_layout(layout).unit_dim), *runs(units),
                  host_base=host.t.stride(ld) * host.t.element_size())
         used.clear()
         if stream is None:

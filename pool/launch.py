@@ -1,0 +1,42 @@
+"""Every pool and adapter copy launches here: the configuration that
+`kvtier.autotune.config_for` picks for the operation, device and transfer size (or the
+caller's), one `copy_rows` on indices the caller has already validated, and one DEBUG
+line on the ``kvtier`` logger saying what ran (op, scope, strategy, config, rows, bytes)."""
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+import torch
+
+from kvtier.autotune import config_for
+from kvtier.kernels import CopyConfig, RowMap, copy_rows
+from kvtier.kernels.ops import Op
+from kvtier.kernels.validate import compute_device
+
+log = logging.getLogger("kvtier")
+
+
+def lookup(op: Op, src: RowMap, dst: RowMap, n_rows: int, num_layers: int) -> CopyConfig:
+    """The configuration for moving ``n_rows`` rows of ``num_layers`` layers from src to dst."""
+    return config_for(op, compute_device(src, dst), row_bytes=src.row_bytes, page_size=src.page_size,
+                      num_rows=n_rows, num_layers=num_layers)
+
+
+def launch(op: Op, src: RowMap, si: torch.Tensor, dst: RowMap, di: torch.Tensor, *,
+           src_layer: int = 0, dst_layer: int = 0, num_layers: int, by_page: bool = False,
+           config: Optional[CopyConfig] = None, strategy: Optional[str] = None) -> None:
+    """``copy_rows`` on validated indices (no device sync), with the tuned configuration.
+    ``strategy`` names the pool strategy the copy is part of (the dma path's gather)."""
+    if config is None:
+        config = lookup(op, src, dst, si.numel(), num_layers)
+    if log.isEnabledFor(logging.DEBUG):
+        log_launch(op, strategy or config.strategy, config, si.numel(),
+                   si.numel() * src.row_bytes * num_layers * src.num_components)
+    copy_rows(src, si, dst, di, src_layer=src_layer, dst_layer=dst_layer, num_layers=num_layers,
+              by_page=by_page, config=config, check=False)
+
+
+def log_launch(op: Op, strategy: str, config: CopyConfig, rows: int, nbytes: int) -> None:
+    log.debug("launch op=%s scope=%s strategy=%s config=%s rows=%d bytes=%d", op.name, op.scope,
+              strategy, config.to_dict(), rows, nbytes)
