@@ -127,31 +127,15 @@ def _unify_chunks(src: RowMap, dst: RowMap):
 def _chunked_like(contig: RowMap, other: RowMap) -> RowMap:
     from dataclasses import replace
     return replace(contig, n_chunks=other.n_chunks, chunk_bytes=other.chunk_bytes,
-                   chunk_stride=other.chunk_bytes, _anchors=contig._anchors)
+                   chunk_stride=other.chunk_bytes).sharing_anchors(contig)
 
 
 def _split_chunks(m: RowMap, c: int) -> RowMap:
     # Only contiguous chunk sub-splits are representable with one chunk stride.
     if m.n_chunks == 1 or m.chunk_stride == m.chunk_bytes:
         from dataclasses import replace
-        return replace(m, n_chunks=m.row_bytes // c, chunk_bytes=c, chunk_stride=c, _anchors=m._anchors)
+        return replace(m, n_chunks=m.row_bytes // c, chunk_bytes=c, chunk_stride=c).sharing_anchors(m)
     raise KvtierError(f"cannot pair {m.describe()} with a map chunked in {c}-byte pieces")
-
-
-def _table_on(m: RowMap, device: torch.device) -> torch.Tensor:
-    key = ("table", str(device))
-    t = m._anchors.get(key)
-    if t is None:
-        t = m.table if m.table.device == device else m.table.to(device)
-        m._anchors[key] = t
-    return t
-
-
-def _pages_of(m: RowMap) -> RowMap:
-    p = m._anchors.get("as_pages")
-    if p is None:
-        p = m._anchors["as_pages"] = m.as_pages()
-    return p
 
 
 def copy_rows(src: RowMap, src_indices: torch.Tensor, dst: RowMap, dst_indices: torch.Tensor,
@@ -177,7 +161,7 @@ def copy_rows(src: RowMap, src_indices: torch.Tensor, dst: RowMap, dst_indices: 
         config = platforms.of(device).default_config(crosses_link=src.device.type != dst.device.type)
     if by_page and src.page_size > 1 and src.page_contiguous and dst.page_contiguous:
         p = src.page_size
-        src, dst = _pages_of(src), _pages_of(dst)
+        src, dst = src.pages_as_rows(), dst.pages_as_rows()
         src_indices, dst_indices = src_indices[::p] // p, dst_indices[::p] // p
         n = src_indices.numel()
     if _triton() is None:
@@ -227,7 +211,7 @@ def launch(src: RowMap, src_indices, dst: RowMap, dst_indices, src_layer: int, d
     """Launch the kernel on already-validated arguments (the pools' hot path)."""
     plat = _platform(device)
     # A map as the kernel addresses it (Ascend: registered host memory by device address).
-    src, dst = plat.kernel_view(src, device), plat.kernel_view(dst, device)
+    src, dst = src.kernel_view(plat, device), dst.kernel_view(plat, device)
     src, dst = _unify_chunks(src, dst)
     # The kernel reads indices as dense arrays: a strided view would address other rows.
     src_indices, dst_indices = src_indices.contiguous(), dst_indices.contiguous()
@@ -241,7 +225,7 @@ def launch(src: RowMap, src_indices, dst: RowMap, dst_indices, src_layer: int, d
     args = []
     for m in (src, dst):
         if m.is_table:
-            table = _table_on(m, device)
+            table = m.table_on(device)
             # The pointer argument of a table side is unused; its dtype names the word type.
             other = dst if m is src else src
             ptr = other.anchor(word) if not other.is_table else _word_view(table, word)

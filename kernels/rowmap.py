@@ -59,6 +59,27 @@ def _dense_row(shape: Sequence[int], strides: Sequence[int], itemsize: int, arg:
     return expect * itemsize
 
 
+@dataclass(eq=False)
+class Derived:
+    """What a `RowMap` works out from itself once and keeps, so that a launch does not
+    redo it: never part of the map's identity, and new for every map (`dataclasses.replace`
+    makes a new map with an empty one). Filled only by the RowMap methods named here.
+
+    anchors: word-typed tensor from the map's base, per word size (`RowMap.anchor`).
+    tables: the address table as read on each device (`RowMap.table_on`).
+    pages: the map with a whole page as one row (`RowMap.pages_as_rows`).
+    reachable: platform names whose kernels reach this host map (`RowMap.reachable_by`);
+        only a yes is kept, since memory may be registered later.
+    views: the map as a kernel on each device addresses it (`RowMap.kernel_view`).
+    """
+
+    anchors: dict = field(default_factory=dict)
+    tables: dict = field(default_factory=dict)
+    pages: Optional["RowMap"] = None
+    reachable: set = field(default_factory=set)
+    views: dict = field(default_factory=dict)
+
+
 @dataclass(frozen=True, eq=False)
 class RowMap:
     """Descriptor of one or more KV components' rows across layers (see module doc).
@@ -86,7 +107,10 @@ class RowMap:
     align: int             # power of two (<= 16) dividing every address and stride
     # (tensor, first byte address used) per layer base, for the reference and the checks
     segments: tuple = field(repr=False, default=())
-    _anchors: dict = field(repr=False, default_factory=dict, compare=False)
+    derived: Derived = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "derived", Derived())
 
     # ------------------------------------------------------------------ properties
     @property
@@ -122,7 +146,7 @@ class RowMap:
         the pointer argument the kernel offsets from."""
         if self.is_table:
             raise KvtierError("anchor() is for stacked maps; this map is addressed by a table")
-        a = self._anchors.get(word_bytes)
+        a = self.derived.anchors.get(word_bytes)
         if a is None:
             owner = self.segments[0][0]
             first, end = _storage_span(owner)
@@ -130,7 +154,7 @@ class RowMap:
             a = torch.empty(0, dtype=dtype, device=owner.device).set_(
                 owner.untyped_storage(), (self.base - first) // word_bytes,
                 ((end - self.base) // word_bytes,), (1,))
-            self._anchors[word_bytes] = a
+            self.derived.anchors[word_bytes] = a
         return a
 
     def as_pages(self) -> "RowMap":
@@ -140,7 +164,42 @@ class RowMap:
         return replace(self, num_rows=self.num_pages, page_size=1,
                        row_bytes=self.row_bytes * self.page_size,
                        chunk_bytes=self.row_bytes * self.page_size, chunk_stride=0,
-                       token_stride=self.page_stride, _anchors={})
+                       token_stride=self.page_stride)
+
+    def pages_as_rows(self) -> "RowMap":
+        """`as_pages`, worked out once per map."""
+        if self.derived.pages is None:
+            self.derived.pages = self.as_pages()
+        return self.derived.pages
+
+    def table_on(self, device: torch.device) -> torch.Tensor:
+        """The address table on ``device`` (copied there once)."""
+        t = self.derived.tables.get(device)
+        if t is None:
+            t = self.derived.tables[device] = self.table if self.table.device == device else self.table.to(device)
+        return t
+
+    def reachable_by(self, platform) -> bool:
+        """Whether kernels of ``platform`` (a `kvtier.platforms.Platform`) address this
+        host map (pinned under UVA, registered on Ascend)."""
+        if platform.name not in self.derived.reachable:
+            if not platform.kernel_reaches(self):
+                return False
+            self.derived.reachable.add(platform.name)
+        return True
+
+    def kernel_view(self, platform, device: torch.device) -> "RowMap":
+        """This map as a kernel of ``platform`` on ``device`` addresses it (once per device)."""
+        v = self.derived.views.get(device)
+        if v is None:
+            v = self.derived.views[device] = platform.kernel_view(self, device)
+        return v
+
+    def sharing_anchors(self, other: "RowMap") -> "RowMap":
+        """This map, reusing ``other``'s word views: for a map with the same base and
+        memory re-described (chunks split differently)."""
+        self.derived.anchors = other.derived.anchors
+        return self
 
     def select_layers(self, start: int, count: int) -> "RowMap":
         """A map of layers start .. start+count (a pipeline stage's slice)."""
@@ -151,8 +210,8 @@ class RowMap:
                     for c in range(self.num_components)]
             segs = tuple(s for c in range(self.num_components)
                          for s in self.segments[c * self.num_layers + start:c * self.num_layers + start + count])
-            return replace(self, num_layers=count, table=torch.cat(rows), segments=segs, _anchors={})
-        return replace(self, num_layers=count, base=self.base + start * self.layer_stride, _anchors={})
+            return replace(self, num_layers=count, table=torch.cat(rows), segments=segs)
+        return replace(self, num_layers=count, base=self.base + start * self.layer_stride)
 
     # ------------------------------------------------------------ constructors
     @classmethod
@@ -309,7 +368,7 @@ class RowMap:
         segs = tuple(s for m in maps for s in m.segments)
         if m0.is_table:
             return replace(m0, num_components=len(maps), table=torch.cat([m.table for m in maps]),
-                           segments=segs, align=min(m.align for m in maps), _anchors={})
+                           segments=segs, align=min(m.align for m in maps))
         # Stacked: equal distance between consecutive bases inside one allocation.
         storages = {_storage_span(m.segments[0][0]) for m in maps}
         steps = {maps[i + 1].base - maps[i].base for i in range(len(maps) - 1)}
@@ -317,7 +376,7 @@ class RowMap:
             return None
         step = steps.pop()
         out = replace(m0, num_components=len(maps), comp_stride=step, segments=segs,
-                      align=min(_pow2_align(step), *(m.align for m in maps)), _anchors={})
+                      align=min(_pow2_align(step), *(m.align for m in maps)))
         out._check_bounds()
         return out
 

@@ -100,7 +100,7 @@ def check_copy(src: RowMap, src_indices, dst: RowMap, dst_indices, src_layer: in
         raise fail("by_page", True, f"page sizes differ (src {src.page_size}, dst {dst.page_size})")
     plat = platforms.of(device)
     for m in (src, dst):
-        if device.type != "cpu" and m.device.type == "cpu" and not host_reachable(m, plat):
+        if device.type != "cpu" and m.device.type == "cpu" and not m.reachable_by(plat):
             raise KvtierError(f"{m.describe()}: {plat.unreachable}")
     if check_values:
         check_range("src_indices", src_indices, src.num_rows)
@@ -109,12 +109,3 @@ def check_copy(src: RowMap, src_indices, dst: RowMap, dst_indices, src_layer: in
             check_page_aligned("src_indices", src_indices, src.page_size)
             check_page_aligned("dst_indices", dst_indices, dst.page_size)
     return device, num_layers
-
-
-def host_reachable(m: RowMap, plat) -> bool:
-    """Whether a kernel on platform ``plat`` can address host map ``m`` (pinned under UVA,
-    registered on Ascend); a yes is cached on the map."""
-    key = ("reachable", plat.name)
-    if not m._anchors.get(key):
-        m._anchors[key] = plat.kernel_reaches(m)
-    return m._anchors[key]

@@ -173,12 +173,8 @@ def registered_device_address(addr: int) -> Optional[int]:
 
 
 def npu_reachable(m: RowMap) -> bool:
-    """Whether every layer of host map ``m`` lies in registered memory (a yes is cached;
-    a no is asked again, since the memory may be registered later)."""
-    key = "npu_reachable"
-    if not m._anchors.get(key):
-        m._anchors[key] = all(registered_device_address(a) is not None for a in _layer_bases(m))
-    return m._anchors[key]
+    """Whether every layer of host map ``m`` lies in registered memory."""
+    return all(registered_device_address(a) is not None for a in _layer_bases(m))
 
 
 def device_addressed(m: RowMap, device: torch.device) -> RowMap:
@@ -186,11 +182,7 @@ def device_addressed(m: RowMap, device: torch.device) -> RowMap:
     registered device addresses (on ``device``); other maps are returned unchanged."""
     if m.device.type != "cpu" or device.type == "cpu":
         return m
-    key = ("device_addressed", str(device))
-    hit = m._anchors.get(key)
-    if hit is None:
-        hit = m._anchors[key] = translate(m, device)
-    return hit
+    return translate(m, device)
 
 
 def translate(m: RowMap, table_device: torch.device) -> RowMap:
@@ -208,7 +200,7 @@ def translate(m: RowMap, table_device: torch.device) -> RowMap:
     align = _pow2_align(m.row_bytes, m.token_stride, m.page_stride, m.chunk_bytes,
                         *([m.chunk_stride] if m.n_chunks > 1 else []), *addrs)
     return replace(m, table=table, base=0, layer_stride=0, comp_stride=0, device=table_device,
-                   align=min(align, m.align), _anchors={})
+                   align=min(align, m.align))
 
 
 def _layer_bases(m: RowMap):

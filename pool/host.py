@@ -18,7 +18,7 @@ from kvtier.kernels import RowMap
 from kvtier.kernels.errors import KvtierError, fail
 from kvtier.kernels.layouts import host_layout
 from kvtier.kernels.ops import BACKUP, LOAD, LOAD_LAYER, Op
-from kvtier.kernels.validate import check_index, check_page_aligned, check_range, host_reachable
+from kvtier.kernels.validate import check_index, check_page_aligned, check_range
 
 from . import dma
 from .allocator import PageAllocator
@@ -98,7 +98,7 @@ class HostPool:
         # Whether kernels reach these buffers (pinned under UVA; registered on Ascend):
         # where they do not, "auto" takes the dma strategy.
         self._kernel_reaches = self.device.type == "cpu" or all(
-            host_reachable(m, self._platform) for _, m, _ in self.groups)
+            m.reachable_by(self._platform) for _, m, _ in self.groups)
         self.allocator = PageAllocator(self.size, self.page_size)
         self._moves: Dict[int, List[Move]] = {}
 

@@ -60,8 +60,9 @@ def test_table_holds_the_registered_device_addresses():
     want = [0x5000_0000 + (t[c, l].data_ptr() - start) for c in range(2) for l in range(3)]
     assert table == want
     # Translated once per map and device (meta stands in for the NPU: no bytes needed).
-    first = host_maps.device_addressed(m, torch.device("meta"))
-    assert first.device.type == "meta" and first is host_maps.device_addressed(m, torch.device("meta"))
+    meta = torch.device("meta")
+    first = m.kernel_view(host_maps.NPU, meta)
+    assert first.device.type == "meta" and first is m.kernel_view(host_maps.NPU, meta)
     # A per-layer (table) host map translates the same.
     per_layer = RowMap.from_layers([t[0, l] for l in range(3)])
     assert host_maps.translate(per_layer, torch.device("cpu")).table.tolist() == want[:3]
@@ -78,8 +79,9 @@ def test_unregistered_memory_is_refused_naming_the_byte():
     assert not host_maps.npu_reachable(m)
     with pytest.raises(KvtierError, match=f"host byte {other.data_ptr():#x}"):
         host_maps.translate(m, torch.device("cpu"))
+    assert not m.reachable_by(host_maps.NPU)          # a no is not kept...
     host_maps.register_host_memory(other, 0x9000)   # registered later: the same map is reachable now
-    assert host_maps.npu_reachable(m)
+    assert host_maps.npu_reachable(m) and m.reachable_by(host_maps.NPU)
 
 
 def test_device_maps_and_cpu_copies_are_left_alone():
