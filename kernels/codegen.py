@@ -75,7 +75,6 @@ def compile_report(target: str = "sm90", *, config: Optional[CopyConfig] = None,
                    index_bits: int = 64) -> KernelReport:
     """Compile one kernel configuration for ``target`` and report on it (never raises
     for a compile failure: the report's ``error`` says what went wrong)."""
-    from .copy_rows import _pow2_floor
     config = config or CopyConfig()
     shape = dict(row_bytes=row_bytes, src_table=src_table, dst_table=dst_table, page_size=page_size,
                  n_chunks=n_chunks, num_components=num_components, align=align, index_bits=index_bits)
@@ -97,17 +96,13 @@ def compile_report(target: str = "sm90", *, config: Optional[CopyConfig] = None,
 
 def kernel_constants(config: CopyConfig, shape: dict) -> dict:
     """The compile-time constants the launcher would pass for this shape and config."""
-    from .copy_rows import plan_copy
-    from types import SimpleNamespace
-    chunk = shape["row_bytes"] // shape["n_chunks"]
-    side = SimpleNamespace(align=shape["align"], chunk_bytes=chunk)
-    kind, _, warp = TARGETS[shape.get("target", "sm90")]
-    plan = plan_copy(side, side, 1 << 20, config, threads=config.num_warps * warp)
-    return dict(SRC_TABLE=shape["src_table"], DST_TABLE=shape["dst_table"], WORD=plan["word"],
-                SRC_PAGE=shape["page_size"], DST_PAGE=shape["page_size"],
-                N_COMP=shape["num_components"], N_CHUNKS=shape["n_chunks"],
-                CHUNK_WORDS=plan["chunk_words"], ROWS=plan["rows"], BLOCK=plan["block"],
-                LOG_BLOCK=plan["log_block"], ALIGN=plan["align"], MIN_PIECE=plan["min_piece"])
+    from .plan import Geometry, kernel_constants as constants
+    side = dict(page_size=shape["page_size"], num_components=shape["num_components"],
+                n_chunks=shape["n_chunks"], chunk_bytes=shape["row_bytes"] // shape["n_chunks"],
+                align=shape["align"])
+    warp = TARGETS[shape.get("target", "sm90")][2]
+    return constants(Geometry(shape["src_table"], **side), Geometry(shape["dst_table"], **side), 1 << 20,
+                     config, threads=config.num_warps * warp)
 
 
 def _compile(target: str, config: CopyConfig, shape: dict):

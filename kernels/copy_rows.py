@@ -19,6 +19,7 @@ import kvtier.platforms as platforms
 
 from .config import CopyConfig
 from .errors import KvtierError
+from .plan import kernel_constants, plan_copy  # noqa: F401  (plan_copy: tests and tools)
 from .rowmap import RowMap
 from .validate import check_copy
 
@@ -61,52 +62,6 @@ def _warn_once(key: str, msg: str) -> None:
     if key not in _warned:
         _warned.add(key)
         warnings.warn(msg, RuntimeWarning, stacklevel=3)
-
-
-def _pow2_floor(x: int) -> int:
-    return 1 << (max(int(x), 1).bit_length() - 1)
-
-
-def plan_copy(src: RowMap, dst: RowMap, n_rows: int, config: CopyConfig, threads: int = 0,
-              min_rows: int = 1, min_piece_bytes: int = 1) -> dict:
-    """Compile-time constants for one copy (no tensors touched).
-
-    word: the widest integer (<= 8 bytes) that divides every address and stride.
-    block: the inner tile width in words (a power of two, at most one chunk).
-    rows: rows per tile, at least ``config.rows``; with ``threads`` (GPU threads per
-    program) it is raised until the smallest tail piece of a tile gives every thread
-    16 bytes, so that non-power-of-two rows (576 B, 656 B) keep 16-byte accesses,
-    within a 16 KiB tile. ``min_rows`` is a floor set by the platform (triton-ascend
-    3.2 cannot lower a one-row tile).
-    min_piece: the narrowest tail piece in words; the part of the tail below it is copied
-    as one window of min_piece words ending at the chunk's end. It is
-    ``min_piece_bytes // word`` (a platform floor: triton-ascend 3.2 copies a piece under
-    32 bytes element by element) where the chunk has that many words and the tail leaves
-    such a part, else 1 (no window).
-    """
-    word = min(src.align, dst.align, 8)
-    while src.chunk_bytes % word or dst.chunk_bytes % word:
-        word //= 2
-    align = max(min(src.align, dst.align) // word, 1)
-    chunk_words = src.chunk_bytes // word
-    block = min(_pow2_floor(config.block_bytes // word), _pow2_floor(chunk_words))
-    rows = max(config.rows, min_rows)
-    if threads:
-        tail = chunk_words % block
-        smallest = (tail & -tail) if tail else block           # words in the smallest piece
-        want = _pow2_ceil(-(-threads * 16 // (smallest * word)))
-        fit = _pow2_floor(max(16384 // (block * word), 1))
-        rows = max(rows, min(want, fit))
-    rows = max(min(rows, _pow2_ceil(n_rows)), min_rows)
-    piece = _pow2_floor(max(min_piece_bytes // word, 1))
-    if chunk_words < piece or not (chunk_words % block) % piece:
-        piece = 1
-    return dict(word=word, align=align, chunk_words=chunk_words, block=block, rows=rows,
-                log_block=block.bit_length() - 1, min_piece=piece)
-
-
-def _pow2_ceil(x: int) -> int:
-    return 1 << (max(int(x), 1) - 1).bit_length()
 
 
 def _unify_chunks(src: RowMap, dst: RowMap):
@@ -216,11 +171,11 @@ def launch(src: RowMap, src_indices, dst: RowMap, dst_indices, src_layer: int, d
     # The kernel reads indices as dense arrays: a strided view would address other rows.
     src_indices, dst_indices = src_indices.contiguous(), dst_indices.contiguous()
     n = src_indices.numel()
-    plan = plan_copy(src, dst, n, config, threads=config.num_warps * plat.warp_threads,
-                     min_rows=plat.min_rows, min_piece_bytes=plat.min_piece_bytes)
-    word = plan["word"]
-    unit = word * plan["align"]
-    tiles = -(-n // plan["rows"])
+    const = kernel_constants(src, dst, n, config, threads=config.num_warps * plat.warp_threads,
+                             min_rows=plat.min_rows, min_piece_bytes=plat.min_piece_bytes)
+    word = const["WORD"]
+    unit = word * const["ALIGN"]
+    tiles = -(-n // const["ROWS"])
     grid = max(1, min(config.num_programs, src.num_components * num_layers * tiles))
     args = []
     for m in (src, dst):
@@ -237,12 +192,7 @@ def launch(src: RowMap, src_indices, dst: RowMap, dst_indices, src_layer: int, d
     _kernel()[(grid,)](
         sp, st, src_indices, dp, dt, dst_indices,
         n, num_layers, src_layer, dst_layer, src.num_layers, dst.num_layers,
-        *_units(src, unit), *_units(dst, unit),
-        SRC_TABLE=src.is_table, DST_TABLE=dst.is_table, WORD=word,
-        SRC_PAGE=src.page_size, DST_PAGE=dst.page_size,
-        N_COMP=src.num_components, N_CHUNKS=src.n_chunks, CHUNK_WORDS=plan["chunk_words"],
-        ROWS=plan["rows"], BLOCK=plan["block"], LOG_BLOCK=plan["log_block"], ALIGN=plan["align"],
-        MIN_PIECE=plan["min_piece"], num_warps=config.num_warps,
+        *_units(src, unit), *_units(dst, unit), **const, num_warps=config.num_warps,
     )
 
 

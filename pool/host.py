@@ -15,6 +15,7 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import torch
 
 from kvtier.kernels import RowMap
+from kvtier.kernels.config import STRATEGIES as LINK_STRATEGIES
 from kvtier.kernels.errors import KvtierError, fail
 from kvtier.kernels.layouts import host_layout
 from kvtier.kernels.ops import BACKUP, LOAD, LOAD_LAYER, Op
@@ -28,7 +29,7 @@ import kvtier.platforms as platforms
 from .launch import launch, lookup
 from .spec import Component
 
-STRATEGIES = ("auto", "kernel", "dma")
+STRATEGIES = ("auto",) + LINK_STRATEGIES   # "auto": the tuned configuration decides
 
 
 @dataclass(frozen=True)

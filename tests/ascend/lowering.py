@@ -18,6 +18,7 @@ Needs triton-ascend (its own venv; see .ci/ascend.sh).
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import re
 import subprocess
@@ -76,14 +77,16 @@ def recorded_launches(floors: dict):
     """Within the block, `copy_rows` records its kernel launches instead of running them,
     planning them with ``floors`` (plan_copy's min_rows / min_piece_bytes) as on an NPU."""
     launcher = importlib.import_module("kvtier.kernels.copy_rows")
+    platforms = importlib.import_module("kvtier.platforms")
     rec = _Recorder(kernel_fn().arg_names)
-    saved = launcher._kernel, launcher.interpreter_active, launcher._floors
+    npu_like = dataclasses.replace(platforms.get("cpu"), **floors)
+    saved = launcher._kernel, launcher.interpreter_active, launcher._platform
     launcher._kernel, launcher.interpreter_active = (lambda: rec), (lambda: True)
-    launcher._floors = lambda device: dict(floors)
+    launcher._platform = lambda device: npu_like
     try:
         yield rec.launches
     finally:
-        launcher._kernel, launcher.interpreter_active, launcher._floors = saved
+        launcher._kernel, launcher.interpreter_active, launcher._platform = saved
 
 
 def source(launch: Launch):
