@@ -59,7 +59,7 @@ def _layers_in(layout_dim: int, item_size: int, arg: str = "layout_dim") -> int:
     return layout_dim // item_size
 
 
-def layer_first(arg: str, t: torch.Tensor, item_size: int) -> RowMap:
+def lf_buffer(arg: str, t: torch.Tensor, item_size: int) -> RowMap:
     """One layer, rows packed: row i at ``base + i * item_size`` (SGLang's ``lf``)."""
     _positive("item_size", item_size)
     rows = _dense_bytes(arg, t, item_size) // item_size
@@ -67,7 +67,7 @@ def layer_first(arg: str, t: torch.Tensor, item_size: int) -> RowMap:
                                token_stride=item_size, page_stride=item_size, layer_stride=0)
 
 
-def page_first(arg: str, t: torch.Tensor, item_size: int, layout_dim: int) -> RowMap:
+def pf_buffer(arg: str, t: torch.Tensor, item_size: int, layout_dim: int) -> RowMap:
     """All layers of a token together: row (i, l) at ``base + i * layout_dim + l * item_size``
     (SGLang's ``pf``; ``layout_dim`` = layers x item_size bytes)."""
     _positive("item_size", item_size)
@@ -77,7 +77,7 @@ def page_first(arg: str, t: torch.Tensor, item_size: int, layout_dim: int) -> Ro
                                token_stride=layout_dim, page_stride=layout_dim, layer_stride=item_size)
 
 
-def page_head(arg: str, t: torch.Tensor, item_size: int, layout_dim: int, page_size: int,
+def ph_buffer(arg: str, t: torch.Tensor, item_size: int, layout_dim: int, page_size: int,
               head_num: int) -> RowMap:
     """The page_head layout (pages, heads, page_size, layers, head bytes): a row is
     ``head_num`` chunks, one per head (SGLang's ``ph``)."""

@@ -34,8 +34,8 @@ import torch
 
 from kvtier.kernels.ops import BACKUP, LOAD, LOAD_LAYER
 
-from .maps import (direction, layer_first, layer_table, page_count, page_first, page_head,
-                          per_layer_list, run_copy)
+from .maps import (direction, layer_table, lf_buffer, page_count, per_layer_list, pf_buffer,
+                   ph_buffer, run_copy)
 from kvtier.kernels.errors import KvtierError, fail
 from kvtier.kernels.rowmap import RowMap
 
@@ -67,14 +67,14 @@ def _layer_id(layer_id, m: RowMap, arg: str = "layer_id") -> int:
 
 # ------------------------------------------------------------------ one layer, per component
 def _lf_lf(comps, src_indices, dst_indices, item_size, block_quota, config, check):
-    pairs = [(layer_first(sn, s, item_size), layer_first(dn, d, item_size)) for sn, s, dn, d in comps]
+    pairs = [(lf_buffer(sn, s, item_size), lf_buffer(dn, d, item_size)) for sn, s, dn, d in comps]
     run_copy(pairs, src_indices, dst_indices, op=LOAD_LAYER, skip_negative=True,
              block_quota=block_quota, config=config, check=check)
 
 
 def _pf_lf(comps, src_indices, dst_indices, layer_id, item_size, src_layout_dim, block_quota,
            config, check):
-    pairs = [(page_first(sn, s, item_size, src_layout_dim), layer_first(dn, d, item_size))
+    pairs = [(pf_buffer(sn, s, item_size, src_layout_dim), lf_buffer(dn, d, item_size))
              for sn, s, dn, d in comps]
     run_copy(pairs, src_indices, dst_indices, src_layer=_layer_id(layer_id, pairs[0][0]),
              num_layers=1, op=LOAD_LAYER, skip_negative=True, block_quota=block_quota,
@@ -126,8 +126,8 @@ def transfer_kv_per_layer_ph_lf(src_k, dst_k, src_v, dst_v, src_indices, dst_ind
     """Layer ``layer_id`` of a ``ph`` host buffer (each row gathered from ``head_num``
     head pieces) into a per-layer device buffer. Negative indices are errors here, as
     SGLang's page-head kernel does not skip them."""
-    pairs = [(page_head(sn, s, item_size, src_layout_dim, page_size, head_num),
-              layer_first(dn, d, item_size)) for sn, s, dn, d in _kv(src_k, dst_k, src_v, dst_v)]
+    pairs = [(ph_buffer(sn, s, item_size, src_layout_dim, page_size, head_num),
+              lf_buffer(dn, d, item_size)) for sn, s, dn, d in _kv(src_k, dst_k, src_v, dst_v)]
     run_copy(pairs, src_indices, dst_indices, src_layer=_layer_id(layer_id, pairs[0][0]),
              num_layers=1, op=LOAD_LAYER, block_quota=block_quota, config=config, check=check)
 
@@ -172,7 +172,7 @@ def transfer_kv_all_layer_lf_pf(src_k_layers, dst_k, src_v_layers, dst_v, src_in
                                 num_warps_per_block: Optional[int] = None,
                                 *, config=None, check: bool = True) -> None:
     """Every layer, per-layer device tables -> a ``pf`` host buffer (a backup)."""
-    dst = lambda n, d: page_first(n, d, item_size, dst_layout_dim)  # noqa: E731
+    dst = lambda n, d: pf_buffer(n, d, item_size, dst_layout_dim)  # noqa: E731
     _all_layer(_kv(src_k_layers, dst_k, src_v_layers, dst_v, "src_{}_layers"), src_indices, dst_indices,
                item_size, num_layers, dst, True, block_quota, config, check)
 
@@ -183,7 +183,7 @@ def transfer_kv_all_layer_mla_lf_pf(src_layers, dst, src_indices, dst_indices, i
                                     num_warps_per_block: Optional[int] = None,
                                     *, config=None, check: bool = True) -> None:
     """The MLA form of `transfer_kv_all_layer_lf_pf`."""
-    host = lambda n, d: page_first(n, d, item_size, dst_layout_dim)  # noqa: E731
+    host = lambda n, d: pf_buffer(n, d, item_size, dst_layout_dim)  # noqa: E731
     _all_layer(_mla(src_layers, dst, "src_layers"), src_indices, dst_indices, item_size, num_layers, host,
                True, block_quota, config, check)
 
@@ -196,7 +196,7 @@ def transfer_kv_all_layer_lf_ph(src_k_layers, dst_k, src_v_layers, dst_v, src_in
                                 *, config=None, check: bool = True) -> None:
     """Every layer, per-layer device tables -> a ``ph`` host buffer (each row scattered
     into ``head_num`` head pieces). Negative indices are errors, as in SGLang."""
-    dst = lambda n, d: page_head(n, d, item_size, dst_layout_dim, page_size, head_num)  # noqa: E731
+    dst = lambda n, d: ph_buffer(n, d, item_size, dst_layout_dim, page_size, head_num)  # noqa: E731
     _all_layer(_kv(src_k_layers, dst_k, src_v_layers, dst_v, "src_{}_layers"), src_indices, dst_indices,
                item_size, num_layers, dst, False, block_quota, config, check)
 

@@ -29,7 +29,7 @@ def check_index(arg: str, idx, device: torch.device) -> None:
         raise fail(f"{arg}.dtype", idx.dtype, "must be torch.int32 or torch.int64")
     if idx.dim() != 1:
         raise fail(f"{arg}.shape", tuple(idx.shape), "must be 1-D")
-    if idx.device != device and not (idx.device.type == device.type == "cuda" and idx.device.index is None):
+    if idx.device != device and not (idx.device.type == device.type and idx.device.index is None):
         raise fail(f"{arg}.device", str(idx.device), f"must be on {device}, where the copy runs")
 
 
