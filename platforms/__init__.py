@@ -8,8 +8,10 @@ floors, how kernels reach host memory. `get(name)` and `of(device)` return the r
 nothing outside this package branches on a platform's name.
 
 torch_npu is imported only when a caller asks about the NPU, never at import time (see
-`ascend.py`). So this module turns torch's backend autoload off (unless the user chose a
-value, or torch is already imported) before it imports torch.
+`ascend.py`): when torch auto-loads it as a device backend and it fails (no CANN toolkit),
+``import torch`` fails too. So where torch is not imported yet and the user has not chosen,
+this module imports torch with the backend autoload off, and then puts the environment
+back as it was: child processes (an engine's workers) inherit nothing from kvtier.
 """
 from __future__ import annotations
 
@@ -19,8 +21,13 @@ from functools import lru_cache
 from typing import Optional, Sequence
 
 _AUTOLOAD = "TORCH_DEVICE_BACKEND_AUTOLOAD"
-if "torch" not in sys.modules:
-    os.environ.setdefault(_AUTOLOAD, "0")
+_AUTOLOAD_OFF = "torch" not in sys.modules and _AUTOLOAD not in os.environ
+if _AUTOLOAD_OFF:
+    os.environ[_AUTOLOAD] = "0"
+    try:
+        import torch
+    finally:
+        del os.environ[_AUTOLOAD]
 
 import torch  # noqa: E402
 
@@ -205,7 +212,8 @@ def platform_info() -> dict:
     """What `kvtier info` prints: the platform, its device, and why others are absent."""
     import importlib.util
     info = {"platform": detect_platform(), "torch": torch.__version__,
-            "torch_backend_autoload": os.environ.get(_AUTOLOAD, "1")}
+            "torch_backend_autoload": "0 (for kvtier's import of torch)" if _AUTOLOAD_OFF
+            else os.environ.get(_AUTOLOAD, "1")}
     try:
         import triton
         info["triton"] = triton.__version__

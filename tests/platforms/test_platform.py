@@ -115,6 +115,26 @@ def test_broken_torch_npu_kvtier_imports_and_npu_says_why(tmp_path):
     assert r.returncode == 0 and "OK" in r.stdout, r.stderr
 
 
+def test_import_leaves_the_environment_as_it_was():
+    r = run_py("""
+        import os, kvtier.kernels, kvtier.pool, kvtier.cli.main
+        assert "TORCH_DEVICE_BACKEND_AUTOLOAD" not in os.environ, os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"]
+        print("OK")
+    """)
+    assert r.returncode == 0 and "OK" in r.stdout, r.stderr
+
+
+def test_cli_works_with_a_broken_torch_npu(tmp_path):
+    """The command imports torch through kvtier's guard first, so `kvtier info` answers."""
+    fake_torch_npu(tmp_path, BROKEN)
+    r = run_py("""
+        import sys
+        from kvtier.cli.main import main
+        sys.exit(main(["info"]))
+    """, pythonpath=[tmp_path])
+    assert r.returncode == 0 and "libascendcl.so" in r.stdout, r.stderr
+
+
 def test_user_autoload_choice_is_kept(tmp_path):
     r = run_py("""
         import os, kvtier.kernels
