@@ -305,3 +305,28 @@ def test_cuda_runtime_moves_plans(mode, side_stream, monkeypatch):
     want = torch.full_like(host, POISON)
     want[:, :, units] = rows
     assert torch.equal(back, want)
+
+
+def test_a_fallback_to_torch_copies_is_a_warning_once(monkeypatch, caplog):
+    """On an accelerator, dma without the runtime's bulk copies is slow: one WARNING on the
+    kvtier logger per reason, naming it (and nothing where the user asked for torch copies)."""
+    import dataclasses
+    from types import SimpleNamespace
+    import kvtier.platforms as platforms
+    monkeypatch.setattr(link_copy, "_warned", set())
+    why = "set TASK_QUEUE_ENABLE=0 for aclrtMemcpy2dAsync"
+    no_runtime = dataclasses.replace(platforms.get("cuda"), dma_runtime=lambda: (None, why))
+    monkeypatch.setattr(link_copy.platforms, "of", lambda device: no_runtime)
+    pinned = SimpleNamespace(is_pinned=lambda: True)
+    with caplog.at_level("WARNING", logger="kvtier"):
+        for _ in range(3):
+            assert link_copy.runtime_for(torch.device("cuda"), pinned) is None
+            assert link_copy.runtime_for(torch.device("cuda"), torch.empty(4)) is None     # pageable
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 2 and why in warnings[0] and "not pinned" in warnings[1], warnings
+    caplog.clear()
+    monkeypatch.setenv("KVTIER_DMA_COPY", "torch")
+    monkeypatch.setattr(link_copy, "_warned", set())
+    with caplog.at_level("WARNING", logger="kvtier"):
+        assert link_copy.runtime_for(torch.device("cuda"), pinned) is None
+    assert not caplog.records
