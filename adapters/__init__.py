@@ -7,7 +7,7 @@
   (`kvtier.adapters.sglang_npu`).
 
 A host pool swaps its io backend by importing these names from here instead of from
-sgl_kernel / sgl_kernel_npu (README, Engine adapters). Every call validates its arguments before
+sgl_kernel / sgl_kernel_npu (docs/adapters.md). Every call validates its arguments before
 any byte moves and raises `KvtierError` (a ValueError) naming the bad argument.
 """
 from . import sglang, sglang_npu

@@ -93,7 +93,7 @@ class Runtime:
         2-D copies are short. On an H200 (CUDA 13, driver 580) a batch costs about 0.6 us
         per piece device->host and 4 us host->device, a 2-D call 4-7 us whatever its
         height, and the batch won wherever copies averaged under 4 rows
-        (bench/scripts/dma_modes.py, README)."""
+        (bench/scripts/dma_modes.py, docs/benchmarks.md)."""
         mode = dma_mode()
         if mode != "auto":
             return mode == "batch"

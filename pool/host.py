@@ -3,7 +3,7 @@ target model's device pool and its draft models' pools, with a page allocator an
 backup / load methods named as in SGLang's HiCache.
 
 Ordering rules (CUDA/ROCm/NPU): every method enqueues its work on the caller's current
-stream and returns before the bytes have moved. See the README, Pools, ordering rules.
+stream and returns before the bytes have moved. See docs/pools.md, ordering rules.
 """
 from __future__ import annotations
 

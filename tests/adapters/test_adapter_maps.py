@@ -143,8 +143,8 @@ def test_a_table_is_read_once_and_again_after_it_changes(monkeypatch):
     mem.check()
 
 
-def test_the_vllm_recipe_in_docs_engines():
-    """The README's vLLM handler: per-tensor block views as the layers of two maps,
+def test_the_vllm_recipe_in_docs_adapters():
+    """The vLLM handler in docs/adapters.md: per-tensor block views as the layers of two maps,
     (n, 2) sub-block pairs, one launch, both directions."""
     mem = Memory(7)
     page, factor = 48, 2

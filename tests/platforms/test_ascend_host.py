@@ -1,4 +1,4 @@
-"""Host maps as an Ascend kernel addresses them (kernels/host_maps.py): registered host
+"""Host maps as an Ascend kernel addresses them (kvtier.platforms.ascend): registered host
 memory re-described as a table of device addresses.
 
 On CPU the registration is recorded with the identity mapping (device address = host
