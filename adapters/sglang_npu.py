@@ -26,7 +26,7 @@ from typing import Optional
 
 import torch
 
-from kvtier.kernels.ops import BACKUP, LOAD
+from kvtier.kernels.ops import Op
 
 from .maps import page_count, run_jobs
 from kvtier.kernels.errors import KvtierError, fail
@@ -156,7 +156,9 @@ def transfer_kv_dim_exchange(
     jobs = [([(h, dv) if h2d else (dv, h) for dv, h in pairs], start, start, count)
             for pairs, start, count in jobs]
     src_idx, dst_idx = (host_indices, device_indices) if h2d else (device_indices, host_indices)
-    run_jobs(jobs, src_idx, dst_idx, op=LOAD if h2d else BACKUP, by_page=True, config=config,
+    # A call that moves one layer is a per-layer transfer (HiCache's layer-wise load).
+    op = Op("load" if h2d else "backup", "layer" if all(j[3] == 1 for j in jobs) else "all")
+    run_jobs(jobs, src_idx, dst_idx, op=op, by_page=True, config=config,
              check=check, index_names=("host_indices", "device_indices") if h2d
              else ("device_indices", "host_indices"))
 

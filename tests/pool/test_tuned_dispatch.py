@@ -11,9 +11,6 @@ the configuration ``copy_rows`` received (a spy on ``kvtier.pool.launch.copy_row
 the one in the DEBUG line (op, scope, strategy, config, rows, bytes) are the tuned ones,
 and the bytes moved match plain torch indexing. With the lookup replaced by the default,
 the same checks fail: the tests depend on the lookup, not on luck.
-
-Every call uses its tuned configuration. One log line is wrong: the Ascend per-layer call
-(`transfer_kv_per_layer_dim_exchange`) logs scope=all (strict xfail below).
 """
 from __future__ import annotations
 
@@ -432,11 +429,6 @@ def test_ascend_per_layer_dim_exchange_uses_tuned_config(tuned, rec):
     same(w.dev, want, "device after the per-layer H2D")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "adapters/sglang_npu.py transfer_kv_dim_exchange passes op=LOAD (scope 'all') even when "
-    "transfer_kv_per_layer_dim_exchange asks for one layer, so HiCache's per-layer load on Ascend "
-    "logs scope=all; the SGLang per-layer calls log LOAD_LAYER (scope=layer). The tuned config "
-    "is still used (same lookup key: op load, 1 layer)."))
 def test_ascend_per_layer_dim_exchange_logs_layer_scope(tuned, rec):
     w = AscendWorld(7)
     w.call(adapters.transfer_kv_per_layer_dim_exchange, 1, 1)
