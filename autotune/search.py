@@ -1,5 +1,7 @@
-"""The search: for each operation and transfer size of a pool shape, time every candidate
-configuration, check that it moved the right bytes, and record the fastest.
+"""The search: for each operation and transfer size of a pool shape, time the pools' own
+call (`workload.Transfer.runner`) under every candidate configuration, check that it
+moved the right bytes, and record the fastest under the key the pools look up: the
+operation's name (`Op.name`) and the layers one call moves (1 for load_layer).
 
 `tune` is what `kvtier autotune` runs; `tune_transfer` times one transfer and is what
 tests drive with a fake timer.
@@ -20,7 +22,7 @@ from .key import DeviceId, TuneKey, device_identity
 from .prune import codegen_report, codegen_target, prune_spilling
 from .space import candidates, default_max_programs
 from .timing import Timer, default_timer
-from .workload import PoolShape, Transfer, build_transfer
+from .workload import Pools, PoolShape, Transfer
 
 Progress = Callable[[int, int, str], None]
 
@@ -107,13 +109,16 @@ def tune(shape: PoolShape, *, ops: Sequence[str] = ("backup", "load", "gather"),
     dev = default_device(platform)
     timer = timer or default_timer(platform)
     target = codegen_target(device) if target == "auto" else target
-    jobs = []
+    jobs, pools = [], {}
     for op in ops:
         cap = max_programs or default_max_programs(device, op.crosses_link)
-        counts = (1,) if op.scope == "layer" else (layer_counts or (shape.num_layers,))
+        # A per-layer load moves one layer of the whole pool (its key: num_layers=1).
+        counts = (shape.num_layers,) if op.scope == "layer" else (layer_counts or (shape.num_layers,))
         for layers in counts:
             for n in sizes:
-                t = build_transfer(dataclasses.replace(shape, num_layers=layers), op, n, dev)
+                if (layers, n) not in pools:    # one pair of pools serves every operation
+                    pools[layers, n] = Pools(dataclasses.replace(shape, num_layers=layers), n, dev)
+                t = pools[layers, n].transfer(op)
                 shape_kw = _codegen_shape(t)
                 cfgs = candidates(device, chunk_bytes=shape_kw["row_bytes"] // shape_kw["n_chunks"],
                                   crosses_link=op.crosses_link, max_programs=cap, quick=quick)
@@ -142,7 +147,7 @@ def tune(shape: PoolShape, *, ops: Sequence[str] = ("backup", "load", "gather"),
 def _codegen_shape(t: Transfer) -> dict:
     """The compile-time shape the launcher will see for ``t`` (pages moved as rows where
     both sides store a page contiguously)."""
-    src, dst = t.src, t.dst
+    src, dst = t.copy.src, t.copy.dst
     as_pages = t.by_page and src.page_contiguous and dst.page_contiguous
     return dict(row_bytes=src.row_bytes * (src.page_size if as_pages else 1),
                 src_table=src.is_table, dst_table=dst.is_table,

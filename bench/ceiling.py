@@ -1,16 +1,16 @@
 """The ceilings each point is compared with, measured in the same run: one large pinned
 host -> device copy, one device -> host copy (the link), and one device -> device copy
-(the bound for gather). Bytes counted are the bytes delivered, as for every point."""
+(the bound for gather and scatter). Bytes counted are the bytes delivered, as for every point."""
 from __future__ import annotations
 
 from dataclasses import dataclass, asdict
 
 import torch
 
-from .timing import gbps, time_calls
+from kvtier.autotune.timing import gbps, time_calls
 
 # Which ceiling bounds which operation.
-CEILING_OF = {"backup": "d2h", "load_layer": "h2d", "load": "h2d", "gather": "d2d"}
+CEILING_OF = {"backup": "d2h", "load_layer": "h2d", "load": "h2d", "gather": "d2d", "scatter": "d2d"}
 
 
 @dataclass(frozen=True)

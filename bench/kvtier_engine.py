@@ -14,8 +14,8 @@ from .workload import Prepared, Unsupported, Workload
 
 def config_for(w: Workload, op: str, num_programs: Optional[int] = None, strategy: str = "kernel"):
     """What the pools would look up for this transfer; ``num_programs`` caps its grid."""
-    t = w.transfer(op)
-    cfg = lookup(op, w.device, row_bytes=w.shape.row_bytes, page_size=w.shape.page_size,
+    t = w.copy(op)
+    cfg = lookup(op, w.device, row_bytes=w.pool_shape.row_bytes, page_size=w.pool_shape.page_size,
                  num_rows=t.src_indices.numel(), num_layers=t.num_layers)
     cfg = replace(cfg, strategy=strategy)
     return replace(cfg, num_programs=num_programs) if num_programs else cfg
@@ -24,7 +24,7 @@ def config_for(w: Workload, op: str, num_programs: Optional[int] = None, strateg
 def prepare(w: Workload, op: str, *, num_programs: Optional[int] = None, strategy: str = "kernel") -> Prepared:
     if strategy != "kernel":
         raise Unsupported(f"strategy {strategy!r} runs through the pools, not one copy_rows call")
-    t = w.transfer(op)
+    t = w.copy(op)
     kw = dict(src_layer=t.src_layer, dst_layer=t.dst_layer, num_layers=t.num_layers,
               by_page=w.shape.page_size > 1, config=config_for(w, op, num_programs, strategy))
     programs = None

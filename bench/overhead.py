@@ -14,7 +14,6 @@ import torch
 
 from kvtier.kernels import copy_rows
 
-from . import pool_engine
 from .kvtier_engine import config_for
 from .probe import LaunchProbe
 from .workload import Shape, Workload
@@ -38,23 +37,19 @@ def _per_call_us(fn, calls: int, repeats: int = 5) -> float:
 
 
 def measure_overhead(device: torch.device, calls: int = 500, shape: Shape = SHAPE) -> dict:
-    """us per call before the launch, for the pool's per-layer load (without and with
-    value checks) and for the bare copy_rows path the pool ends in."""
-    w = Workload(shape, device)
-    t = w.transfer("load_layer")
-    layer = t.src_layer
-    by_page = shape.page_size > 1
-    dev = pool_engine.device_pool(w)
+    """us per call before the launch, for the pool's per-layer load with the kernel
+    strategy (without and with value checks) and for the bare copy_rows path the pool
+    ends in."""
     variants = {}
     for check in (False, True):
-        host = pool_engine.host_pool(w, dev, "kernel", check=check)
-        variants[f"HostPool.load_to_device_per_layer(check={check})"] = (
-            lambda host=host: host.load_to_device_per_layer(dev, w.host_slots, w.device_slots, layer))
+        w = Workload(shape, device, strategy="kernel", check=check)
+        variants[f"HostPool.load_to_device_per_layer(check={check})"] = w.transfer("load_layer").runner()
+    t = w.copy("load_layer")
 
     def bare():
         cfg = config_for(w, "load_layer")
-        copy_rows(t.src, t.src_indices, t.dst, t.dst_indices, src_layer=layer, dst_layer=layer,
-                  num_layers=1, by_page=by_page, config=cfg, check=False)
+        copy_rows(t.src, t.src_indices, t.dst, t.dst_indices, src_layer=t.src_layer, dst_layer=t.dst_layer,
+                  num_layers=1, by_page=shape.page_size > 1, config=cfg, check=False)
 
     variants["select_config + copy_rows(check=False)"] = bare
     results = {}

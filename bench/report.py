@@ -6,6 +6,8 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
+from kvtier.kernels.ops import Op
+
 from .goals import evaluate
 
 COLUMNS = (("op", "op", "{}"), ("layout", "layout", "{}"), ("row", "row_bytes", "{}"),
@@ -84,14 +86,14 @@ def plot(run: dict, path) -> Path:
             lines = defaultdict(list)
             for p in pts:
                 if p["op"] == op and (p["row_bytes"], p["page_size"]) == (row, page) and \
-                        (p["layout"] == layout or op == "gather"):
+                        (p["layout"] == layout or not Op.parse(op).crosses_link):
                     lines[series(p)].append((p["bytes"], p["gbps"]))
             for name, xy in sorted(lines.items()):
                 xy.sort()
                 ax.plot([x for x, _ in xy], [y for _, y in xy], marker="o", label=name)
             ax.axhline(run["ceilings"][CEILING_OF[op]], linestyle="--", color="gray", label="ceiling")
             ax.set_xscale("log")
-            ax.set_title(f"{op} ({layout if op != 'gather' else 'device'})")
+            ax.set_title(f"{op} ({layout if Op.parse(op).crosses_link else 'device'})")
             ax.set_xlabel("bytes per call")
             ax.set_ylabel("GB/s")
             ax.legend(fontsize=7)

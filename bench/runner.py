@@ -9,14 +9,15 @@ from typing import Callable, Optional
 
 import torch
 
+from kvtier.autotune.timing import gbps, time_calls
+from kvtier.kernels.ops import Op
 from kvtier.platforms import device_name, platform_of, synchronize
 
 from . import kvtier_engine, pool_engine, sgl_baseline, torch_baseline
 from .ceiling import measure_ceilings
 from .report import series
 from .sweep import Sweep
-from .timing import gbps, time_calls
-from .workload import Unsupported, Workload, verify
+from .workload import Unsupported, Workload
 
 # Seconds of timed calls a point aims for: fewer iterations for slow points.
 POINT_BUDGET_S = 0.25
@@ -44,7 +45,7 @@ def environment(device: torch.device, sweep: Sweep) -> dict:
 def _engines(sweep: Sweep, op: str, strategies: tuple, caps: tuple):
     """(engine, strategy, cap, prepare(workload, op)) for every engine at one point."""
     out = [("pool", st, 0, functools.partial(pool_engine.prepare, strategy=st))
-           for st in (("-",) if op == "gather" else strategies)]
+           for st in (strategies if Op.parse(op).crosses_link else ("-",))]
     out += [("copy_rows", "kernel", cap, functools.partial(kvtier_engine.prepare, num_programs=cap))
             for cap in caps]
     if "torch" in sweep.baselines:
@@ -57,7 +58,7 @@ def _engines(sweep: Sweep, op: str, strategies: tuple, caps: tuple):
 
 def measure_point(w: Workload, op: str, prepare: Callable, sweep: Sweep, ceiling: float) -> dict:
     """One engine at one point: prepare, poison the destination, run once, verify, time."""
-    rec = {"bytes": w.transfer(op).nbytes}
+    rec = {"bytes": w.copy(op).nbytes}
     try:
         p = prepare(w, op)
     except Unsupported as e:
@@ -71,8 +72,8 @@ def measure_point(w: Workload, op: str, prepare: Callable, sweep: Sweep, ceiling
         p.fn()
         synchronize(w.device)
         once = time.perf_counter() - t0
-        t = p.written() if p.written else w.transfer(op)
-        wrong = verify(t)
+        t = p.written() if p.written else w.copy(op)
+        wrong = "nothing written" if t is None else t.mismatch()
         if wrong:
             return {**rec, "error": f"wrong bytes: {wrong}"}
         iters = max(2, min(sweep.iters, int(POINT_BUDGET_S / max(once, 1e-9))))
@@ -113,7 +114,7 @@ def run_sweep(sweep: Sweep, device: torch.device, *, log: Optional[Callable[[str
             w = Workload(shape, device, seed=len(points))
         for engine, strat, c, prepare in _engines(sweep, op, strategies, caps):
             rec = {"op": op, "layout": shape.layout, "row_bytes": shape.row_bytes,
-                   "page_size": shape.page_size, "tokens": shape.tokens, "layers": w.transfer(op).num_layers,
+                   "page_size": shape.page_size, "tokens": shape.tokens, "layers": w.copy(op).num_layers,
                    "components": shape.components, "engine": engine, "strategy": strat, "cap": c}
             rec.update(measure_point(w, op, prepare, sweep, ceilings.of(op)))
             points.append(rec)

@@ -13,6 +13,8 @@ import inspect
 
 import torch
 
+from kvtier.kernels.ops import Op
+
 from .workload import Prepared, Unsupported, Workload
 
 BLOCK_QUOTA = 2   # sgl_kernel's default: at most this many blocks per launch
@@ -42,11 +44,13 @@ def prepare(w: Workload, op: str, kvio=None) -> Prepared:
     if kvio is None:
         raise Unsupported("sgl_kernel is not importable (or has another API)")
     s = w.shape
+    if not Op.parse(op).crosses_link:
+        raise Unsupported(f"no sgl_kernel function for {op}")
     if w.device.type != "cuda":
         raise Unsupported("sgl_kernel runs on CUDA/ROCm devices only")
     if s.layout != "layer_first":
         raise Unsupported("this baseline drives sgl_kernel's layer_first functions only")
-    if op == "gather" or s.components > 2:
+    if s.components > 2:
         raise Unsupported(f"no sgl_kernel function for {op} with {s.components} components")
     L, R = s.layers, s.row_bytes
     dev = w.device_layers

@@ -5,16 +5,18 @@ source's side (pinned when it is the host), one non_blocking copy of the staging
 tensor across the link, then index_copy_ into the destination rows. A device -> host
 copy must wait for the link before the host can scatter, so it synchronises once per
 call. A same-device copy into rows 0..n-1 of a contiguous buffer (gather) selects
-straight into the destination, as an engine would write it.
+straight into the destination, and one out of rows 0..n-1 (scatter) copies straight from
+the source, as an engine would write them.
 """
 from __future__ import annotations
 
 import torch
 
+from kvtier.autotune.workload import RowCopy
 from kvtier.kernels.reference import layer_rows
+from kvtier.platforms import synchronize
 
-from .timing import synchronize
-from .workload import Prepared, Transfer, Workload
+from .workload import Prepared, Workload
 
 
 class _Rows:
@@ -53,7 +55,7 @@ class _Rows:
 
 
 def prepare(w: Workload, op: str) -> Prepared:
-    t: Transfer = w.transfer(op)
+    t: RowCopy = w.copy(op)
     layers = range(t.num_layers)
     C, n = t.src.num_components, t.src_indices.numel()
     si = t.src_indices.to(t.src.device)
@@ -61,31 +63,45 @@ def prepare(w: Workload, op: str) -> Prepared:
     src = [[_Rows(t.src, c, t.src_layer + l, si) for l in layers] for c in range(C)]
     dst = [[_Rows(t.dst, c, t.dst_layer + l, di) for l in layers] for c in range(C)]
     cross = t.src.device != t.dst.device
-    direct = [[None if cross else d.prefix(n) for d in row] for row in dst]
-    if all(x is not None for row in direct for x in row):
-        def run():
-            for c in range(C):
-                for l in layers:
-                    src[c][l].select_into(direct[c][l])
-        return Prepared(run, programs=None)
+    into, out_of = _prefixes(dst, n, cross), _prefixes(src, n, cross)
+    if into is not None:
+        return Prepared(_per_layer(C, layers, lambda c, l: src[c][l].select_into(into[c][l])), programs=None)
+    if out_of is not None:
+        return Prepared(_per_layer(C, layers, lambda c, l: dst[c][l].copy_from(out_of[c][l])), programs=None)
 
     shape = (C, t.num_layers, n, t.src.row_bytes)
     stage_src = _staging(shape, t.src.device, pin=cross)
     stage_dst = _staging(shape, t.dst.device, pin=True) if cross else stage_src
+    select = _per_layer(C, layers, lambda c, l: src[c][l].select_into(stage_src[c, l]))
+    put = _per_layer(C, layers, lambda c, l: dst[c][l].copy_from(stage_dst[c, l]))
 
     def run():
-        for c in range(C):
-            for l in layers:
-                src[c][l].select_into(stage_src[c, l])
+        select()
         if cross:
             stage_dst.copy_(stage_src, non_blocking=True)
             if t.dst.device.type == "cpu":
                 synchronize(w.device)
-        for c in range(C):
-            for l in layers:
-                dst[c][l].copy_from(stage_dst[c, l])
+        put()
 
     return Prepared(run, programs=None)
+
+
+def _per_layer(C: int, layers, step):
+    """A call running ``step(component, layer)`` for every component and layer."""
+    def run():
+        for c in range(C):
+            for l in layers:
+                step(c, l)
+    return run
+
+
+def _prefixes(rows, n: int, cross: bool):
+    """Per component and layer the first n rows, where a same-device copy's side is
+    exactly rows 0..n-1 of every layer; else None."""
+    if cross:
+        return None
+    out = [[r.prefix(n) for r in row] for row in rows]
+    return out if all(x is not None for row in out for x in row) else None
 
 
 def _staging(shape, device: torch.device, pin: bool) -> torch.Tensor:

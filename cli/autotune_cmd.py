@@ -18,6 +18,7 @@ _DEFAULTS = {
 
 
 def register(sub) -> None:
+    from kvtier.kernels.ops import LABELS
     p = sub.add_parser("autotune", help="measure transfer configurations on this device and cache the best",
                        description="Tune the backup/load/gather transfers of a KV pool shape on the current "
                                    "device, print every configuration's GB/s and write the winners to the "
@@ -33,7 +34,7 @@ def register(sub) -> None:
                    help="layer_first, page_first, page_first_direct or page_head")
     p.add_argument("--device-layout", default="layers", choices=("layers", "stacked"),
                    help="one tensor per layer (CUDA engines) or one stacked buffer (Ascend engines)")
-    p.add_argument("--ops", default="backup,load,gather", help="comma list of backup, load, load_layer, gather, scatter")
+    p.add_argument("--ops", default="backup,load,gather", help=f"comma list of {', '.join(LABELS)}")
     p.add_argument("--rows", help="comma list of transfer sizes in tokens (default 256,4096,32768; 16 on CPU)")
     p.add_argument("--transfer-layers", help="comma list of layer counts per transfer (default: all layers)")
     p.add_argument("--max-programs", type=int,

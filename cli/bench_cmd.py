@@ -14,21 +14,23 @@ import os
 import sys
 from pathlib import Path
 
-DIMENSIONS = (  # flag, Grid field, parse
-    ("--ops", "ops", str), ("--layouts", "layouts", str), ("--rows", "row_bytes", int),
+DIMENSIONS = (  # flag, Grid field, parse (--ops: kvtier.kernels.ops.parse_list)
+    ("--ops", "ops", None), ("--layouts", "layouts", str), ("--rows", "row_bytes", int),
     ("--pages", "page_sizes", int), ("--tokens", "tokens", int),
     ("--strategies", "strategies", str), ("--caps", "program_caps", int),
 )
 
 
 def register(sub) -> None:
+    from kvtier.kernels.ops import LABELS
     p = sub.add_parser("bench", help="throughput against the link ceiling and the baselines",
                        description=__doc__)
     size = p.add_mutually_exclusive_group()
     size.add_argument("--smoke", action="store_true", help="the small CPU sweep (default without an accelerator)")
     size.add_argument("--full", action="store_true", help="every combination the sweep knows (hours on hardware)")
     for flag, field, _ in DIMENSIONS:
-        p.add_argument(flag, metavar="LIST", help=f"comma list: only these {field.replace('_', ' ')}")
+        names = f" ({', '.join(LABELS)})" if field == "ops" else ""
+        p.add_argument(flag, metavar="LIST", help=f"comma list: only these {field.replace('_', ' ')}{names}")
     p.add_argument("--out", help="directory for bench.json, bench.png, bench.txt, points.jsonl "
                                  "(default ./kvtier-bench-DATE)")
     p.add_argument("--iters", type=int, help="timed calls per point (at most; slow points take fewer)")
@@ -59,12 +61,17 @@ def load_bench():
 
 
 def _sweep(args, bench, on_cpu: bool):
+    """The sweep the flags ask for. A bad --ops raises KvtierError (the names are the ones
+    `kvtier autotune --ops` takes); another bad list exits with a message."""
     from dataclasses import replace
+    from kvtier.kernels.ops import parse_list
     base = bench.FULL if args.full else bench.SMOKE if (args.smoke or on_cpu) else bench.HARDWARE
     dims = {}
     for flag, field, parse in DIMENSIONS:
         text = getattr(args, flag[2:].replace("-", "_"))
-        if text:
+        if text and parse is None:
+            dims[field] = tuple(op.label for op in parse_list(text, flag))
+        elif text:
             try:
                 dims[field] = tuple(parse(x) for x in text.split(",") if x)
             except ValueError:
@@ -82,8 +89,13 @@ def run(args) -> int:
     bench = load_bench()
     from kvtier.bench import report
     from kvtier.bench.overhead import format_overhead, measure_overhead
+    from kvtier.kernels.errors import KvtierError
 
-    sweep = _sweep(args, bench, on_cpu)
+    try:
+        sweep = _sweep(args, bench, on_cpu)
+    except KvtierError as e:
+        print(str(e), file=sys.stderr)
+        return 2
     device = default_device()
     out = Path(args.out or f"kvtier-bench-{datetime.date.today().isoformat()}")
     out.mkdir(parents=True, exist_ok=True)

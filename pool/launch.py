@@ -5,6 +5,7 @@ line on the ``kvtier`` logger saying what ran (op, scope, strategy, config, rows
 from __future__ import annotations
 
 import logging
+from contextvars import ContextVar
 from typing import Optional
 
 import torch
@@ -15,10 +16,31 @@ from kvtier.kernels.ops import Op
 from kvtier.kernels.validate import compute_device
 
 log = logging.getLogger("kvtier")
+_FORCED: ContextVar[Optional[CopyConfig]] = ContextVar("kvtier_forced_config", default=None)
+
+
+class forced:
+    """``with forced(config):`` every lookup inside the block answers ``config``, so the
+    autotuner and the benchmark time the pools' own calls under the configuration they
+    measure (a context variable: other threads and tasks keep their lookups)."""
+
+    def __init__(self, config: CopyConfig):
+        self.config = config
+
+    def __enter__(self) -> CopyConfig:
+        self._token = _FORCED.set(self.config)
+        return self.config
+
+    def __exit__(self, *exc) -> None:
+        _FORCED.reset(self._token)
 
 
 def lookup(op: Op, src: RowMap, dst: RowMap, n_rows: int, num_layers: int) -> CopyConfig:
-    """The configuration for moving ``n_rows`` rows of ``num_layers`` layers from src to dst."""
+    """The configuration for moving ``n_rows`` rows of ``num_layers`` layers from src to dst
+    (the forced one inside `forced`)."""
+    config = _FORCED.get()
+    if config is not None:
+        return config
     return config_for(op, compute_device(src, dst), row_bytes=src.row_bytes, page_size=src.page_size,
                       num_rows=n_rows, num_layers=num_layers)
 

@@ -1,16 +1,24 @@
-"""Shared by the autotune tests (no tests here): run a pool transfer through the pools'
-dispatch and record the configuration each launch was given."""
-import pytest
+"""Shared by the autotune tests (no tests here): run a tuning transfer as production runs
+it (the pools' own call, their own lookup) and record the configuration each launch got."""
+import importlib
+
+launch = importlib.import_module("kvtier.pool.launch")
 
 
-def dispatch_backup(monkeypatch, t, num_layers):
-    """Poisons the destination of transfer ``t``, runs it as a pool backup (whole pages) through
-    ``kvtier.pool.dispatch`` and returns the configs its ``copy_rows`` launches received;
-    the caller checks them and ``t.verify()``. Skips where the pools are absent."""
-    dispatch = pytest.importorskip("kvtier.pool.dispatch")
+def spy_launches(monkeypatch):
+    """Every configuration `kvtier.pool.launch` hands to ``copy_rows`` from now on, in order
+    (the copies still run)."""
     launched = []
-    real = dispatch.copy_rows
-    monkeypatch.setattr(dispatch, "copy_rows", lambda *a, **k: launched.append(k["config"]) or real(*a, **k))
+    real = launch.copy_rows
+    monkeypatch.setattr(launch, "copy_rows", lambda *a, **k: launched.append(k["config"]) or real(*a, **k))
+    return launched
+
+
+def pool_call(monkeypatch, t):
+    """Poisons the destination of transfer ``t``, runs the pools' call under their own
+    lookup and returns the configs its launches received; the caller checks them and
+    ``t.verify()``."""
+    launched = spy_launches(monkeypatch)
     t.poison()
-    dispatch.run_copy("backup", t.src, t.src_idx, t.dst, t.dst_idx, num_layers=num_layers, by_page=True)
+    t.runner()()
     return launched

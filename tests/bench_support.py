@@ -36,44 +36,53 @@ def guarded_workload(shape: Shape, seed: int = 0):
 def host_rows(host: torch.Tensor, layout: str) -> torch.Tensor:
     """The host buffer ``(C, ...)`` as ``(C, L, N, row)`` bytes, by dims alone (no RowMap)."""
     C = host.shape[0]
+    if layout == "page_head":            # (C, pages, H, P, L, D)
+        _, pages, H, P, L, D = host.shape
+        return host.permute(0, 4, 1, 3, 2, 5).reshape(C, L, pages * P, H * D)
+    host = host.flatten(-2)              # the row dims (H, D) as one row of bytes
     if layout == "layer_first":          # (C, L, N, R)
         return host.clone()
     if layout == "page_first":           # (C, N, L, R)
         return host.permute(0, 2, 1, 3).contiguous()
-    if layout == "page_first_direct":    # (C, pages, L, P, R)
-        _, pages, L, P, R = host.shape
-        return host.permute(0, 2, 1, 3, 4).reshape(C, L, pages * P, R)
-    _, pages, H, P, L, D = host.shape    # page_head (C, pages, H, P, L, D)
-    return host.permute(0, 4, 1, 3, 2, 5).reshape(C, L, pages * P, H * D)
+    _, pages, L, P, R = host.shape       # page_first_direct (C, pages, L, P, R)
+    return host.permute(0, 2, 1, 3, 4).reshape(C, L, pages * P, R)
 
 
 def device_rows(w: Workload) -> torch.Tensor:
-    return torch.stack([torch.stack(list(layers)) for layers in w.device_layers])
+    return torch.stack([torch.stack(list(layers)) for layers in w.device_layers]).flatten(-2)
+
+
+def contiguous_rows(buf: torch.Tensor, w: Workload) -> torch.Tensor:
+    """A gather or scatter buffer ``(C, L, tokens..., *row)`` as ``(C, L, N, row)`` bytes."""
+    s = w.shape
+    return buf.reshape(s.components, s.layers, s.tokens, s.row_bytes).clone()
 
 
 def rows_of(w: Workload, side: str) -> torch.Tensor:
-    """(C, L, N, row) bytes of ``side``: "host", "device" or "gather"."""
+    """(C, L, N, row) bytes of ``side``: "host", "device", "gather" or "scatter"."""
     if side == "host":
         return host_rows(w.host, w.shape.layout)
     if side == "device":
         return device_rows(w)
-    return w.gather_buffer.clone()
+    return contiguous_rows(w.gather_buffer if side == "gather" else w.scatter_source, w)
 
 
-# op -> (source side, destination side, layers moved as (first, count) of L)
+# op -> (source side, destination side)
 SIDES = {"backup": ("device", "host"), "load_layer": ("host", "device"),
-         "load": ("host", "device"), "gather": ("device", "gather")}
+         "load": ("host", "device"), "gather": ("device", "gather"), "scatter": ("scatter", "device")}
+
+
+def _slots(w: Workload, side: str) -> torch.Tensor:
+    if side in ("gather", "scatter"):
+        return torch.arange(w.shape.tokens)
+    return (w.host_slots if side == "host" else w.device_slots).long().cpu()
 
 
 def expected_after(w: Workload, op: str, before_src: torch.Tensor, before_dst: torch.Tensor) -> torch.Tensor:
     """The destination rows after ``op``: the plain-torch semantics on the snapshots."""
     L = w.shape.layers
     layers = [L - 1] if op == "load_layer" else range(L)
-    src_idx = (w.host_slots if SIDES[op][0] == "host" else w.device_slots).long()
-    if op == "gather":
-        dst_idx = torch.arange(w.shape.tokens)
-    else:
-        dst_idx = (w.host_slots if SIDES[op][1] == "host" else w.device_slots).long()
+    src_idx, dst_idx = (_slots(w, side) for side in SIDES[op])
     want = before_dst.clone()
     for l in layers:
         want[:, l, dst_idx] = before_src[:, l, src_idx]

@@ -1,11 +1,11 @@
 """On a CUDA/ROCm device: a real tuning run (device timer, pinned host memory, both
-strategies, spill pruning) writes a cache that the pools' dispatch then uses."""
+strategies, spill pruning) writes a cache that the pools then use."""
 import json
 
 import pytest
 import torch
 
-from autotune_support import dispatch_backup
+from autotune_support import pool_call
 from kvtier.autotune.cache import cache_path
 from kvtier.autotune.key import device_identity
 from kvtier.autotune.search import tune
@@ -27,6 +27,6 @@ def test_tune_on_the_device_and_pools_use_the_winner(monkeypatch):
     assert doc["device"]["name"] == torch.cuda.get_device_name() and len(doc["entries"]) == 3
 
     t = build_transfer(shape, "backup", 1024, torch.device("cuda"))
-    launched = dispatch_backup(monkeypatch, t, num_layers=4)
+    launched = pool_call(monkeypatch, t)
     torch.cuda.synchronize()
     assert launched == [across["backup"].best.config] and t.verify()

@@ -7,16 +7,19 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from autotune_support import dispatch_backup
+from autotune_support import pool_call
 from kvtier.autotune import select_config
 from kvtier.autotune.cache import cache_path
 from kvtier.autotune.key import TuneKey, device_identity
 from kvtier.autotune.search import tune, tune_transfer
 from kvtier.autotune.space import candidates
-from kvtier.autotune.workload import PoolShape, Transfer, build_transfer
+from kvtier.autotune.workload import Pools, PoolShape, Transfer, build_transfer
 from kvtier.kernels import CopyConfig, default_config
 
 SHAPE = PoolShape.mha(2, 2, 8, torch.float16, page_size=2)       # 32-byte rows
+# A layer_first pool moves token rows (its host index is a slot), so candidate blocks are
+# clamped to the 32-byte row; gather moves whole pages of 64 bytes.
+ROW_BLOCK = 32
 CPU = device_identity("cpu")
 
 pytestmark = pytest.mark.usefixtures("tmp_cache")
@@ -82,10 +85,11 @@ def test_timer_returning_nonsense_is_a_failure():
 
 
 def test_tune_records_the_winner_of_every_key_and_select_config_returns_it():
-    dma = CopyConfig(num_programs=2, rows=64, block_bytes=64, num_warps=1, strategy="dma")
-    kernel = CopyConfig(num_programs=2, rows=16, block_bytes=64, num_warps=1)
-    win = {"backup": dma, "load": dma, "gather": kernel}     # gathers time kernels only
-    timer = FakeTimer(ranking=lambda c: {dma: 1e-3, kernel: 1.1e-3}.get(c, 5e-3))
+    dma = CopyConfig(num_programs=2, rows=64, block_bytes=ROW_BLOCK, num_warps=1, strategy="dma")
+    kernel = CopyConfig(num_programs=2, rows=16, block_bytes=ROW_BLOCK, num_warps=1)
+    page_kernel = CopyConfig(num_programs=2, rows=16, block_bytes=64, num_warps=1)
+    win = {"backup": dma, "load": dma, "gather": page_kernel}     # gathers time kernels only
+    timer = FakeTimer(ranking=lambda c: {dma: 1e-3, kernel: 1.1e-3, page_kernel: 1.1e-3}.get(c, 5e-3))
     results = tune(SHAPE, ops=("backup", "load", "gather"), sizes=(4, 16), platform="cpu", timer=timer,
                    max_programs=2, target=None)
     assert len(results) == 6
@@ -142,10 +146,28 @@ def test_unknown_op_is_rejected_before_any_work():
 
 
 def test_pools_pick_the_cached_winner(monkeypatch):
-    """The pools' dispatch asks select_config and launches with the tuned configuration."""
-    win = CopyConfig(num_programs=2, rows=16, block_bytes=64, num_warps=1)
+    """The pools look the cached winner up and launch with it."""
+    win = CopyConfig(num_programs=2, rows=16, block_bytes=ROW_BLOCK, num_warps=1)
     tune(SHAPE, ops=("backup",), sizes=(8,), platform="cpu", max_programs=2, target=None,
          timer=FakeTimer(ranking=lambda c: 1e-3 if c == win else 3e-3))
     t = build_transfer(SHAPE, "backup", 8, torch.device("cpu"))
-    assert dispatch_backup(monkeypatch, t, num_layers=2) == [win] and t.verify()
+    assert pool_call(monkeypatch, t) == [win] and t.verify()
     assert win != default_config("cpu", crosses_link=True)
+
+
+def test_load_layer_is_timed_on_the_whole_pool_and_keyed_as_one_layer(monkeypatch):
+    """A per-layer load moves one layer of a pool of every layer (as the engine's pool is),
+    is stored as op "load" with num_layers=1, and the pool's per-layer load then uses it."""
+    win = CopyConfig(num_programs=1, rows=64, block_bytes=ROW_BLOCK, num_warps=1, strategy="dma")
+    seen = []
+    real = Pools.transfer
+    monkeypatch.setattr(Pools, "transfer", lambda self, op: seen.append(self.pool_shape.num_layers) or real(self, op))
+    results = tune(SHAPE, ops=("load_layer",), sizes=(4,), platform="cpu", max_programs=2, target=None,
+                   timer=FakeTimer(win))
+    monkeypatch.setattr(Pools, "transfer", real)
+    r, = results
+    assert seen == [SHAPE.num_layers]
+    assert (r.key.op, r.key.num_layers, r.nbytes) == ("load", 1, 4 * 32 * 1 * 2)
+    assert r.best.config == win
+    t = Pools(SHAPE, 4, torch.device("cpu"), seed=3).transfer("load_layer")
+    assert pool_call(monkeypatch, t) == [win] and t.verify()

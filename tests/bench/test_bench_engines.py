@@ -6,7 +6,8 @@ import torch
 
 from bench_support import SIDES, expected_after, guarded_workload, rows_of
 from kvtier.bench import kvtier_engine, pool_engine, torch_baseline
-from kvtier.bench.workload import POISON, Shape, Unsupported, verify
+from kvtier.autotune.workload import POISON
+from kvtier.bench.workload import Shape, Unsupported
 
 SHAPES = [
     Shape(components=2, layers=2, row_bytes=128, page_size=1, tokens=32, layout="layer_first"),
@@ -27,8 +28,8 @@ ENGINES = {
 @pytest.mark.parametrize("op", list(SIDES))
 @pytest.mark.parametrize("engine", list(ENGINES))
 def test_engine_moves_exactly_the_rows(shape, op, engine):
-    if op == "gather" and engine == "pool dma":
-        pytest.skip("gather has no strategy")
+    if op in ("gather", "scatter") and engine == "pool dma":
+        pytest.skip(f"{op} has no strategy")
     w, alloc = guarded_workload(shape, seed=3)
     src_side, dst_side = SIDES[op]
     p = ENGINES[engine](w, op)
@@ -42,7 +43,7 @@ def test_engine_moves_exactly_the_rows(shape, op, engine):
         want = expected_after(w, op, before_src, before_dst)
         assert torch.equal(after, want), f"{engine} {op}: destination differs from the torch model"
         assert not torch.equal(after, before_dst), "nothing moved"
-    assert verify(p.written() if p.written else w.transfer(op)) is None
+    assert (p.written() if p.written else w.copy(op)).mismatch() is None
     assert torch.equal(rows_of(w, src_side), before_src), "the source changed"
     alloc.check()
 
@@ -64,17 +65,17 @@ def test_pool_gather_result_matches_model():
 
 def test_verify_reports_wrong_layer_and_untouched_destination():
     w, _ = guarded_workload(SHAPES[0], seed=1)
-    t = w.transfer("load")
+    t = w.copy("load")
     w.poison("load")
-    msg = verify(t)
+    msg = t.mismatch()
     assert msg and "differs" in msg
     # Right rows, wrong layer: layer 0's rows written into layer 1.
     from kvtier.kernels import copy_rows_reference
     copy_rows_reference(t.src, t.src_indices, t.dst, t.dst_indices, src_layer=0, dst_layer=0, num_layers=1)
     copy_rows_reference(t.src, t.src_indices, t.dst, t.dst_indices, src_layer=0, dst_layer=1, num_layers=1)
-    assert "layer 1" in verify(t)
+    assert "layer 1" in t.mismatch()
     copy_rows_reference(t.src, t.src_indices, t.dst, t.dst_indices)
-    assert verify(t) is None
+    assert t.mismatch() is None
 
 
 def test_strategies_other_than_kernel_are_not_copy_rows_points():

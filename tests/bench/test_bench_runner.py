@@ -11,7 +11,8 @@ from kvtier.bench import report, sgl_baseline
 from kvtier.bench.goals import evaluate
 from kvtier.bench.overhead import measure_overhead
 from kvtier.bench.probe import LaunchProbe
-from kvtier.bench.workload import POISON, Shape, Unsupported
+from kvtier.autotune.workload import POISON
+from kvtier.bench.workload import Shape, Unsupported
 from kvtier.kernels import copy_rows
 
 TINY = Sweep(grids=(Grid(ops=("backup", "load_layer", "gather"), row_bytes=(128,), page_sizes=(4,),
@@ -93,15 +94,15 @@ def test_goals_graded_on_hardware_figures():
 def test_probe_records_the_grid_and_moves_nothing():
     s = Shape(components=2, layers=2, row_bytes=128, page_size=1, tokens=32, layout="layer_first")
     w, alloc = guarded_workload(s)
-    t = w.transfer("load")
+    t = w.copy("load")
     w.poison("load")
     cfg = bench.kvtier_engine.config_for(w, "load", num_programs=3)
     with LaunchProbe() as probe:
         copy_rows(t.src, t.src_indices, t.dst, t.dst_indices, config=cfg)
     assert probe.programs() == 3 and len(probe.grids) == 1
-    assert all((x == POISON).all() for x in w.destination_tensors("load"))
+    assert all((x == POISON).all() for x in w.tensors("load")[1])
     copy_rows(t.src, t.src_indices, t.dst, t.dst_indices, config=cfg)   # the kernel is back
-    assert not all((x == POISON).all() for x in w.destination_tensors("load"))
+    assert not all((x == POISON).all() for x in w.tensors("load")[1])
     alloc.check()
 
 
@@ -121,3 +122,28 @@ def test_sgl_kernel_baseline_absent_here():
     w, _ = guarded_workload(s)
     with pytest.raises(Unsupported, match="sgl_kernel is not importable"):
         sgl_baseline.prepare(w, "load")
+
+
+def test_scatter_is_measured_against_the_device_copy():
+    sweep = Sweep(grids=(Grid(ops=("scatter", "gather"), layouts=("layer_first", "page_first"), row_bytes=(128,),
+                              page_sizes=(4,), tokens=(16,), program_caps=(2,)),),
+                  max_layers=2, ceiling_bytes=1 << 20, warmup=0, iters=2, baselines=("torch",), hardware=False)
+    run = run_sweep(sweep, torch.device("cpu"), log=None)
+    pts = run["points"]
+    assert not [p for p in pts if "error" in p or "skipped" in p]
+    scatter = [p for p in pts if p["op"] == "scatter"]
+    # Device-only: one layout, the pool without a strategy, copy_rows, torch.
+    assert sorted((p["engine"], p["strategy"]) for p in scatter) == [("copy_rows", "kernel"), ("pool", "-"),
+                                                                     ("torch", "-")]
+    assert all(p["layout"] == "layer_first" and p["layers"] == 2 for p in scatter)
+    d2d = run["ceilings"]["d2d"]
+    assert all(p["pct_ceiling"] == pytest.approx(100.0 * p["gbps"] / d2d) for p in scatter)
+    assert len([line for line in report.format_table(run).splitlines() if line.startswith("scatter")]) == 3
+
+
+def test_sgl_kernel_baseline_has_no_device_copies():
+    s = Shape(components=2, layers=1, row_bytes=128, page_size=1, tokens=8, layout="layer_first")
+    w, _ = guarded_workload(s)
+    for op in ("gather", "scatter"):
+        with pytest.raises(Unsupported, match=f"no sgl_kernel function for {op}"):
+            sgl_baseline.prepare(w, op, kvio=object())

@@ -28,7 +28,7 @@ def test_default_smoke_run_writes_table_json_and_plot(tmp_path):
     run = json.loads((tmp_path / "bench.json").read_text())
     assert run["environment"]["interpreter"] is True
     assert run["points"] and not [p for p in run["points"] if "error" in p]
-    assert {p["op"] for p in run["points"]} == {"backup", "load_layer", "load", "gather"}
+    assert {p["op"] for p in run["points"]} == {"backup", "load_layer", "load", "gather", "scatter"}
     assert {p["engine"] for p in run["points"]} >= {"pool", "copy_rows", "torch"}
     assert (tmp_path / "bench.png").read_bytes()[:4] == b"\x89PNG"
     assert (tmp_path / "bench.txt").read_text().startswith("op ")
@@ -51,3 +51,13 @@ def test_flags_select_the_sweep(tmp_path, capsys):
 def test_bad_flag_value_names_the_flag():
     with pytest.raises(SystemExit, match="--rows='12x'"):
         main(["bench", "--rows", "12x", "--out", "/nonexistent"])
+
+
+@pytest.mark.parametrize("ops", ["backup,swap", "load,", "gather_layer"])
+def test_ops_are_the_autotune_names_and_a_bad_one_exits_2(ops, capsys, tmp_path):
+    assert main(["bench", "--ops", ops, "--out", str(tmp_path / "never")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("--ops=")
+    assert not (tmp_path / "never").exists()
+    assert main(["autotune", "--ops", ops]) == 2
+    assert capsys.readouterr().err.startswith("--ops=")
