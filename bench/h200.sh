@@ -7,7 +7,7 @@
 # RESULTS_DIR gets h200.log (everything printed), env.txt (GPU, driver, versions,
 # commit), steps.txt (exit status per step), cuda-tests.xml, and the benchmark's
 # bench.txt / bench.json / bench.png / points.jsonl. Commit it as
-# bench/results/<YYYY-MM-DD>_<device>/ (README, Benchmarks).
+# results/<YYYY-MM-DD>_<device>/ with a README (results/README.md, docs/benchmarks.md).
 #
 # Needs python3 with a CUDA build of torch, Triton, pytest (and matplotlib for the plot).
 # kvtier need not be installed: the repository's packages are put on the path.
