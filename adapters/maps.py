@@ -15,7 +15,8 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from kvtier.kernels.copy_rows import interpreter_active, triton_available
+from kvtier.kernels.copy_rows import GUARD, interpreter_active, triton_available
+from kvtier.kernels.index_check import checks_on
 from kvtier.kernels.ops import BACKUP, LOAD, Op
 from kvtier.kernels.errors import KvtierError, fail
 from kvtier.kernels.rowmap import RowMap
@@ -145,24 +146,16 @@ def per_layer_list(arg: str, layers: Sequence[torch.Tensor], page_size: int = 1)
 
 
 # ---------------------------------------------------------------- indices
-def indices(src_indices, dst_indices, device: torch.device, *, skip_negative: bool = False,
-            check: bool = True) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Both index lists checked (tensor, int32/int64, 1-D, equal lengths) and moved to the
-    device where the copy runs. ``skip_negative`` drops every pair with a negative index,
-    as SGLang's kernels skip them; that needs a device sync, so it is done with the other
-    value checks (``check=True``) only."""
+def indices(src_indices, dst_indices, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Both index lists checked for shape (tensor, int32/int64, 1-D, equal lengths) and
+    moved to the device where the copy runs (asynchronously)."""
     for arg, idx in (("src_indices", src_indices), ("dst_indices", dst_indices)):
         check_index(arg, idx, idx.device if isinstance(idx, torch.Tensor) else device)
     if src_indices.numel() != dst_indices.numel():
         raise fail("dst_indices", f"{dst_indices.numel()} indices",
                    f"src_indices has {src_indices.numel()}; counts must match")
-    si, di = (i if i.device == device else i.to(device, non_blocking=True)
-              for i in (src_indices, dst_indices))
-    if skip_negative and check and si.numel():
-        keep = (si >= 0) & (di >= 0)
-        if not bool(keep.all()):
-            si, di = si[keep], di[keep]
-    return si, di
+    return tuple(i if i.device == device else i.to(device, non_blocking=True)
+                 for i in (src_indices, dst_indices))
 
 
 def page_count(indices_numel: int, page_size: int, arg: str = "src_indices") -> None:
@@ -186,22 +179,34 @@ def run_copy(pairs: Sequence[Pair], src_indices, dst_indices, *, src_layer: int 
 
 def run_jobs(jobs: Sequence[Job], src_indices, dst_indices, *, op: Op, by_page: bool = False,
              skip_negative: bool = False, config=None, block_quota: Optional[int] = None,
-             check: bool = True, index_names: Tuple[str, str] = ("src_indices", "dst_indices")) -> None:
+             check: Optional[bool] = None, index_names: Tuple[str, str] = ("src_indices", "dst_indices")) -> None:
     """Copy several jobs (each its own layer map, as the Ascend indexer cache has) at the
     same indices. Within a job, components that can share a launch (equal geometry, one
     allocation or address tables) are stacked into one. Every copy is validated before
     the first one runs, so a bad argument moves no byte; errors about the indices name
-    them as the caller does (``index_names``)."""
+    them as the caller does (``index_names``). Index values are checked without a device
+    sync (`kvtier.kernels.index_check`: at once for host indices; for device indices
+    the copies read the check's verdict and the error comes at the next call or at
+    `kvtier.kernels.synchronize()`). ``skip_negative``: pairs holding a negative index
+    are skipped, as SGLang's kernels skip them."""
     maps = [m for pairs, *_ in jobs for p in pairs for m in p]
     device = compute_device(*maps)
     try:
-        si, di = indices(src_indices, dst_indices, device, skip_negative=skip_negative, check=check)
+        si, di = indices(src_indices, dst_indices, device)
         plans = []
         for pairs, src_layer, dst_layer, num_layers in jobs:
             for s, d in _stacked(list(pairs)):
                 _, n_layers = check_copy(s, si, d, di, src_layer, dst_layer, num_layers, by_page,
-                                         check_values=check)
+                                         check_values=False)
                 plans.append((s, d, src_layer, dst_layer, n_layers))
+        verdict = None
+        if checks_on(check) and si.numel():
+            s0, d0 = plans[0][0], plans[0][1]
+            rows = lambda m: min(p[0 if m == "src" else 1].num_rows for p in plans)  # noqa: E731
+            page = lambda m: (s0 if m == "src" else d0).page_size if by_page else 1  # noqa: E731
+            verdict = GUARD.check(device, [("src_indices", si, rows("src"), page("src")),
+                                           ("dst_indices", di, rows("dst"), page("dst"))],
+                                  negatives_skip=skip_negative)
     except KvtierError as e:
         names = dict(zip(("src_indices", "dst_indices"), index_names))
         if names == {"src_indices": "src_indices", "dst_indices": "dst_indices"}:
@@ -215,7 +220,8 @@ def run_jobs(jobs: Sequence[Job], src_indices, dst_indices, *, op: Op, by_page: 
         cfg = config or lookup(op, s, d, si.numel(), nl)
         if quota is not None:
             cfg = replace(cfg, num_programs=quota)
-        launch(op, s, si, d, di, src_layer=sl, dst_layer=dl, num_layers=nl, by_page=by_page, config=cfg)
+        launch(op, s, si, d, di, src_layer=sl, dst_layer=dl, num_layers=nl, by_page=by_page, config=cfg,
+               verdict=verdict, skip_negative=skip_negative)
 
 
 def _stacked(pairs: List[Pair]) -> List[Pair]:

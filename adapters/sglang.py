@@ -22,9 +22,11 @@ on another device (they are moved); they are range-checked where a side has a si
 pointer table has none); ``pf``/``ph`` indices and the direct calls' pages must be
 whole pages where SGLang reads only each page's first index. ``block_quota`` caps the
 programs (SGLang's thread blocks); ``num_warps_per_block`` is accepted and ignored (the
-tuned configuration decides). ``check=False`` skips the value checks (no device sync; then
-negative indices are not skipped either). Host memory must be device-addressable (pinned
-or registered), as for SGLang's kernels.
+tuned configuration decides). Value checks never wait for the device (see
+`kvtier.kernels.index_check`): a bad device-resident index list moves nothing and raises
+at the next adapter call or at `kvtier.kernels.synchronize()`; ``check=False`` (or
+``KVTIER_CHECK=0``) skips them. Negative pairs are skipped in the kernel either way. Host
+memory must be device-addressable (pinned or registered), as for SGLang's kernels.
 """
 from __future__ import annotations
 
@@ -83,7 +85,7 @@ def _pf_lf(comps, src_indices, dst_indices, layer_id, item_size, src_layout_dim,
 
 def transfer_kv_per_layer(src_k, dst_k, src_v, dst_v, src_indices, dst_indices, item_size: int,
                           block_quota: Optional[int] = None, num_warps_per_block: Optional[int] = None,
-                          *, config=None, check: bool = True) -> None:
+                          *, config=None, check: Optional[bool] = None) -> None:
     """K and V of one layer, ``lf`` -> ``lf``: ``dst[d[j]] = src[s[j]]`` for each pair."""
     _lf_lf(_kv(src_k, dst_k, src_v, dst_v), src_indices, dst_indices, item_size,
            block_quota, config, check)
@@ -92,7 +94,7 @@ def transfer_kv_per_layer(src_k, dst_k, src_v, dst_v, src_indices, dst_indices, 
 def transfer_kv_per_layer_mla(src, dst, src_indices, dst_indices, item_size: int,
                               block_quota: Optional[int] = None,
                               num_warps_per_block: Optional[int] = None,
-                              *, config=None, check: bool = True) -> None:
+                              *, config=None, check: Optional[bool] = None) -> None:
     """The MLA latent of one layer, ``lf`` -> ``lf``."""
     _lf_lf(_mla(src, dst), src_indices, dst_indices, item_size, block_quota, config, check)
 
@@ -101,7 +103,7 @@ def transfer_kv_per_layer_pf_lf(src_k, dst_k, src_v, dst_v, src_indices, dst_ind
                                 layer_id: int, item_size: int, src_layout_dim: int,
                                 block_quota: Optional[int] = None,
                                 num_warps_per_block: Optional[int] = None,
-                                *, config=None, check: bool = True) -> None:
+                                *, config=None, check: Optional[bool] = None) -> None:
     """Layer ``layer_id`` of a ``pf`` host buffer into a per-layer device buffer (a load)."""
     _pf_lf(_kv(src_k, dst_k, src_v, dst_v), src_indices, dst_indices, layer_id, item_size,
            src_layout_dim, block_quota, config, check)
@@ -111,7 +113,7 @@ def transfer_kv_per_layer_mla_pf_lf(src, dst, src_indices, dst_indices, layer_id
                                     item_size: int, src_layout_dim: int,
                                     block_quota: Optional[int] = None,
                                     num_warps_per_block: Optional[int] = None,
-                                    *, config=None, check: bool = True) -> None:
+                                    *, config=None, check: Optional[bool] = None) -> None:
     """The MLA form of `transfer_kv_per_layer_pf_lf`."""
     _pf_lf(_mla(src, dst), src_indices, dst_indices, layer_id, item_size, src_layout_dim,
            block_quota, config, check)
@@ -122,7 +124,7 @@ def transfer_kv_per_layer_ph_lf(src_k, dst_k, src_v, dst_v, src_indices, dst_ind
                                 page_size: int, head_num: int,
                                 block_quota: Optional[int] = None,
                                 num_warps_per_block: Optional[int] = None,
-                                *, config=None, check: bool = True) -> None:
+                                *, config=None, check: Optional[bool] = None) -> None:
     """Layer ``layer_id`` of a ``ph`` host buffer (each row gathered from ``head_num``
     head pieces) into a per-layer device buffer. Negative indices are errors here, as
     SGLang's page-head kernel does not skip them."""
@@ -148,7 +150,7 @@ def _all_layer(comps, src_indices, dst_indices, item_size, num_layers, dst, skip
 def transfer_kv_all_layer(src_k_layers, dst_k_layers, src_v_layers, dst_v_layers, src_indices,
                           dst_indices, item_size: int, num_layers: int,
                           block_quota: Optional[int] = None, num_warps_per_block: Optional[int] = None,
-                          *, config=None, check: bool = True) -> None:
+                          *, config=None, check: Optional[bool] = None) -> None:
     """Every layer, table -> table (``lf`` both sides, per-layer bases)."""
     dst = lambda n, d: layer_table(n, d, item_size, num_layers, exact=False)  # noqa: E731
     _all_layer(_kv(src_k_layers, dst_k_layers, src_v_layers, dst_v_layers, "src_{}_layers", "dst_{}_layers"),
@@ -159,7 +161,7 @@ def transfer_kv_all_layer(src_k_layers, dst_k_layers, src_v_layers, dst_v_layers
 def transfer_kv_all_layer_mla(src_layers, dst_layers, src_indices, dst_indices, item_size: int,
                               num_layers: int, block_quota: Optional[int] = None,
                               num_warps_per_block: Optional[int] = None,
-                              *, config=None, check: bool = True) -> None:
+                              *, config=None, check: Optional[bool] = None) -> None:
     """The MLA form of `transfer_kv_all_layer`."""
     dst = lambda n, d: layer_table(n, d, item_size, num_layers, exact=False)  # noqa: E731
     _all_layer(_mla(src_layers, dst_layers, "src_layers", "dst_layers"), src_indices, dst_indices,
@@ -170,7 +172,7 @@ def transfer_kv_all_layer_lf_pf(src_k_layers, dst_k, src_v_layers, dst_v, src_in
                                 dst_indices, item_size: int, dst_layout_dim: int, num_layers: int,
                                 block_quota: Optional[int] = None,
                                 num_warps_per_block: Optional[int] = None,
-                                *, config=None, check: bool = True) -> None:
+                                *, config=None, check: Optional[bool] = None) -> None:
     """Every layer, per-layer device tables -> a ``pf`` host buffer (a backup)."""
     dst = lambda n, d: pf_buffer(n, d, item_size, dst_layout_dim)  # noqa: E731
     _all_layer(_kv(src_k_layers, dst_k, src_v_layers, dst_v, "src_{}_layers"), src_indices, dst_indices,
@@ -181,7 +183,7 @@ def transfer_kv_all_layer_mla_lf_pf(src_layers, dst, src_indices, dst_indices, i
                                     dst_layout_dim: int, num_layers: int,
                                     block_quota: Optional[int] = None,
                                     num_warps_per_block: Optional[int] = None,
-                                    *, config=None, check: bool = True) -> None:
+                                    *, config=None, check: Optional[bool] = None) -> None:
     """The MLA form of `transfer_kv_all_layer_lf_pf`."""
     host = lambda n, d: pf_buffer(n, d, item_size, dst_layout_dim)  # noqa: E731
     _all_layer(_mla(src_layers, dst, "src_layers"), src_indices, dst_indices, item_size, num_layers, host,
@@ -193,7 +195,7 @@ def transfer_kv_all_layer_lf_ph(src_k_layers, dst_k, src_v_layers, dst_v, src_in
                                 page_size: int, head_num: int,
                                 block_quota: Optional[int] = None,
                                 num_warps_per_block: Optional[int] = None,
-                                *, config=None, check: bool = True) -> None:
+                                *, config=None, check: Optional[bool] = None) -> None:
     """Every layer, per-layer device tables -> a ``ph`` host buffer (each row scattered
     into ``head_num`` head pieces). Negative indices are errors, as in SGLang."""
     dst = lambda n, d: ph_buffer(n, d, item_size, dst_layout_dim, page_size, head_num)  # noqa: E731
@@ -208,7 +210,7 @@ def _signature(t):
 
 def transfer_kv_direct(src_layers: Sequence[torch.Tensor], dst_layers: Sequence[torch.Tensor],
                        src_indices, dst_indices, page_size: int,
-                       *, config=None, check: bool = True) -> None:
+                       *, config=None, check: Optional[bool] = None) -> None:
     """``dst_layers[j][d[i]] = src_layers[j][s[i]]`` for every listed tensor j, a row being
     one slice along dim 0 (SGLang copies runs of consecutive slots; the bytes are the
     same). The index count must be a multiple of ``page_size``."""
@@ -253,7 +255,7 @@ def _components(arg: str, buffers) -> int:
 
 def transfer_kv_per_layer_direct_pf_lf(src_ptrs, dst_ptrs, src_indices, dst_indices,
                                        layer_id: int, page_size: int,
-                                       *, config=None, check: bool = True) -> None:
+                                       *, config=None, check: Optional[bool] = None) -> None:
     """Whole pages of host ``page_first_direct`` buffers (``src_ptrs``: [K, V], or [KV] for
     MLA), layers ``layer_id ..``, into per-layer device tensors (``dst_ptrs``: the K
     layers then the V layers). Indices are token slots of whole pages."""
@@ -272,7 +274,7 @@ def transfer_kv_per_layer_direct_pf_lf(src_ptrs, dst_ptrs, src_indices, dst_indi
 
 
 def transfer_kv_all_layer_direct_lf_pf(src_ptrs, dst_ptrs, src_indices, dst_indices,
-                                       page_size: int, *, config=None, check: bool = True) -> None:
+                                       page_size: int, *, config=None, check: Optional[bool] = None) -> None:
     """Whole pages of per-layer device tensors (``src_ptrs``: the K layers then the V
     layers, target then draft) into host ``page_first_direct`` buffers (``dst_ptrs``:
     [K, V], or [KV] for MLA), host layers from 0."""

@@ -115,7 +115,7 @@ def transfer_kv_dim_exchange(
     flags=TransferFlag.FAST2D,
     *,
     config=None,
-    check: bool = True,
+    check: Optional[bool] = None,
 ) -> None:
     """Copy whole pages between device ``(L, pages, P, H, D)`` and host
     ``(pages, L, P, H, D)`` buffers: for each page pair (``device_indices[i * P] // P``,
@@ -181,7 +181,7 @@ def transfer_kv_per_layer_dim_exchange(
     flags=TransferFlag.FAST2D,
     *,
     config=None,
-    check: bool = True,
+    check: Optional[bool] = None,
 ) -> None:
     """One layer of `transfer_kv_dim_exchange`: K/V layer ``layer_id`` and, where
     ``index_k_layer_id`` is given, that indexer layer (skipped when it is None)."""

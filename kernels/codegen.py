@@ -101,8 +101,10 @@ def kernel_constants(config: CopyConfig, shape: dict) -> dict:
                 n_chunks=shape["n_chunks"], chunk_bytes=shape["row_bytes"] // shape["n_chunks"],
                 align=shape["align"])
     warp = TARGETS[shape.get("target", "sm90")][2]
-    return constants(Geometry(shape["src_table"], **side), Geometry(shape["dst_table"], **side), 1 << 20,
-                     config, threads=config.num_warps * warp)
+    const = constants(Geometry(shape["src_table"], **side), Geometry(shape["dst_table"], **side), 1 << 20,
+                      config, threads=config.num_warps * warp)
+    # Pools and adapters launch with the device-side index check's verdict word.
+    return dict(const, CHECKED=shape.get("checked", True), SKIP_NEG=shape.get("skip_negative", False))
 
 
 def _compile(target: str, config: CopyConfig, shape: dict):
@@ -114,7 +116,7 @@ def _compile(target: str, config: CopyConfig, shape: dict):
     word_type = {1: "*u8", 2: "*i16", 4: "*i32", 8: "*i64"}[const["WORD"]]
     idx = f"*i{shape['index_bits']}"
     ptrs = {"src_ptr": word_type, "dst_ptr": word_type, "src_table": "*i64", "dst_table": "*i64",
-            "src_idx": idx, "dst_idx": idx}
+            "src_idx": idx, "dst_idx": idx, "verdict": "*i32"}
     names = _copy_rows_kernel.arg_names
     sig = {n: ptrs.get(n, "constexpr" if n in const else "i64") for n in names}
     # Pointer arguments from torch allocations are 16-byte aligned; Triton specializes them so.

@@ -19,11 +19,12 @@ import kvtier.platforms as platforms
 
 from .config import CopyConfig
 from .errors import KvtierError
+from .index_check import IndexGuard, checks_on
 from .plan import kernel_constants, plan_copy  # noqa: F401  (plan_copy: tests and tools)
 from .rowmap import RowMap
 from .validate import check_copy
 
-__all__ = ["copy_rows", "KvtierError", "interpreter_active", "triton_available", "plan_copy"]
+__all__ = ["copy_rows", "synchronize", "KvtierError", "interpreter_active", "triton_available", "plan_copy"]
 
 
 def _triton():
@@ -95,7 +96,8 @@ def _split_chunks(m: RowMap, c: int) -> RowMap:
 
 def copy_rows(src: RowMap, src_indices: torch.Tensor, dst: RowMap, dst_indices: torch.Tensor,
               *, src_layer: int = 0, dst_layer: int = 0, num_layers: Optional[int] = None,
-              by_page: bool = False, config: Optional[CopyConfig] = None, check: bool = True) -> None:
+              by_page: bool = False, config: Optional[CopyConfig] = None, check: Optional[bool] = None,
+              verdict: Optional[torch.Tensor] = None, skip_negative: bool = False) -> None:
     """Copy rows: for every component c and layer l < num_layers,
     ``dst[c, dst_layer + l, dst_indices[j]] = src[c, src_layer + l, src_indices[j]]``.
 
@@ -103,15 +105,27 @@ def copy_rows(src: RowMap, src_indices: torch.Tensor, dst: RowMap, dst_indices: 
     maps' accelerator, else the CPU). ``by_page=True`` asserts that the indices are whole
     pages (runs of page_size slots from a page boundary, checked): where both sides store
     a page contiguously, each page then moves as one row. ``num_layers`` defaults to all
-    layers both sides have from their start layers. ``check=False`` skips the value checks
-    (range, page alignment), which cost a device sync; the shape checks always run.
-    The copy is enqueued on the current stream; nothing moves if a check fails.
+    layers both sides have from their start layers.
+
+    Value checks (range, whole pages) never wait for the device: indices on the host are
+    checked at once, indices on the device by a check kernel whose verdict the copy reads,
+    so a bad list moves nothing and raises `KvtierError` at the next `copy_rows` call or at
+    `kvtier.kernels.synchronize()` (`kvtier.kernels.index_check`). ``check=False`` (or
+    ``KVTIER_CHECK=0``) skips them; the shape checks always run. ``verdict``: a verdict
+    word from the caller's own `IndexGuard` (the copy moves nothing unless it is 0).
+    ``skip_negative``: a pair holding a negative index is skipped, not refused (the
+    engines' convention). The copy is enqueued on the current stream.
     """
     device, num_layers = check_copy(src, src_indices, dst, dst_indices, src_layer, dst_layer,
-                                    num_layers, by_page, check_values=check)
+                                    num_layers, by_page, check_values=False)
     n = src_indices.numel()
     if n == 0 or num_layers == 0:
         return
+    if verdict is None and checks_on(check):
+        verdict = GUARD.check(device, [
+            ("src_indices", src_indices, src.num_rows, src.page_size if by_page else 1),
+            ("dst_indices", dst_indices, dst.num_rows, dst.page_size if by_page else 1)],
+            negatives_skip=skip_negative)
     if config is None:
         config = platforms.of(device).default_config(crosses_link=src.device.type != dst.device.type)
     if by_page and src.page_size > 1 and src.page_contiguous and dst.page_contiguous:
@@ -121,14 +135,25 @@ def copy_rows(src: RowMap, src_indices: torch.Tensor, dst: RowMap, dst_indices: 
         n = src_indices.numel()
     if _triton() is None:
         _warn_once("no-triton", "kvtier: Triton is not installed; copies run the torch reference")
-        return _reference(src, src_indices, dst, dst_indices, src_layer, dst_layer, num_layers)
+        return _reference(src, src_indices, dst, dst_indices, src_layer, dst_layer, num_layers, skip_negative)
     if device.type == "cpu" and not interpreter_active():
         _warn_once("cpu", "kvtier: CPU tensors need Triton's interpreter (TRITON_INTERPRET=1 before "
                    "importing triton); copies run the torch reference")
-        return _reference(src, src_indices, dst, dst_indices, src_layer, dst_layer, num_layers)
+        return _reference(src, src_indices, dst, dst_indices, src_layer, dst_layer, num_layers, skip_negative)
     if device.type == "cpu":
         check_interpreter()
-    launch(src, src_indices, dst, dst_indices, src_layer, dst_layer, num_layers, config, device)
+    launch(src, src_indices, dst, dst_indices, src_layer, dst_layer, num_layers, config, device, verdict,
+           skip_negative)
+
+
+# The checks of plain copy_rows calls (pools and adapters keep their own).
+GUARD = IndexGuard()
+
+
+def synchronize(device=None) -> None:
+    """Wait for ``device`` and raise the first index failure a device-side check of a
+    `copy_rows` call found (the check point for callers that do not call again)."""
+    GUARD.synchronize(device)
 
 
 _interpreter_problem = []
@@ -155,15 +180,20 @@ def check_interpreter() -> None:
         raise KvtierError(_interpreter_problem[0])
 
 
-def _reference(src, si, dst, di, src_layer, dst_layer, num_layers):
+def _reference(src, si, dst, di, src_layer, dst_layer, num_layers, skip_negative=False):
     from .reference import copy_rows_reference
+    if skip_negative:
+        keep = (si >= 0) & (di >= 0)
+        si, di = si[keep], di[keep]
     copy_rows_reference(src, si, dst, di, src_layer=src_layer, dst_layer=dst_layer,
                         num_layers=num_layers, check=False)
 
 
 def launch(src: RowMap, src_indices, dst: RowMap, dst_indices, src_layer: int, dst_layer: int,
-           num_layers: int, config: CopyConfig, device: torch.device) -> None:
-    """Launch the kernel on already-validated arguments (the pools' hot path)."""
+           num_layers: int, config: CopyConfig, device: torch.device,
+           verdict: Optional[torch.Tensor] = None, skip_negative: bool = False) -> None:
+    """Launch the kernel on already-validated arguments (the pools' hot path); with a
+    ``verdict`` word, its programs copy nothing unless it is 0."""
     plat = _platform(device)
     # A map as the kernel addresses it (Ascend: registered host memory by device address).
     src, dst = src.kernel_view(plat, device), dst.kernel_view(plat, device)
@@ -192,7 +222,8 @@ def launch(src: RowMap, src_indices, dst: RowMap, dst_indices, src_layer: int, d
     _kernel()[(grid,)](
         sp, st, src_indices, dp, dt, dst_indices,
         n, num_layers, src_layer, dst_layer, src.num_layers, dst.num_layers,
-        *_units(src, unit), *_units(dst, unit), **const, num_warps=config.num_warps,
+        *_units(src, unit), *_units(dst, unit), src_indices if verdict is None else verdict,
+        **const, CHECKED=verdict is not None, SKIP_NEG=skip_negative, num_warps=config.num_warps,
     )
 
 

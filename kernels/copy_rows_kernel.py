@@ -13,11 +13,12 @@ def _copy_rows_kernel(
     n_rows, n_layers, src_layer0, dst_layer0, src_table_layers, dst_table_layers,
     src_comp_stride, src_layer_stride, src_page_stride, src_token_stride, src_chunk_stride,
     dst_comp_stride, dst_layer_stride, dst_page_stride, dst_token_stride, dst_chunk_stride,
+    verdict,
     SRC_TABLE: tl.constexpr, DST_TABLE: tl.constexpr, WORD: tl.constexpr,
     SRC_PAGE: tl.constexpr, DST_PAGE: tl.constexpr,
     N_COMP: tl.constexpr, N_CHUNKS: tl.constexpr, CHUNK_WORDS: tl.constexpr,
     ROWS: tl.constexpr, BLOCK: tl.constexpr, LOG_BLOCK: tl.constexpr, ALIGN: tl.constexpr,
-    MIN_PIECE: tl.constexpr,
+    MIN_PIECE: tl.constexpr, CHECKED: tl.constexpr, SKIP_NEG: tl.constexpr,
 ):
     """Persistent copy of ``ROWS x CHUNK_WORDS`` word tiles.
 
@@ -33,12 +34,17 @@ def _copy_rows_kernel(
     wide (triton-ascend lowers a piece under 32 bytes element by element); MIN_PIECE = 1
     compiles the window out. Strides arrive in units of ALIGN words, so the compiler
     sees the alignment of every offset and may use 16-byte accesses, even through
-    pointers loaded from a table.
+    pointers loaded from a table. With CHECKED, every program first reads the verdict
+    word an index check wrote on the same stream and copies nothing unless it is 0.
+    With SKIP_NEG (the engines' convention) a row whose source or destination index is
+    negative is skipped: the copies are masked by row, which only these calls pay for.
     """
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
     tiles = (n_rows + ROWS - 1) // ROWS
     total = N_COMP * n_layers * tiles
+    if CHECKED:
+        total = tl.where(tl.load(verdict) == 0, total, 0)
     MAIN: tl.constexpr = (CHUNK_WORDS // BLOCK) * BLOCK
     TAIL: tl.constexpr = CHUNK_WORDS - MAIN
     WINDOW: tl.constexpr = (TAIL % MIN_PIECE) != 0      # tail words below MIN_PIECE remain
@@ -51,6 +57,8 @@ def _copy_rows_kernel(
         r = tl.minimum(r, n_rows - 1)
         si = tl.load(src_idx + r).to(tl.int64)
         di = tl.load(dst_idx + r).to(tl.int64)
+        # Rows the copy writes: all, or (SKIP_NEG) those whose two indices are not negative.
+        keep = ((si >= 0) & (di >= 0))[:, None] if SKIP_NEG else None
         # Strides arrive in units of ALIGN words; multiplying by the constant ALIGN
         # tells the compiler every offset's alignment (a multiple_of hint on a sum can
         # be folded away with the sum).
@@ -71,11 +79,11 @@ def _copy_rows_kernel(
             dp = d_base + (d_off + ch * dst_chunk_stride * ALIGN)[:, None]
             for b in range(0, MAIN, BLOCK):
                 cols = b + tl.arange(0, BLOCK)[None, :]
-                tl.store(dp + cols, tl.load(sp + cols))
+                tl.store(dp + cols, tl.load(sp + cols, mask=keep), mask=keep)
             for k in tl.static_range(LOG_BLOCK):
                 if ((TAIL >> k) & 1) and (1 << k) >= MIN_PIECE:
                     cols = (MAIN + ((TAIL >> (k + 1)) << (k + 1))) + tl.arange(0, 1 << k)[None, :]
-                    tl.store(dp + cols, tl.load(sp + cols))
+                    tl.store(dp + cols, tl.load(sp + cols, mask=keep), mask=keep)
             if WINDOW:
                 cols = (CHUNK_WORDS - MIN_PIECE) + tl.arange(0, MIN_PIECE)[None, :]
-                tl.store(dp + cols, tl.load(sp + cols))
+                tl.store(dp + cols, tl.load(sp + cols, mask=keep), mask=keep)

@@ -19,7 +19,7 @@ import torch
 
 from kvtier.kernels import RowMap
 from kvtier.kernels.errors import fail
-from kvtier.kernels.validate import check_index, check_page_aligned, check_range
+from kvtier.kernels.index_check import IndexGuard
 
 from .spec import Component, check_positive
 
@@ -70,6 +70,9 @@ class DevicePool:
         self.device = first.device
         self.num_layers = first.num_layers
         self.groups: List[Tuple[Tuple[str, ...], RowMap]] = group_maps(self.components, self.maps)
+        # Index value checks of gather/scatter/CPU copies: None follows KVTIER_CHECK (on).
+        self.check: Optional[bool] = None
+        self.guard = IndexGuard()
 
     # ------------------------------------------------------------------ description
     @property
@@ -96,13 +99,10 @@ class DevicePool:
             raise fail(arg, layer_id, f"outside this pool's layers {self.start_layer}..{self.end_layer - 1}")
         return layer_id - self.start_layer
 
-    def check_indices(self, arg: str, idx, *, check_values: bool = True, pages: bool = False) -> None:
-        """Shape, dtype and device always; range (and whole pages) when ``check_values``."""
-        check_index(arg, idx, self.index_device)
-        if check_values:
-            check_range(arg, idx, self.size)
-            if pages:
-                check_page_aligned(arg, idx, self.page_size)
+    def synchronize(self) -> None:
+        """Wait for the device and raise the first index failure a device-side check of
+        this pool's gathers, scatters or CPU copies found."""
+        self.guard.synchronize(self.device)
 
     @property
     def index_device(self) -> torch.device:

@@ -50,18 +50,20 @@ class Staging:
 
 
 def backup(op, dev_map, didx, host_buf, layout, page_size, dev_layer, host_layer, num_layers,
-           run_list, by_page, config) -> None:
+           run_list, by_page, config, verdict=None) -> None:
     """Device rows ``didx`` of layers dev_layer.. -> host layers host_layer.. at the runs."""
     st = Staging(host_buf, layout, page_size, didx.numel(), num_layers, didx.device)
     launch(op, dev_map, didx, st.map, st.index.to(didx.dtype), src_layer=dev_layer, dst_layer=0,
-           num_layers=num_layers, by_page=by_page, config=config, strategy="dma")
+           num_layers=num_layers, by_page=by_page, config=config, strategy="dma",
+           verdict=verdict)
     st.copy_runs(host_buf, host_layer, run_list, to_host=True)
 
 
 def load(op, dev_map, didx, host_buf, layout, page_size, dev_layer, host_layer, num_layers,
-         run_list, by_page, config) -> None:
+         run_list, by_page, config, verdict=None) -> None:
     """Host layers host_layer.. at the runs -> device rows ``didx`` of layers dev_layer.."""
     st = Staging(host_buf, layout, page_size, didx.numel(), num_layers, didx.device)
     st.copy_runs(host_buf, host_layer, run_list, to_host=False)
     launch(op, st.map, st.index.to(didx.dtype), dev_map, didx, src_layer=0, dst_layer=dev_layer,
-           num_layers=num_layers, by_page=by_page, config=config, strategy="dma")
+           num_layers=num_layers, by_page=by_page, config=config, strategy="dma",
+           verdict=verdict)

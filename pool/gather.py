@@ -9,23 +9,27 @@ import torch
 
 from kvtier.kernels import RowMap
 from kvtier.kernels.errors import fail
-from kvtier.kernels.validate import check_index, check_range
+from kvtier.kernels.index_check import checks_on
+from kvtier.kernels.validate import check_index
 
 from kvtier.kernels.ops import GATHER, SCATTER, Op
 
 from .launch import launch
 
 
-def slots_of(pool, indices: torch.Tensor, pages: bool) -> torch.Tensor:
-    """Validated token slots for slot or page ``indices`` (all value checks run here)."""
+def slots_of(pool, indices: torch.Tensor, pages: bool):
+    """(token slots, verdict) for slot or page ``indices``: the shape checks here, the value
+    checks by the pool's index guard (no device sync; the verdict word gates the copies)."""
     check_index("indices", indices, pool.index_device)
+    verdict = None
+    if checks_on(pool.check):
+        limit = pool.size // pool.page_size if pages else pool.size
+        verdict = pool.guard.check(pool.device, [("indices", indices, limit, 1)])
     if not pages:
-        check_range("indices", indices, pool.size)
-        return indices
-    check_range("indices", indices, pool.size // pool.page_size)
+        return indices, verdict
     p = pool.page_size
     offs = torch.arange(p, dtype=indices.dtype, device=indices.device)
-    return (indices[:, None] * p + offs).reshape(-1)
+    return (indices[:, None] * p + offs).reshape(-1), verdict
 
 
 def group_shape(pool, names, n_slots: int, pages: bool):
@@ -42,7 +46,8 @@ def contiguous_map(t: torch.Tensor, pool, pages: bool) -> RowMap:
     return RowMap.stack(maps)
 
 
-def gather_groups(pool, slots: torch.Tensor, pages: bool, op: Op = GATHER) -> List[torch.Tensor]:
+def gather_groups(pool, slots: torch.Tensor, pages: bool, op: Op = GATHER,
+                  verdict: Optional[torch.Tensor] = None) -> List[torch.Tensor]:
     """One contiguous buffer per group in ``pool.groups``, filled from ``slots``."""
     out = []
     dst_idx = torch.arange(slots.numel(), dtype=slots.dtype, device=slots.device)
@@ -51,36 +56,37 @@ def gather_groups(pool, slots: torch.Tensor, pages: bool, op: Op = GATHER) -> Li
         buf = torch.empty(group_shape(pool, names, slots.numel(), pages), dtype=c.dtype, device=pool.device)
         if slots.numel():
             launch(op, m, slots, contiguous_map(buf, pool, pages), dst_idx,
-                   num_layers=c.num_layers, by_page=pages)
+                   num_layers=c.num_layers, by_page=pages, verdict=verdict)
         out.append(buf)
     return out
 
 
 def scatter_groups(pool, slots: torch.Tensor, bufs: List[torch.Tensor], pages: bool,
-                   op: Op = SCATTER) -> None:
+                   op: Op = SCATTER, verdict: Optional[torch.Tensor] = None) -> None:
     """Write group buffers (shapes as `gather_groups` makes them) back at ``slots``."""
     src_idx = torch.arange(slots.numel(), dtype=slots.dtype, device=slots.device)
     if not slots.numel():
         return
     for (names, m), buf in zip(pool.groups, bufs):
         launch(op, contiguous_map(buf, pool, pages), src_idx, m, slots,
-               num_layers=pool.components[names[0]].num_layers, by_page=pages)
+               num_layers=pool.components[names[0]].num_layers, by_page=pages, verdict=verdict)
 
 
 def gather(pool, indices: torch.Tensor, *, pages: bool = False) -> Dict[str, torch.Tensor]:
-    slots = slots_of(pool, indices, pages)
-    bufs = gather_groups(pool, slots, pages)
+    slots, verdict = slots_of(pool, indices, pages)
+    bufs = gather_groups(pool, slots, pages, verdict=verdict)
     return {name: buf[i] for (names, _), buf in zip(pool.groups, bufs) for i, name in enumerate(names)}
 
 
 def scatter(pool, indices: torch.Tensor, data: Dict[str, torch.Tensor], *, pages: bool = False) -> None:
-    slots = slots_of(pool, indices, pages)
+    check_index("indices", indices, pool.index_device)
+    n_slots = indices.numel() * (pool.page_size if pages else 1)
     if not isinstance(data, dict) or set(data) != set(pool.components):
         raise fail("data", sorted(data) if isinstance(data, dict) else type(data).__name__,
                    f"must be a dict with exactly the pool's components {sorted(pool.components)}")
     bufs = []
     for names, _ in pool.groups:
-        shape = group_shape(pool, names, slots.numel(), pages)[1:]
+        shape = group_shape(pool, names, n_slots, pages)[1:]
         for name in names:
             t, c = data[name], pool.components[name]
             if not isinstance(t, torch.Tensor) or (tuple(t.shape), t.dtype, t.device) != (shape, c.dtype, pool.device):
@@ -88,7 +94,8 @@ def scatter(pool, indices: torch.Tensor, data: Dict[str, torch.Tensor], *, pages
                 raise fail(f"data[{name!r}]", got, f"must be {(shape, c.dtype, str(pool.device))}")
         # One contiguous buffer per group: a copy unless the caller passed gather()'s views.
         bufs.append(_group_of(data, names))
-    scatter_groups(pool, slots, bufs, pages)
+    slots, verdict = slots_of(pool, indices, pages)
+    scatter_groups(pool, slots, bufs, pages, verdict=verdict)
 
 
 def _group_of(data, names) -> torch.Tensor:

@@ -19,7 +19,8 @@ from kvtier.kernels.config import STRATEGIES as LINK_STRATEGIES
 from kvtier.kernels.errors import KvtierError, fail
 from kvtier.kernels.layouts import host_layout
 from kvtier.kernels.ops import BACKUP, LOAD, LOAD_LAYER, Op
-from kvtier.kernels.validate import check_index, check_page_aligned, check_range
+from kvtier.kernels.index_check import IndexGuard, checks_on
+from kvtier.kernels.validate import check_index
 
 from . import dma
 from .allocator import PageAllocator
@@ -53,7 +54,10 @@ class HostPool:
         "dma" wherever kernels cannot address the buffers: unpinned memory, or unregistered
         memory on Ascend).
     pin_memory: default True when the device pools live on an accelerator.
-    check: validate index values (ranges, whole pages); costs a device sync per call.
+    check: validate index values (ranges, whole pages) without waiting for the device:
+        host indices at once, device indices by a check kernel whose verdict the copies
+        read (a bad call moves nothing; the error is raised at the next call or at
+        `synchronize()`, see `kvtier.kernels.index_check`). None: ``KVTIER_CHECK`` (on).
     factory: ``(shape, dtype, pin) -> tensor`` to supply host memory (registered memory,
         shared memory); default ``torch.empty``.
     register: make the host buffers reachable by kernels where the platform needs it
@@ -64,7 +68,8 @@ class HostPool:
     def __init__(self, device_pools: Union[DevicePool, Sequence[DevicePool]], *,
                  layout: str = "layer_first", size_tokens: Optional[int] = None,
                  size_gb: Optional[float] = None, pin_memory: Optional[bool] = None,
-                 strategy: str = "auto", check: bool = True, factory=None, register: bool = False):
+                 strategy: str = "auto", check: Optional[bool] = None, factory=None,
+                 register: bool = False):
         pools = [device_pools] if isinstance(device_pools, DevicePool) else list(device_pools)
         if not pools or not all(isinstance(p, DevicePool) for p in pools):
             raise fail("device_pools", device_pools, "must be a DevicePool or a list of them (target first)")
@@ -102,6 +107,7 @@ class HostPool:
             m.reachable_by(self._platform) for _, m, _ in self.groups)
         self.allocator = PageAllocator(self.size, self.page_size)
         self._moves: Dict[int, List[Move]] = {}
+        self.guard = IndexGuard()
 
     # ------------------------------------------------------------------ construction
     def _size(self, size_tokens, size_gb) -> int:
@@ -180,7 +186,7 @@ class HostPool:
         slots = self._resolve(device_pool, whole=layer_id is None)
         if layer_id is not None:
             local = slots[0][1].local_layer(layer_id)
-        hidx = self._check_indices(slots, host_indices, device_indices)
+        hidx, verdict = self._check_indices(slots, host_indices, device_indices)
         n = device_indices.numel()
         if n == 0:
             return
@@ -202,11 +208,11 @@ class HostPool:
                     if op.from_device:
                         launch(op, mv.dev_map, device_indices, mv.host_map, h, src_layer=dev_layer,
                                dst_layer=host_layer, num_layers=count, by_page=by_page, config=config,
-                               strategy=strategy)
+                               strategy=strategy, verdict=verdict)
                     else:
                         launch(op, mv.host_map, h, mv.dev_map, device_indices, src_layer=host_layer,
                                dst_layer=dev_layer, num_layers=count, by_page=by_page, config=config,
-                               strategy=strategy)
+                               strategy=strategy, verdict=verdict)
                     continue
                 if run_list is None:
                     h = hidx.cpu()
@@ -214,7 +220,7 @@ class HostPool:
                                         if self._layout.paged else h)
                 move = dma.backup if op.from_device else dma.load
                 move(op, mv.dev_map, device_indices, mv.host_buf, self.layout, self.page_size,
-                     dev_layer, host_layer, count, run_list, by_page, config)
+                     dev_layer, host_layer, count, run_list, by_page, config, verdict)
 
     def _strategy(self, config, pool) -> str:
         if self.strategy != "auto":
@@ -243,14 +249,18 @@ class HostPool:
         if host_indices.numel() != device_indices.numel():
             raise fail("device_indices", f"{device_indices.numel()} indices",
                        f"host_indices has {host_indices.numel()}; counts must match")
-        if self.check:
-            check_range("host_indices", host_indices, self.size)
-            for _, pool in slots:
-                check_range("device_indices", device_indices, pool.size)
-            if self._layout.paged:   # page layouts move whole pages
-                check_page_aligned("host_indices", host_indices, self.page_size)
-                check_page_aligned("device_indices", device_indices, self.page_size)
-        return host_indices
+        verdict = None
+        if checks_on(self.check):
+            page = self.page_size if self._layout.paged else 1   # page layouts move whole pages
+            limit = min(pool.size for _, pool in slots)
+            verdict = self.guard.check(self.device, [("host_indices", host_indices, self.size, page),
+                                                     ("device_indices", device_indices, limit, page)])
+        return host_indices, verdict
+
+    def synchronize(self) -> None:
+        """Wait for the device and raise the first index failure a device-side check of
+        this pool's calls found (the check point after the last call)."""
+        self.guard.synchronize(self.device)
 
     def _moves_for(self, slot: int, pool: DevicePool) -> List[Move]:
         """Per host group: one move with the pool's matching group map, else one move per

@@ -47,16 +47,19 @@ def lookup(op: Op, src: RowMap, dst: RowMap, n_rows: int, num_layers: int) -> Co
 
 def launch(op: Op, src: RowMap, si: torch.Tensor, dst: RowMap, di: torch.Tensor, *,
            src_layer: int = 0, dst_layer: int = 0, num_layers: int, by_page: bool = False,
-           config: Optional[CopyConfig] = None, strategy: Optional[str] = None) -> None:
+           config: Optional[CopyConfig] = None, strategy: Optional[str] = None,
+           verdict: Optional[torch.Tensor] = None, skip_negative: bool = False) -> None:
     """``copy_rows`` on validated indices (no device sync), with the tuned configuration.
-    ``strategy`` names the pool strategy the copy is part of (the dma path's gather)."""
+    ``strategy`` names the pool strategy the copy is part of (the dma path's gather);
+    ``verdict`` is the word the caller's device-side index check wrote (the copy moves
+    nothing unless it is 0); ``skip_negative`` skips pairs holding a negative index."""
     if config is None:
         config = lookup(op, src, dst, si.numel(), num_layers)
     if log.isEnabledFor(logging.DEBUG):
         log_launch(op, strategy or config.strategy, config, si.numel(),
                    si.numel() * src.row_bytes * num_layers * src.num_components)
     copy_rows(src, si, dst, di, src_layer=src_layer, dst_layer=dst_layer, num_layers=num_layers,
-              by_page=by_page, config=config, check=False)
+              by_page=by_page, config=config, check=False, verdict=verdict, skip_negative=skip_negative)
 
 
 def log_launch(op: Op, strategy: str, config: CopyConfig, rows: int, nbytes: int) -> None:

@@ -1,0 +1,156 @@
+"""Index checks that never wait for the device.
+
+An index list that lives where the copy runs (device indices on a GPU or NPU) is checked
+there: one small kernel walks it before the copies, on the same stream, and writes a
+verdict word that every program of those copies reads first; a bad list makes the copies
+move nothing. The first failure is also written to a record the host reads without a
+sync, and the guard that launched the check raises `KvtierError` naming the argument and
+the value as soon as it sees it: in the same call where the check has already run (the
+CPU interpreter runs kernels at once), else at its next call or at its `synchronize()`. An index list on the host (HiCache's host indices) is checked
+on the host at once: reading host memory costs nothing.
+
+Each pool, and the adapters, own one `IndexGuard`. Verdict words are per stream: calls on
+one stream are ordered, calls on different streams must not share a word.
+
+``KVTIER_CHECK=0`` turns value checks off process-wide (for engine call sites that cannot
+pass ``check=False``); shape, dtype and device checks always run.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+import kvtier.platforms as platforms
+
+from .errors import KvtierError, fail
+from .validate import check_page_aligned, check_range
+
+CHECK_ENV = "KVTIER_CHECK"
+_REASONS = {1: "negative index", 2: "index out of range for {limit} rows",
+            3: "not a whole page: runs of {page} consecutive slots from a page boundary"}
+
+
+def checks_on(check: Optional[bool] = None) -> bool:
+    """``check`` where the caller gave it, else the process-wide ``KVTIER_CHECK`` (on)."""
+    if check is not None:
+        return bool(check)
+    return os.environ.get(CHECK_ENV, "1") != "0"
+
+
+# One index list to check: (argument name, indices, exclusive limit, page size or 1).
+IndexList = Tuple[str, torch.Tensor, int, int]
+
+
+@dataclass
+class _Slot:
+    verdict: torch.Tensor        # int32 [1] on the device: 0, or the failure code
+    record: torch.Tensor         # int64 [4]: code, argument id, position, value
+    host_visible: bool           # the record is host memory the kernel writes (no copy needed)
+
+
+class IndexGuard:
+    """The index checks of one pool or adapter family (see the module doc)."""
+
+    def __init__(self):
+        self._slots: Dict[tuple, _Slot] = {}
+        self._args: List[Tuple[str, int, int]] = []     # argument id -> (name, limit, page)
+
+    # ------------------------------------------------------------------ checking
+    def check(self, device: torch.device, lists: Sequence[IndexList], *,
+              negatives_skip: bool = False) -> Optional[torch.Tensor]:
+        """Check ``lists`` for a copy on ``device``: host-resident lists here (raising at
+        once), device-resident ones on the device. Returns the verdict word the copies
+        must read, or None when nothing was left to the device. At most two lists go to
+        the device per call."""
+        self.raise_pending()
+        on_device = []
+        for arg, idx, limit, page in lists:
+            if page > 1 and idx.numel() % page:        # a count is metadata: checked here
+                raise fail(f"len({arg})", idx.numel(), f"page-granular copy needs a multiple of page_size={page}")
+            if idx.numel() == 0:
+                continue
+            if _device_checkable(idx, device):
+                on_device.append((arg, idx, limit, page))
+            else:
+                _check_on_host(arg, idx, limit, page, negatives_skip)
+        if not on_device:
+            return None
+        if len(on_device) > 2:
+            raise KvtierError(f"internal: {len(on_device)} device index lists in one check (at most 2)")
+        slot = self._slot(device)
+        a = on_device[0]
+        b = on_device[1] if len(on_device) > 1 else a
+        from .index_check_kernel import _check_indices_kernel
+        _check_indices_kernel[(1,)](
+            a[1], a[1].numel(), a[2], self._arg_id(a), b[1], b[1].numel(), b[2], self._arg_id(b),
+            slot.verdict, slot.record, A_PAGE=a[3], B_PAGE=b[3], TWO=len(on_device) > 1,
+            NEG_SKIPS=negatives_skip, BLOCK=1024)
+        # Where the check has already run (the interpreter runs kernels at once; a fast
+        # device may have), its failure is raised before the copies are enqueued.
+        self.raise_pending()
+        return slot.verdict
+
+    def raise_pending(self) -> None:
+        """Raise the first failure a device check has recorded (host memory: no sync)."""
+        for slot in self._slots.values():
+            if slot.host_visible and int(slot.record[0]) != 0:
+                self._raise(slot)
+
+    def synchronize(self, device=None) -> None:
+        """Wait for ``device`` and raise any failure its checks recorded (the documented
+        check point: after it, every earlier call's verdict is known)."""
+        platforms.synchronize(device)
+        for slot in self._slots.values():
+            record = slot.record if slot.host_visible else slot.record.cpu()
+            if int(record[0]) != 0:
+                self._raise(slot, record)
+
+    # ------------------------------------------------------------------ internals
+    def _raise(self, slot: _Slot, record: Optional[torch.Tensor] = None) -> None:
+        code, arg_id, pos, value = (int(v) for v in (record if record is not None else slot.record).tolist())
+        slot.record.zero_()
+        name, limit, page = self._args[arg_id]
+        why = _REASONS.get(code, f"failed check {code}").format(limit=limit, page=page)
+        raise fail(name, value, f"{why} (at position {pos}; found on the device after an earlier "
+                   "call was enqueued: that call moved no bytes)")
+
+    def _arg_id(self, lst: IndexList) -> int:
+        key = (lst[0], int(lst[2]), int(lst[3]))
+        try:
+            return self._args.index(key)
+        except ValueError:
+            self._args.append(key)
+            return len(self._args) - 1
+
+    def _slot(self, device: torch.device) -> _Slot:
+        stream = platforms.current_stream(device) if device.type != "cpu" else None
+        key = (device, stream)
+        slot = self._slots.get(key)
+        if slot is None:
+            verdict = torch.zeros(1, dtype=torch.int32, device=device)
+            record = torch.zeros(4, dtype=torch.int64, pin_memory=device.type != "cpu")
+            visible = platforms.host_device_address(record, platforms.platform_of(device)) is not None
+            if not visible:
+                record = torch.zeros(4, dtype=torch.int64, device=device)
+            slot = self._slots[key] = _Slot(verdict, record, visible)
+        return slot
+
+
+def _device_checkable(idx: torch.Tensor, device: torch.device) -> bool:
+    """Whether ``idx`` is checked by the device kernel: it lives where the copy runs and
+    the kernel runs there (on the CPU: under Triton's interpreter)."""
+    if idx.device.type != device.type:
+        return False
+    from .copy_rows import interpreter_active, triton_available
+    return triton_available() and (device.type != "cpu" or interpreter_active())
+
+
+def _check_on_host(arg: str, idx: torch.Tensor, limit: int, page: int, negatives_skip: bool) -> None:
+    if negatives_skip:
+        idx = idx[idx >= 0]
+    check_range(arg, idx, limit)
+    if page > 1:
+        check_page_aligned(arg, idx, page)
