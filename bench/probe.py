@@ -1,9 +1,13 @@
-"""Look at a kvtier call up to its kernel launch without running the kernel.
+"""Look at a kvtier call up to its kernel launches without running a kernel.
 
-Inside ``LaunchProbe()``, the row-copy kernel is replaced by a recorder: every call of
-the core or of a pool still validates, plans and looks up its configuration, then
-records its launch grid instead of launching. This gives the programs a transfer uses
-and the host time a call spends before its launch, with no GPU and no interpreter.
+Inside ``LaunchProbe()``, both kernels a call can launch are replaced by recorders: the
+row-copy kernel (`kvtier.kernels.copy_rows`) and the index-check kernel
+(``_check_indices_kernel`` in `kvtier.kernels.index_check_kernel`, which
+`kvtier.kernels.index_check` launches before the copies when value checks are on).
+Every call of the core, a pool or an adapter still validates, plans, looks up its
+configuration and builds its launch arguments, then records each launch grid instead of
+launching. This gives the programs a transfer uses and the host time a call spends up to
+its launches, with no GPU and no interpreter run.
 """
 from __future__ import annotations
 
@@ -31,29 +35,40 @@ def _no_launch(*args, **kwargs):
 
 
 class LaunchProbe:
-    """Context manager; ``.grids`` lists the grid of every launch made inside it."""
+    """Context manager; ``.grids`` lists the grid of every row-copy launch made inside it,
+    ``.check_grids`` every index-check launch (neither kernel runs)."""
 
     def __enter__(self) -> "LaunchProbe":
         if _core._triton() is None:
             raise NoKernel("Triton is not installed: kvtier calls run the torch reference, "
                            "there is no kernel launch to probe")
-        self._saved = _core._kernel
-        self._saved_interp = _core.interpreter_active
-        self._rec = _Recorder()
+        # Imported here: both need Triton, which is present from this point on.
+        self._check_mod = importlib.import_module("kvtier.kernels.index_check_kernel")
+        self._maps = importlib.import_module("kvtier.adapters.maps")
+        self._rec, self._check_rec = _Recorder(), _Recorder()
+        self._saved = (_core._kernel, _core.interpreter_active, self._check_mod._check_indices_kernel,
+                       self._maps.interpreter_active)
         _core._kernel = lambda: self._rec
+        self._check_mod._check_indices_kernel = self._check_rec
         # The CPU falls back to the reference without the interpreter; the probe never
-        # runs the kernel, so it may take the launch path anywhere.
+        # runs a kernel, so it may take the launch path anywhere (the adapters' module
+        # holds its own name for the same test).
         _core.interpreter_active = lambda: True
+        self._maps.interpreter_active = lambda: True
         return self
 
     def __exit__(self, *exc) -> None:
-        _core._kernel = self._saved
-        _core.interpreter_active = self._saved_interp
+        (_core._kernel, _core.interpreter_active, self._check_mod._check_indices_kernel,
+         self._maps.interpreter_active) = self._saved
 
     @property
     def grids(self):
         return self._rec.grids
 
+    @property
+    def check_grids(self):
+        return self._check_rec.grids
+
     def programs(self) -> int:
-        """Programs of the largest launch seen (0 if nothing launched)."""
+        """Programs of the largest row-copy launch seen (0 if nothing launched)."""
         return max((g[0] for g in self.grids), default=0)

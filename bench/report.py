@@ -55,7 +55,7 @@ def format_summary(run: dict) -> str:
                  + (" (TRUNCATED by the time budget)" if run.get("truncated") else ""))
     if "overhead" in run:
         o = run["overhead"]
-        lines.append(f"host overhead before launch, per-layer load: {o['summary']}")
+        lines.append(f"host overhead per call: {o['summary']}")
     return "\n".join(lines)
 
 

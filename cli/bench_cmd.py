@@ -1,9 +1,11 @@
 """`kvtier bench`: GB/s of kvtier's transfers against the same-run link ceiling and
-the baselines (plain torch; sgl_kernel when importable), the host time a per-layer
-load spends before its launch, and a table, JSON and PNG of it all.
+the baselines (plain torch; sgl_kernel when importable), the host time per call of the
+pools' and adapters' hot-path calls beside torch's index ops, and a table, JSON and PNG
+of it all.
 
 On a machine without an accelerator it runs a small smoke sweep under Triton's
-interpreter and says that its figures are not hardware figures."""
+interpreter and says that its figures are not hardware figures. `--overhead` runs only
+the host-time measurement (no sweep); `--json FILE` writes it."""
 from __future__ import annotations
 
 import datetime
@@ -33,9 +35,12 @@ def register(sub) -> None:
         p.add_argument(flag, metavar="LIST", help=f"comma list: only these {field.replace('_', ' ')}{names}")
     p.add_argument("--out", help="directory for bench.json, bench.png, bench.txt, points.jsonl "
                                  "(default ./kvtier-bench-DATE)")
-    p.add_argument("--iters", type=int, help="timed calls per point (at most; slow points take fewer)")
-    p.add_argument("--time-budget", type=float, help="stop measuring new points after this many seconds")
+    p.add_argument("--iters", metavar="N", help="timed calls per point (at most; slow points take fewer)")
+    p.add_argument("--time-budget", metavar="S", help="stop measuring new points after this many seconds")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG (no matplotlib needed)")
+    p.add_argument("--overhead", action="store_true",
+                   help="only the host time per call of the hot-path calls beside torch's index ops (no sweep)")
+    p.add_argument("--json", metavar="FILE", help="write the host-overhead measurement to FILE as JSON")
     p.add_argument("--no-overhead", action="store_true", help="skip the host-overhead benchmark")
     p.add_argument("--quiet", action="store_true", help="no per-point progress lines")
     p.set_defaults(func=run)
@@ -60,9 +65,65 @@ def load_bench():
     return module
 
 
+class BadFlag(Exception):
+    """A flag value the command refuses: one line, exit status 2."""
+
+
+# Flags that shape the sweep, which --overhead does not run.
+SWEEP_FLAGS = ("--smoke", "--full", *(f for f, _, _ in DIMENSIONS), "--out", "--iters", "--time-budget",
+               "--no-plot")
+
+
+def _given(args, flag: str):
+    return getattr(args, flag[2:].replace("-", "_"))
+
+
+def _number(args, flag: str, kind, low):
+    """The value of a numeric flag (None when absent), at least ``low``."""
+    text = _given(args, flag)
+    if text is None:
+        return None
+    try:
+        value = kind(text)
+    except ValueError:
+        value = None
+    if value is None or not value >= low:
+        raise BadFlag(f"{flag}={text!r}: expected {'an int' if kind is int else 'a number'} >= {low}")
+    return value
+
+
+def _check_flags(args) -> None:
+    """Combinations and values refused before anything is measured."""
+    if args.no_overhead and (args.overhead or args.json):
+        raise BadFlag(f"--no-overhead: cannot be combined with {'--overhead' if args.overhead else '--json'}")
+    if args.overhead:
+        given = [f for f in SWEEP_FLAGS if _given(args, f) not in (None, False)]
+        if given:
+            raise BadFlag(f"{given[0]}: --overhead runs no sweep; drop {' '.join(given)}")
+    if args.json is not None:
+        _check_json_path(args.json)
+    _number(args, "--iters", int, 1)
+    _number(args, "--time-budget", float, 0.0)
+
+
+def _check_json_path(text: str) -> None:
+    path = Path(text)
+    why = None
+    if not text:
+        why = "empty path"
+    elif path.is_dir():
+        why = "is a directory"
+    elif not path.parent.is_dir():
+        why = f"directory {str(path.parent)!r} does not exist"
+    elif not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        why = "not writable"
+    if why:
+        raise BadFlag(f"--json={text!r}: {why}")
+
+
 def _sweep(args, bench, on_cpu: bool):
     """The sweep the flags ask for. A bad --ops raises KvtierError (the names are the ones
-    `kvtier autotune --ops` takes); another bad list exits with a message."""
+    `kvtier autotune --ops` takes); another bad list raises BadFlag."""
     from dataclasses import replace
     from kvtier.kernels.ops import parse_list
     base = bench.FULL if args.full else bench.SMOKE if (args.smoke or on_cpu) else bench.HARDWARE
@@ -75,12 +136,18 @@ def _sweep(args, bench, on_cpu: bool):
             try:
                 dims[field] = tuple(parse(x) for x in text.split(",") if x)
             except ValueError:
-                raise SystemExit(f"kvtier bench: {flag}={text!r}: expected a comma list of {parse.__name__}")
+                raise BadFlag(f"{flag}={text!r}: expected a comma list of {parse.__name__}") from None
     sweep = bench.sweep.with_overrides(base, **dims)
-    return replace(sweep, iters=args.iters) if args.iters else sweep
+    iters = _number(args, "--iters", int, 1)
+    return replace(sweep, iters=iters) if iters else sweep
 
 
 def run(args) -> int:
+    try:
+        _check_flags(args)
+    except BadFlag as e:
+        print(str(e), file=sys.stderr)
+        return 2
     from kvtier.platforms import default_device, detect_platform
     on_cpu = detect_platform() == "cpu"
     if on_cpu:
@@ -91,12 +158,16 @@ def run(args) -> int:
     from kvtier.bench.overhead import format_overhead, measure_overhead
     from kvtier.kernels.errors import KvtierError
 
+    device = default_device()
+    if args.overhead:
+        overhead = measure_overhead(device)
+        print(format_overhead(overhead))
+        return _write_overhead(overhead, args.json)
     try:
         sweep = _sweep(args, bench, on_cpu)
-    except KvtierError as e:
+    except (KvtierError, BadFlag) as e:
         print(str(e), file=sys.stderr)
         return 2
-    device = default_device()
     out = Path(args.out or f"kvtier-bench-{datetime.date.today().isoformat()}")
     out.mkdir(parents=True, exist_ok=True)
     log = None if args.quiet else (lambda line: print(line, flush=True))
@@ -104,7 +175,8 @@ def run(args) -> int:
         def keep(rec):
             stream.write(json.dumps(rec) + "\n")
             stream.flush()
-        run_ = bench.run_sweep(sweep, device, log=log, time_budget_s=args.time_budget, on_point=keep)
+        run_ = bench.run_sweep(sweep, device, log=log, time_budget_s=_number(args, "--time-budget", float, 0.0),
+                               on_point=keep)
     if not args.no_overhead:
         run_["overhead"] = measure_overhead(device)
     table = report.format_table(run_)
@@ -121,4 +193,21 @@ def run(args) -> int:
         except ImportError:
             print("kvtier bench: no PNG: matplotlib is not installed (pip install 'kvtier[bench]')")
     print(f"wrote {', '.join(written)} to {out}")
-    return 1 if any("error" in p for p in run_["points"]) else 0
+    rc = 1 if any("error" in p for p in run_["points"]) else 0
+    if "overhead" in run_:
+        rc = _write_overhead(run_["overhead"], args.json) or rc
+    return rc
+
+
+def _write_overhead(overhead: dict, path) -> int:
+    """Write the overhead JSON where --json asks (0), or say in one line why not (2)."""
+    if path is None:
+        return 0
+    from kvtier.bench.overhead import write_json
+    try:
+        write_json(overhead, path)
+    except OSError as e:
+        print(f"--json={path!r}: {e.strerror or e}", file=sys.stderr)
+        return 2
+    print(f"wrote {path}")
+    return 0

@@ -1,5 +1,6 @@
 """A sweep run end to end on the CPU: every point verified, the outputs (table, JSON,
-PNG) written, the figures labelled as not hardware figures; probe and overhead."""
+PNG) written, the figures labelled as not hardware figures; the launch probe (the host
+overhead measurement: test_overhead.py)."""
 import json
 
 import pytest
@@ -9,7 +10,6 @@ from bench_support import bench, guarded_workload
 from kvtier.bench import Grid, Sweep, run_sweep
 from kvtier.bench import report, sgl_baseline
 from kvtier.bench.goals import evaluate
-from kvtier.bench.overhead import measure_overhead
 from kvtier.bench.probe import LaunchProbe
 from kvtier.autotune.workload import POISON
 from kvtier.bench.workload import Shape, Unsupported
@@ -104,16 +104,6 @@ def test_probe_records_the_grid_and_moves_nothing():
     copy_rows(t.src, t.src_indices, t.dst, t.dst_indices, config=cfg)   # the kernel is back
     assert not all((x == POISON).all() for x in w.tensors("load")[1])
     alloc.check()
-
-
-def test_overhead_times_the_path_up_to_the_launch():
-    o = measure_overhead(torch.device("cpu"), calls=20)
-    assert set(o["us_per_call"]) == {"HostPool.load_to_device_per_layer(check=False)",
-                                     "HostPool.load_to_device_per_layer(check=True)",
-                                     "select_config + copy_rows(check=False)"}
-    assert all(0 < us < 1e5 for us in o["us_per_call"].values())
-    assert o["launches_recorded"] == 3 * (20 + 5 * 20)    # warmup + 5 batches, per variant
-    assert "20 us goal" in o["summary"]
 
 
 def test_sgl_kernel_baseline_absent_here():

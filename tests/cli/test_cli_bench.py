@@ -1,5 +1,6 @@
-"""`kvtier bench`: the CPU smoke run through the real console script (a fresh process,
-so it must choose Triton's interpreter itself), and flag handling in-process."""
+"""`kvtier bench`: the CPU smoke run and the `--overhead` run through the real console
+script (a fresh process, so it must choose Triton's interpreter itself), and flag
+handling in-process."""
 import json
 import os
 import subprocess
@@ -17,15 +18,15 @@ KVTIER = Path(sys.executable).with_name("kvtier")
 
 def test_default_smoke_run_writes_table_json_and_plot(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    cmd = [str(KVTIER)] if KVTIER.exists() else [sys.executable, "-m", "kvtier.cli.main"]
     t0 = time.monotonic()
-    r = subprocess.run(cmd + ["bench", "--out", str(tmp_path), "--quiet"], env=env,
+    r = subprocess.run(_command() + ["bench", "--out", str(tmp_path), "--quiet"], env=env,
                        capture_output=True, text=True, timeout=300)
     took = time.monotonic() - t0
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "NOT hardware figures" in r.stdout
-    assert "host time before launch" in r.stdout
+    assert "host time per call" in r.stdout and "cpu: host time up to the launch; kernels not run" in r.stdout
     run = json.loads((tmp_path / "bench.json").read_text())
+    assert set(run["overhead"]["calls"]) >= {"HostPool.load_to_device_per_layer", "DevicePool.gather"}
     assert run["environment"]["interpreter"] is True
     assert run["points"] and not [p for p in run["points"] if "error" in p]
     assert {p["op"] for p in run["points"]} == {"backup", "load_layer", "load", "gather", "scatter"}
@@ -46,11 +47,51 @@ def test_flags_select_the_sweep(tmp_path, capsys):
         ["copy_rows/kernel/1", "copy_rows/kernel/2", "pool/dma/0", "torch/-/0"]
     assert all(p["layout"] == "page_first" and p["row_bytes"] == 256 and p["tokens"] == 16 for p in pts)
     assert not (tmp_path / "bench.png").exists()
+    assert "overhead" not in json.loads((tmp_path / "bench.json").read_text())
 
 
-def test_bad_flag_value_names_the_flag():
-    with pytest.raises(SystemExit, match="--rows='12x'"):
-        main(["bench", "--rows", "12x", "--out", "/nonexistent"])
+def _command():
+    return [str(KVTIER)] if KVTIER.exists() else [sys.executable, "-m", "kvtier.cli.main"]
+
+
+def test_overhead_only_writes_json_and_runs_no_sweep(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = tmp_path / "overhead.json"
+    t0 = time.monotonic()
+    r = subprocess.run(_command() + ["bench", "--overhead", "--json", str(out)], env=env, cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120)
+    took = time.monotonic() - t0
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    o = json.loads(out.read_text())
+    assert o["note"] == "cpu: host time up to the launch; kernels not run" and o["note"] in r.stdout
+    assert len(o["calls"]) == 6 and set(o["torch"]) == {"torch.index_select", "Tensor.index_copy_"}
+    for c in o["calls"].values():
+        assert {"median_us", "p10_us", "p90_us", "ratio", "goal"} <= set(c) and c["goal"] in r.stdout
+    assert o["launches_recorded"]["copy"] > 0 and o["kernels_run"] is False
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["overhead.json"]     # no sweep outputs
+    assert took < 20, f"kvtier bench --overhead took {took:.1f} s"
+
+
+@pytest.mark.parametrize("bad", ["missing/dir/o.json", "."])
+def test_overhead_on_a_bad_json_path_exits_2_with_one_line(bad, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["bench", "--overhead", "--json", bad]) == 2
+    out, err = capsys.readouterr()
+    assert len(err.strip().splitlines()) == 1 and err.startswith(f"--json={bad!r}") and not out
+    assert main(["bench", "--json", bad, "--out", "never"]) == 2     # before any sweep
+    assert capsys.readouterr().err.startswith("--json=") and not (tmp_path / "never").exists()
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--rows", "12x"], "--rows='12x'"), (["--iters", "0"], "--iters='0'"),
+    (["--time-budget", "soon"], "--time-budget='soon'"), (["--overhead", "--ops", "load"], "--ops:"),
+    (["--overhead", "--no-overhead"], "--no-overhead:"), (["--json", "o.json", "--no-overhead"], "--no-overhead:"),
+])
+def test_bad_flag_value_prints_one_line_and_exits_2(argv, flag, capsys, tmp_path):
+    assert main(["bench", *argv, "--out", str(tmp_path / "never")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and err.startswith(flag)
+    assert not (tmp_path / "never").exists()
 
 
 @pytest.mark.parametrize("ops", ["backup,swap", "load,", "gather_layer"])

@@ -1,0 +1,69 @@
+"""Where one hot-path call spends its host time up to the launch: cProfile over many calls
+of one of `kvtier.bench.overhead.CALLS` inside `LaunchProbe` (kernels recorded, not run),
+on the overhead measurement's shape.
+
+    python bench/scripts/profile_overhead.py [CALL] [CALLS] [TOP]
+
+CALL defaults to HostPool.load_to_device_per_layer, CALLS to 2000, TOP to 25. Prints the
+call's unprofiled median first (cProfile inflates every figure below it), then the
+functions under it by cumulative microseconds per call, with their own (self) time and
+calls per call. Runs on any machine; indices and tables as in `kvtier bench --overhead`.
+"""
+from __future__ import annotations
+
+import cProfile
+import os
+import pstats
+import statistics
+import sys
+import time
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torch  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+from kvtier.cli.bench_cmd import load_bench  # noqa: E402
+
+load_bench()
+from kvtier.bench.overhead import CALLS, build_calls  # noqa: E402
+from kvtier.bench.probe import LaunchProbe  # noqa: E402
+
+
+def main(argv) -> int:
+    name = argv[1] if len(argv) > 1 else "HostPool.load_to_device_per_layer"
+    n = int(argv[2]) if len(argv) > 2 else 2000
+    top = int(argv[3]) if len(argv) > 3 else 25
+    if name not in CALLS:
+        print(f"CALL={name!r}: must be one of {', '.join(CALLS)}", file=sys.stderr)
+        return 2
+    torch.set_num_threads(1)
+    fns, _ = build_calls(torch.device("cpu"))
+    fn = fns[name]
+    root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+    with LaunchProbe():
+        for _ in range(50):
+            fn()
+        ns = []
+        for _ in range(n):
+            t0 = time.perf_counter_ns()
+            fn()
+            ns.append(time.perf_counter_ns() - t0)
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(n):
+            fn()
+        prof.disable()
+    print(f"{name}: {statistics.median(ns) / 1e3:.1f} us median unprofiled, {n} calls, up to the launch")
+    print(f"{'cum us/call':>11} {'self us':>8} {'n/call':>7}  function (under cProfile)")
+    rows = []
+    for (path, line, func), (_, ncalls, tt, ct, _) in pstats.Stats(prof).stats.items():
+        where = os.path.relpath(path, root) if path.startswith(root) else path
+        rows.append((ct / n * 1e6, tt / n * 1e6, ncalls / n, f"{where}:{line}({func})"))
+    for cum, own, calls, where in sorted(rows, reverse=True)[:top]:
+        print(f"{cum:11.1f} {own:8.1f} {calls:7.1f}  {where}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
