@@ -21,6 +21,7 @@ from . import cache
 from .key import DeviceId, TuneKey, device_identity, rows_bucket
 
 _RESOLVED: Dict[tuple, CopyConfig] = {}
+_BY_DEVICE: Dict[tuple, CopyConfig] = {}       # config_for's answers, by op and torch device
 _TABLES: Dict[DeviceId, "Table"] = {}
 
 
@@ -62,11 +63,15 @@ def config_for(op, device, *, row_bytes: int, page_size: int, num_rows: int,
                num_layers: int) -> CopyConfig:
     """The configuration for one transfer ``op`` (an `Op` or its name) on torch ``device``:
     the lookup every pool, adapter and benchmark launch goes through."""
-    op = Op.parse(op)
-    platform, name = _identity(device)
-    return select_config(op.name, platform, row_bytes=row_bytes, page_size=page_size,
-                         num_rows=num_rows, num_layers=num_layers, crosses_link=op.crosses_link,
-                         device_name=name)
+    key = (op, device, row_bytes, page_size, rows_bucket(num_rows), num_layers)
+    cfg = _BY_DEVICE.get(key)
+    if cfg is None:
+        op = Op.parse(op)
+        platform, name = _identity(device)
+        cfg = _BY_DEVICE[key] = select_config(
+            op.name, platform, row_bytes=row_bytes, page_size=page_size, num_rows=num_rows,
+            num_layers=num_layers, crosses_link=op.crosses_link, device_name=name)
+    return cfg
 
 
 @functools.lru_cache(maxsize=None)
@@ -123,4 +128,5 @@ def _device(platform: str, device_name: str) -> Optional[DeviceId]:
 def invalidate() -> None:
     """Forget what was read and resolved (after tuning, or when the cache dir changes)."""
     _RESOLVED.clear()
+    _BY_DEVICE.clear()
     _TABLES.clear()

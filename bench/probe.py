@@ -47,7 +47,7 @@ class LaunchProbe:
         self._maps = importlib.import_module("kvtier.adapters.maps")
         self._rec, self._check_rec = _Recorder(), _Recorder()
         self._saved = (_core._kernel, _core.interpreter_active, self._check_mod._check_indices_kernel,
-                       self._maps.interpreter_active)
+                       self._maps.interpreter_active, _core._RUNNERS)
         _core._kernel = lambda: self._rec
         self._check_mod._check_indices_kernel = self._check_rec
         # The CPU falls back to the reference without the interpreter; the probe never
@@ -55,11 +55,12 @@ class LaunchProbe:
         # holds its own name for the same test).
         _core.interpreter_active = lambda: True
         self._maps.interpreter_active = lambda: True
+        _core._RUNNERS = {kind: "kernel" for kind in ("cpu", "cuda", "npu")}
         return self
 
     def __exit__(self, *exc) -> None:
         (_core._kernel, _core.interpreter_active, self._check_mod._check_indices_kernel,
-         self._maps.interpreter_active) = self._saved
+         self._maps.interpreter_active, _core._RUNNERS) = self._saved
 
     @property
     def grids(self):

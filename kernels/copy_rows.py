@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -126,24 +127,54 @@ def copy_rows(src: RowMap, src_indices: torch.Tensor, dst: RowMap, dst_indices: 
             ("src_indices", src_indices, src.num_rows, src.page_size if by_page else 1),
             ("dst_indices", dst_indices, dst.num_rows, dst.page_size if by_page else 1)],
             negatives_skip=skip_negative)
+    copy_validated(src, src_indices, dst, dst_indices, src_layer, dst_layer, num_layers, by_page,
+                   config, device, verdict, skip_negative)
+
+
+def copy_validated(src: RowMap, src_indices, dst: RowMap, dst_indices, src_layer: int, dst_layer: int,
+                   num_layers: int, by_page: bool, config: Optional[CopyConfig], device: torch.device,
+                   verdict: Optional[torch.Tensor] = None, skip_negative: bool = False) -> None:
+    """`copy_rows` after its checks: the pools' and adapters' hot path, for arguments they
+    have validated themselves (shapes here are not checked again)."""
+    if src_indices.numel() == 0 or num_layers == 0:
+        return
     if config is None:
         config = platforms.of(device).default_config(crosses_link=src.device.type != dst.device.type)
     if by_page and src.page_size > 1 and src.page_contiguous and dst.page_contiguous:
         p = src.page_size
         src, dst = src.pages_as_rows(), dst.pages_as_rows()
         src_indices, dst_indices = src_indices[::p] // p, dst_indices[::p] // p
-        n = src_indices.numel()
-    if _triton() is None:
-        _warn_once("no-triton", "kvtier: Triton is not installed; copies run the torch reference")
+    runner = _runner(device.type)
+    if runner != "kernel":
+        _warn_once(runner, _FALLBACK[runner])
         return _reference(src, src_indices, dst, dst_indices, src_layer, dst_layer, num_layers, skip_negative)
-    if device.type == "cpu" and not interpreter_active():
-        _warn_once("cpu", "kvtier: CPU tensors need Triton's interpreter (TRITON_INTERPRET=1 before "
-                   "importing triton); copies run the torch reference")
-        return _reference(src, src_indices, dst, dst_indices, src_layer, dst_layer, num_layers, skip_negative)
-    if device.type == "cpu":
-        check_interpreter()
     launch(src, src_indices, dst, dst_indices, src_layer, dst_layer, num_layers, config, device, verdict,
            skip_negative)
+
+
+_FALLBACK = {
+    "no-triton": "kvtier: Triton is not installed; copies run the torch reference",
+    "cpu": "kvtier: CPU tensors need Triton's interpreter (TRITON_INTERPRET=1 before importing "
+           "triton); copies run the torch reference",
+}
+_RUNNERS = {}
+
+
+def _runner(device_type: str) -> str:
+    """"kernel", or why copies on this device type run the torch reference (decided once:
+    Triton chooses its interpreter when it is imported)."""
+    r = _RUNNERS.get(device_type)
+    if r is None:
+        if _triton() is None:
+            r = "no-triton"
+        elif device_type == "cpu" and not interpreter_active():
+            r = "cpu"
+        else:
+            if device_type == "cpu":
+                check_interpreter()
+            r = "kernel"
+        _RUNNERS[device_type] = r
+    return r
 
 
 # The checks of plain copy_rows calls (pools and adapters keep their own).
@@ -194,19 +225,54 @@ def launch(src: RowMap, src_indices, dst: RowMap, dst_indices, src_layer: int, d
            verdict: Optional[torch.Tensor] = None, skip_negative: bool = False) -> None:
     """Launch the kernel on already-validated arguments (the pools' hot path); with a
     ``verdict`` word, its programs copy nothing unless it is 0."""
+    # The kernel reads indices as dense arrays: a strided view would address other rows.
+    src_indices, dst_indices = src_indices.contiguous(), dst_indices.contiguous()
+    n = src_indices.numel()
+    p = _launch_plan(src, dst, n, config, device)
+    grid = max(1, min(config.num_programs, p.n_comp * num_layers * -(-n // p.rows)))
+    _kernel()[(grid,)](
+        p.sp, p.st, src_indices, p.dp, p.dt, dst_indices,
+        n, num_layers, src_layer, dst_layer, p.src_layers, p.dst_layers,
+        *p.strides, src_indices if verdict is None else verdict,
+        **p.const, CHECKED=verdict is not None, SKIP_NEG=skip_negative, num_warps=config.num_warps,
+    )
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """Everything a launch between two maps passes that does not depend on the indices:
+    worked out once per (destination map, rows bucket, configuration, device) and kept in
+    the source map's derived record."""
+
+    sp: torch.Tensor
+    st: torch.Tensor
+    dp: torch.Tensor
+    dt: torch.Tensor
+    strides: tuple
+    const: dict
+    rows: int
+    n_comp: int
+    src_layers: int
+    dst_layers: int
+
+
+def _launch_plan(src: RowMap, dst: RowMap, n: int, config: CopyConfig, device: torch.device) -> LaunchPlan:
+    key = (dst, 1 << (max(n, 1) - 1).bit_length(), config, device)
+    plan = src.derived.plans.get(key)
+    if plan is None:
+        plan = src.derived.plans[key] = _make_plan(src, dst, key[1], config, device)
+    return plan
+
+
+def _make_plan(src: RowMap, dst: RowMap, n_bucket: int, config: CopyConfig, device: torch.device) -> LaunchPlan:
     plat = _platform(device)
     # A map as the kernel addresses it (Ascend: registered host memory by device address).
     src, dst = src.kernel_view(plat, device), dst.kernel_view(plat, device)
     src, dst = _unify_chunks(src, dst)
-    # The kernel reads indices as dense arrays: a strided view would address other rows.
-    src_indices, dst_indices = src_indices.contiguous(), dst_indices.contiguous()
-    n = src_indices.numel()
-    const = kernel_constants(src, dst, n, config, threads=config.num_warps * plat.warp_threads,
+    const = kernel_constants(src, dst, n_bucket, config, threads=config.num_warps * plat.warp_threads,
                              min_rows=plat.min_rows, min_piece_bytes=plat.min_piece_bytes)
     word = const["WORD"]
     unit = word * const["ALIGN"]
-    tiles = -(-n // const["ROWS"])
-    grid = max(1, min(config.num_programs, src.num_components * num_layers * tiles))
     args = []
     for m in (src, dst):
         if m.is_table:
@@ -219,12 +285,8 @@ def launch(src: RowMap, src_indices, dst: RowMap, dst_indices, src_layer: int, d
             a = m.anchor(word)
             args.append((a, a))
     (sp, st), (dp, dt) = args
-    _kernel()[(grid,)](
-        sp, st, src_indices, dp, dt, dst_indices,
-        n, num_layers, src_layer, dst_layer, src.num_layers, dst.num_layers,
-        *_units(src, unit), *_units(dst, unit), src_indices if verdict is None else verdict,
-        **const, CHECKED=verdict is not None, SKIP_NEG=skip_negative, num_warps=config.num_warps,
-    )
+    return LaunchPlan(sp, st, dp, dt, (*_units(src, unit), *_units(dst, unit)), const, const["ROWS"],
+                      src.num_components, src.num_layers, dst.num_layers)
 
 
 def _platform(device: torch.device):

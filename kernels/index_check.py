@@ -49,6 +49,7 @@ class _Slot:
     verdict: torch.Tensor        # int32 [1] on the device: 0, or the failure code
     record: torch.Tensor         # int64 [4]: code, argument id, position, value
     host_visible: bool           # the record is host memory the kernel writes (no copy needed)
+    host: Optional[object] = None    # numpy view of a host-visible record (read per call)
 
 
 class IndexGuard:
@@ -57,6 +58,7 @@ class IndexGuard:
     def __init__(self):
         self._slots: Dict[tuple, _Slot] = {}
         self._args: List[Tuple[str, int, int]] = []     # argument id -> (name, limit, page)
+        self._ids: Dict[Tuple[str, int, int], int] = {}
 
     # ------------------------------------------------------------------ checking
     def check(self, device: torch.device, lists: Sequence[IndexList], *,
@@ -96,7 +98,7 @@ class IndexGuard:
     def raise_pending(self) -> None:
         """Raise the first failure a device check has recorded (host memory: no sync)."""
         for slot in self._slots.values():
-            if slot.host_visible and int(slot.record[0]) != 0:
+            if slot.host is not None and slot.host[0]:
                 self._raise(slot)
 
     def synchronize(self, device=None) -> None:
@@ -118,12 +120,12 @@ class IndexGuard:
                    "call was enqueued: that call moved no bytes)")
 
     def _arg_id(self, lst: IndexList) -> int:
-        key = (lst[0], int(lst[2]), int(lst[3]))
-        try:
-            return self._args.index(key)
-        except ValueError:
+        key = (lst[0], lst[2], lst[3])
+        i = self._ids.get(key)
+        if i is None:
+            i = self._ids[key] = len(self._args)
             self._args.append(key)
-            return len(self._args) - 1
+        return i
 
     def _slot(self, device: torch.device) -> _Slot:
         stream = platforms.current_stream(device) if device.type != "cpu" else None
@@ -135,7 +137,7 @@ class IndexGuard:
             visible = platforms.host_device_address(record, platforms.platform_of(device)) is not None
             if not visible:
                 record = torch.zeros(4, dtype=torch.int64, device=device)
-            slot = self._slots[key] = _Slot(verdict, record, visible)
+            slot = self._slots[key] = _Slot(verdict, record, visible, record.numpy() if visible else None)
         return slot
 
 
@@ -144,8 +146,18 @@ def _device_checkable(idx: torch.Tensor, device: torch.device) -> bool:
     the kernel runs there (on the CPU: under Triton's interpreter)."""
     if idx.device.type != device.type:
         return False
-    from .copy_rows import interpreter_active, triton_available
-    return triton_available() and (device.type != "cpu" or interpreter_active())
+    return _runner()(device.type) == "kernel"
+
+
+def _runner():
+    global _RUNNER
+    if _RUNNER is None:
+        from .copy_rows import _runner as runner
+        _RUNNER = runner
+    return _RUNNER
+
+
+_RUNNER = None
 
 
 def _check_on_host(arg: str, idx: torch.Tensor, limit: int, page: int, negatives_skip: bool) -> None:

@@ -71,6 +71,8 @@ class Derived:
     reachable: platform names whose kernels reach this host map (`RowMap.reachable_by`);
         only a yes is kept, since memory may be registered later.
     views: the map as a kernel on each device addresses it (`RowMap.kernel_view`).
+    plans: launch plans from this map (`kvtier.kernels.copy_rows.LaunchPlan`), keyed by
+        destination map, rows bucket, configuration and device.
     """
 
     anchors: dict = field(default_factory=dict)
@@ -78,6 +80,7 @@ class Derived:
     pages: Optional["RowMap"] = None
     reachable: set = field(default_factory=set)
     views: dict = field(default_factory=dict)
+    plans: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True, eq=False)

@@ -12,14 +12,19 @@ from .errors import KvtierError, fail
 from .rowmap import RowMap
 
 INDEX_DTYPES = (torch.int32, torch.int64)
+_CPU = torch.device("cpu")
 
 
 def compute_device(*maps: RowMap) -> torch.device:
     """Where a copy between ``maps`` runs: the one accelerator they touch, else the CPU."""
-    devices = {m.device for m in maps if m.device.type != "cpu"}
-    if len(devices) > 1:
-        raise fail("maps", sorted(str(d) for d in devices), "a copy can touch only one accelerator")
-    return devices.pop() if devices else torch.device("cpu")
+    found = None
+    for m in maps:
+        d = m.device
+        if d.type != "cpu":
+            if found is not None and d != found:
+                raise fail("maps", sorted({str(found), str(d)}), "a copy can touch only one accelerator")
+            found = d
+    return found if found is not None else _CPU
 
 
 def check_index(arg: str, idx, device: torch.device) -> None:

@@ -177,11 +177,7 @@ def host_device_address(tensor: torch.Tensor, platform: str) -> Optional[int]:
     kernel cannot reach it (then the copy must use the dma strategy)."""
     if tensor.device.type != "cpu":
         return tensor.data_ptr()
-    if platform == "npu":
-        return ascend.registered_device_address(tensor.data_ptr())
-    if platform == "cpu":
-        return tensor.data_ptr()          # the interpreter reads host memory itself
-    return tensor.data_ptr() if tensor.is_pinned() else None
+    return get(platform).host_address(tensor)
 
 
 # ------------------------------------------------------------------ properties

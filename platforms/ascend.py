@@ -310,6 +310,7 @@ NPU = Platform(
     max_programs=lambda units, crosses_link: units or DEFAULT.num_programs,
     timer=npu_timer, min_rows=NPU_MIN_ROWS, min_piece_bytes=NPU_MIN_PIECE_BYTES,
     dma_runtime=_dma_runtime, kernel_reaches=npu_reachable, kernel_view=device_addressed,
+    host_address=lambda t: registered_device_address(t.data_ptr()),
     unreachable=("Ascend kernels reach only host memory registered with the NPU "
                  "(HostPool(register=True), kvtier.platforms.ascend.register_npu_host); "
                  "use the dma strategy (device staging + bulk copies)"),

@@ -34,5 +34,5 @@ CPU = Platform(
     space=Space((16, 64), (1024, 4096), (1,), 1 << 20, 0),
     quick_space=Space((16, 64), (1024, 4096), (1,), 1 << 20, 0),
     max_programs=lambda units, crosses_link: 2,    # more programs only add Python overhead
-    timer=wall_timer, kernel_reaches=lambda m: True,
+    timer=wall_timer, kernel_reaches=lambda m: True, host_address=lambda t: t.data_ptr(),
     properties=lambda device, p: {})

@@ -25,6 +25,11 @@ def _identity_map(m, device):
     return m
 
 
+def _pinned_address(t) -> Optional[int]:
+    """UVA: pinned host memory is addressed by kernels at its host address."""
+    return t.data_ptr() if t.is_pinned() else None
+
+
 def _pinned_reaches(m) -> bool:
     """UVA: a kernel addresses pinned host memory at its host address."""
     return all(t.is_pinned() for t, _ in m.segments)
@@ -51,6 +56,8 @@ class Platform:
     dma_runtime: ``() -> (Runtime or None, why not)``: the runtime's bulk copy calls for
         the dma strategy (`kvtier.platforms.runtime_libs.Runtime`).
     kernel_reaches: ``(host RowMap) -> bool``: whether a kernel can address that host memory.
+    host_address: ``(host tensor) -> address or None``: where a kernel addresses its first
+        byte (None: out of a kernel's reach).
     kernel_view: ``(RowMap, device) -> RowMap``: a map as a kernel on ``device`` addresses
         it (Ascend: registered host memory through its device addresses).
     unreachable: why a host map is out of a kernel's reach, and what to do.
@@ -75,6 +82,7 @@ class Platform:
     min_piece_bytes: int = 1
     dma_runtime: Callable[[], tuple] = _no_runtime
     kernel_reaches: Callable = _pinned_reaches
+    host_address: Callable = _pinned_address
     kernel_view: Callable = _identity_map
     unreachable: str = "host memory is not pinned, so the device cannot address it; pin it or use the dma strategy"
     register_host: Optional[Callable] = None

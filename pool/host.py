@@ -191,7 +191,7 @@ class HostPool:
         if n == 0:
             return
         by_page = self._layout.paged and self.page_size > 1
-        run_list = None
+        run_list = h = None
         for slot, pool in slots:
             for mv in self._moves_for(slot, pool):
                 if layer_id is None:
@@ -204,7 +204,8 @@ class HostPool:
                 config = lookup(op, mv.dev_map, mv.host_map, n, count)
                 strategy = self._strategy(config, pool)
                 if strategy == "kernel":
-                    h = hidx.to(pool.device, non_blocking=True)
+                    if h is None:
+                        h = _on_device(hidx, pool.device)
                     if op.from_device:
                         launch(op, mv.dev_map, device_indices, mv.host_map, h, src_layer=dev_layer,
                                dst_layer=host_layer, num_layers=count, by_page=by_page, config=config,
@@ -215,9 +216,9 @@ class HostPool:
                                strategy=strategy, verdict=verdict)
                     continue
                 if run_list is None:
-                    h = hidx.cpu()
-                    run_list = dma.runs(h[::self.page_size] // self.page_size
-                                        if self._layout.paged else h)
+                    hc = hidx.cpu()
+                    run_list = dma.runs(hc[::self.page_size] // self.page_size
+                                        if self._layout.paged else hc)
                 move = dma.backup if op.from_device else dma.load
                 move(op, mv.dev_map, device_indices, mv.host_buf, self.layout, self.page_size,
                      dev_layer, host_layer, count, run_list, by_page, config, verdict)
@@ -303,6 +304,17 @@ class HostPool:
         (page-aligned host slots, page_size per page), page by page."""
         from .pages import get_page_buffer_meta
         return get_page_buffer_meta(self, indices)
+
+
+def _on_device(idx: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Host indices on the device without waiting: staged through page-locked memory
+    (torch's caching host allocator keeps the block until the copy has read it), so the
+    copy is asynchronous."""
+    if idx.device == device:
+        return idx
+    if device.type != "cpu" and not idx.is_pinned():
+        idx = idx.pin_memory()
+    return idx.to(device, non_blocking=True)
 
 
 def _first_map(pool: DevicePool) -> RowMap:

@@ -11,7 +11,8 @@ from typing import Optional
 import torch
 
 from kvtier.autotune import config_for
-from kvtier.kernels import CopyConfig, RowMap, copy_rows
+from kvtier.kernels import CopyConfig, RowMap
+from kvtier.kernels.copy_rows import copy_validated
 from kvtier.kernels.ops import Op
 from kvtier.kernels.validate import compute_device
 
@@ -58,8 +59,9 @@ def launch(op: Op, src: RowMap, si: torch.Tensor, dst: RowMap, di: torch.Tensor,
     if log.isEnabledFor(logging.DEBUG):
         log_launch(op, strategy or config.strategy, config, si.numel(),
                    si.numel() * src.row_bytes * num_layers * src.num_components)
-    copy_rows(src, si, dst, di, src_layer=src_layer, dst_layer=dst_layer, num_layers=num_layers,
-              by_page=by_page, config=config, check=False, verdict=verdict, skip_negative=skip_negative)
+    copy_validated(src, si, dst, di, src_layer=src_layer, dst_layer=dst_layer, num_layers=num_layers,
+                   by_page=by_page, config=config, device=compute_device(src, dst), verdict=verdict,
+                   skip_negative=skip_negative)
 
 
 def log_launch(op: Op, strategy: str, config: CopyConfig, rows: int, nbytes: int) -> None:

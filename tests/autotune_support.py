@@ -9,8 +9,8 @@ def spy_launches(monkeypatch):
     """Every configuration `kvtier.pool.launch` hands to ``copy_rows`` from now on, in order
     (the copies still run)."""
     launched = []
-    real = launch.copy_rows
-    monkeypatch.setattr(launch, "copy_rows", lambda *a, **k: launched.append(k["config"]) or real(*a, **k))
+    real = launch.copy_validated
+    monkeypatch.setattr(launch, "copy_validated", lambda *a, **k: launched.append(k["config"]) or real(*a, **k))
     return launched
 
 

@@ -63,13 +63,13 @@ def test_from_table_checks_rows_against_owners():
 def launches(monkeypatch):
     """Records (row_bytes, num_components, config) of every copy_rows the adapters run."""
     seen = []
-    real = launch_module.copy_rows
+    real = launch_module.copy_validated
 
     def spy(src, si, dst, di, **kw):
         seen.append((src.row_bytes, src.num_components, kw["config"]))
         return real(src, si, dst, di, **kw)
 
-    monkeypatch.setattr(launch_module, "copy_rows", spy)
+    monkeypatch.setattr(launch_module, "copy_validated", spy)
     return seen
 
 

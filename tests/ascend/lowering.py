@@ -40,6 +40,7 @@ class Launch:
     grid: tuple
     args: dict          # runtime argument name -> tensor or int
     constants: dict     # constexpr name -> value
+    kernel: str = "copy"    # "copy" (the row copy) or "check" (the index check)
 
     def key(self):
         from triton.runtime.jit import mangle_type
@@ -54,39 +55,52 @@ def interpreter_patched() -> bool:
     return "__index__" in vars(tl.core.tensor)
 
 
-def kernel_fn():
+def kernel_fn(kernel: str = "copy"):
     """The kernel as a JITFunction, also when TRITON_INTERPRET=1 made it an interpreted one."""
     from triton.runtime.jit import JITFunction
-    from kvtier.kernels.copy_rows_kernel import _copy_rows_kernel as k
+    if kernel == "check":
+        from kvtier.kernels.index_check_kernel import _check_indices_kernel as k
+    else:
+        from kvtier.kernels.copy_rows_kernel import _copy_rows_kernel as k
     return k if isinstance(k, JITFunction) else JITFunction(k.fn)
 
 
 class _Recorder:
-    def __init__(self, names):
-        self.names, self.launches = names, []
+    def __init__(self, names, launches, kernel="copy"):
+        self.names, self.launches, self.kernel = names, launches, kernel
 
     def __getitem__(self, grid):
         def run(*args, **kwargs):
             kwargs.pop("num_warps", None)
-            self.launches.append(Launch(tuple(grid), dict(zip(self.names, args)), dict(kwargs)))
+            self.launches.append(Launch(tuple(grid), dict(zip(self.names, args)), dict(kwargs), self.kernel))
         return run
 
 
 @contextmanager
-def recorded_launches(floors: dict):
+def recorded_launches(floors: dict, checks: list = None):
     """Within the block, `copy_rows` records its kernel launches instead of running them,
-    planning them with ``floors`` (plan_copy's min_rows / min_piece_bytes) as on an NPU."""
+    planning them with ``floors`` (plan_copy's min_rows / min_piece_bytes) as on an NPU.
+    The index-check kernel's launches are recorded into ``checks`` (a list) and not run
+    either: running any kernel under triton-ascend's interpreter would stop this process
+    from compiling."""
     launcher = importlib.import_module("kvtier.kernels.copy_rows")
+    check_mod = importlib.import_module("kvtier.kernels.index_check_kernel")
     platforms = importlib.import_module("kvtier.platforms")
-    rec = _Recorder(kernel_fn().arg_names)
+    launches = []
+    rec = _Recorder(kernel_fn().arg_names, launches)
+    check_rec = _Recorder(kernel_fn("check").arg_names, checks if checks is not None else [], "check")
     npu_like = dataclasses.replace(platforms.get("cpu"), **floors)
-    saved = launcher._kernel, launcher.interpreter_active, launcher._platform
+    saved = (launcher._kernel, launcher.interpreter_active, launcher._platform, launcher._RUNNERS,
+             check_mod._check_indices_kernel)
     launcher._kernel, launcher.interpreter_active = (lambda: rec), (lambda: True)
     launcher._platform = lambda device: npu_like
+    launcher._RUNNERS = {"cpu": "kernel"}
+    check_mod._check_indices_kernel = check_rec
     try:
-        yield rec.launches
+        yield launches
     finally:
-        launcher._kernel, launcher.interpreter_active, launcher._platform = saved
+        (launcher._kernel, launcher.interpreter_active, launcher._platform, launcher._RUNNERS,
+         check_mod._check_indices_kernel) = saved
 
 
 def source(launch: Launch):
@@ -94,8 +108,14 @@ def source(launch: Launch):
     tensors, ints typed as Triton types them, and ints equal to 1 specialised to
     constants (as Triton does at launch)."""
     from triton.compiler.compiler import ASTSource
+    sig, constants = signature(launch)
+    return ASTSource(fn=kernel_fn(launch.kernel), signature=sig, constants=constants)
+
+
+def signature(launch: Launch):
+    """(signature, constants) of the launch, as plain data."""
     from triton.runtime.jit import mangle_type
-    fn = kernel_fn()
+    fn = kernel_fn(launch.kernel)
     constants = dict(launch.constants)
     sig = {}
     for name in fn.arg_names:
@@ -108,15 +128,36 @@ def source(launch: Launch):
             sig[name] = "constexpr"
         else:
             sig[name] = mangle_type(v)
-    return ASTSource(fn=fn, signature=sig, constants=constants)
+    return sig, constants
+
+
+def lower_apart(launch: Launch, timeout: int = 600) -> str:
+    """Lower ``launch`` in a fresh process without Triton's interpreter (a kernel that uses
+    Triton's reductions cannot compile where TRITON_INTERPRET=1 made their helpers
+    interpreted functions); returns that process's report, raises LoweringError."""
+    import json
+    import os
+    import sys
+    sig, constants = signature(launch)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, __file__], input=json.dumps(
+        {"kernel": launch.kernel, "signature": sig, "constants": constants}), env=env,
+        capture_output=True, text=True, timeout=timeout)
+    if r.returncode != 0:
+        raise LoweringError((r.stderr or r.stdout).strip().splitlines()[-1] if (r.stderr or r.stdout) else
+                            f"exit {r.returncode}")
+    return r.stdout
 
 
 def lower(launch: Launch) -> "Lowered":
     """Run every stage before the binary; raise LoweringError naming the failing stage."""
+    return lower_source(source(launch))
+
+
+def lower_source(src) -> "Lowered":
     from triton._C.libtriton import ir
     from triton.backends.compiler import GPUTarget
     from triton.compiler.compiler import make_backend
-    src = source(launch)
     target = GPUTarget(*TARGET)
     backend = make_backend(target)
     options = backend.parse_options({})
@@ -250,3 +291,13 @@ def expected_widths(constants: dict) -> list:
     widths = [block] if main else []
     widths += [1 << k for k in range(block.bit_length()) if (tail >> k) & 1 and (1 << k) >= least]
     return widths + ([least] if tail % least else [])
+
+
+if __name__ == "__main__":      # lower_apart's child: one launch as JSON on stdin
+    import json
+    import sys
+    from triton.compiler.compiler import ASTSource
+    job = json.load(sys.stdin)
+    low = lower_source(ASTSource(fn=kernel_fn(job["kernel"]), signature=job["signature"],
+                                 constants=job["constants"]))
+    print(f"lowered {job['kernel']}: {len(low.text)} characters of linalg/HIVM")

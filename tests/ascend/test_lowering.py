@@ -91,9 +91,12 @@ def scenarios():
             yield f"{rname}-{mode}-scatter", flat, d, torch.int32, False
 
 
+CHECKS = []     # index-check launches copy_rows made on the way (recorded, not run)
+
+
 def record_all():
     launches, ids = {}, {}
-    with lowering.recorded_launches(NPU_FLOORS) as rec:
+    with lowering.recorded_launches(NPU_FLOORS, CHECKS) as rec:
         for name, src, dst, idx_dtype, by_page in scenarios():
             if by_page:
                 si = torch.arange(P, 2 * P, dtype=idx_dtype)
@@ -160,7 +163,8 @@ def test_lowers_to_contiguous_row_copies(launch):
     # Only pieces under 32 bytes are element-wise: one scalar load and store loop each.
     assert len(c.scalar_data) == c.stores.count(-1) == len(small), (c.scalar_data[:3], small)
     assert c.elem_types == {f"i{8 * k['WORD']}"}, c.elem_types
-    assert c.masks == 0, "integer compares/selects (masks) in the kernel"
+    # No masks in the copy: the only compare/select is the verdict gate (once per program).
+    assert c.masks == (2 if k["CHECKED"] else 0), "integer compares/selects (masks) in the kernel"
     if big:
         assert max(c.tile_bytes) <= LIMITS["max_tile_bytes"], (c.tile_bytes, LIMITS)
         assert max(c.tile_bytes) == k["ROWS"] * max(big) * k["WORD"]
@@ -239,3 +243,24 @@ def test_checker_rejects_element_wise_copies():
     low = lowering.Lowered(text, {"src_ptr": "*i64", "dst_ptr": "*i64"}, {})
     c = lowering.copies(low)
     assert c.scalar_data and c.masks == 1 and not c.loads
+
+
+def _distinct_checks():
+    picked = {}
+    for launch in CHECKS:
+        picked.setdefault(launch.key(), launch)
+    return list(picked.values())
+
+
+def test_copies_are_checked_by_default():
+    assert CHECKS and all(p.values[0].constants["CHECKED"] for p in LAUNCHES)
+
+
+@pytest.mark.parametrize("launch", _distinct_checks(), ids=lambda l: "-".join(
+    f"{k}{v}" for k, v in sorted(l.constants.items())))
+def test_index_check_lowers(launch):
+    """The index check that precedes copies (kvtier.kernels.index_check) lowers for
+    Ascend910B3 in every form the launcher uses (one or two lists, whole pages or not).
+    Lowered in a process of its own: it uses Triton's reductions, which do not compile
+    where the interpreter is on."""
+    assert "lowered check" in lowering.lower_apart(launch)

@@ -335,6 +335,7 @@ def test_fallback_without_interpreter_warns_once_and_copies(monkeypatch, by_page
     monkeypatch.setattr(copy_rows_module, "_reference", REAL_REFERENCE)
     monkeypatch.setattr(copy_rows_module, "interpreter_active", lambda: False)
     monkeypatch.setattr(copy_rows_module, "_warned", set())
+    monkeypatch.setattr(copy_rows_module, "_RUNNERS", {})      # decided again without the interpreter
 
     def no_kernel(*a, **k):
         raise AssertionError("the kernel ran without the interpreter")

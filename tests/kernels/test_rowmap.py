@@ -276,4 +276,4 @@ def test_derived_state_is_explicit_and_never_shared_by_replace():
     assert m.pages_as_rows() is m.pages_as_rows()
     other = dataclasses.replace(m, num_layers=1)
     assert other.derived is not m.derived and other.derived.anchors == {} and other.derived.pages is None
-    assert {f.name for f in dataclasses.fields(m.derived)} == {"anchors", "tables", "pages", "reachable", "views"}
+    assert {f.name for f in dataclasses.fields(m.derived)} == {"anchors", "tables", "pages", "reachable", "views", "plans"}

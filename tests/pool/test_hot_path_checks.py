@@ -55,6 +55,7 @@ POOL_CALLS = {
     "gather": lambda d, h, hi, di: d.pool.gather(di),
     "gather_pages": lambda d, h, hi, di: d.pool.gather(di[::P] // P, pages=True),
     "scatter": lambda d, h, hi, di: d.pool.scatter(di, d.pool.gather(di)),
+    "cpu_copy": lambda d, h, hi, di: d.pool.load_cpu_copy(d.pool.get_cpu_copy(di, chunk_size=4), di),
 }
 
 
@@ -87,13 +88,18 @@ def _sglang_calls(dev):
     table = lambda ts: torch.tensor([t.data_ptr() for t in ts], dtype=torch.int64)  # noqa: E731
     kt, vt = table(k), table(v)
     hk, hv = table(list(host_k)), table(list(host_v))
+    pf_k, pf_v = host_k.transpose(0, 1).contiguous(), host_v.transpose(0, 1).contiguous()   # (N, L, row)
     return {
         "per_layer": lambda si, di: adapters.transfer_kv_per_layer(host_k[0], k[1], host_v[0], v[1], si, di, item),
         "all_layer": lambda si, di: adapters.transfer_kv_all_layer(kt, hk, vt, hv, si, di, item, 2),
+        "per_layer_pf_lf": lambda si, di: adapters.transfer_kv_per_layer_pf_lf(
+            pf_k, k[1], pf_v, v[1], si, di, 1, item, 2 * item),
+        "all_layer_lf_pf": lambda si, di: adapters.transfer_kv_all_layer_lf_pf(
+            kt, pf_k, vt, pf_v, si, di, item, 2 * item, 2),
     }
 
 
-@pytest.mark.parametrize("call", ["per_layer", "all_layer"])
+@pytest.mark.parametrize("call", ["per_layer", "all_layer", "per_layer_pf_lf", "all_layer_lf_pf"])
 def test_sglang_adapter_calls_do_not_read_device_indices(call):
     dev, _ = pools()
     fn = _sglang_calls(dev)[call]
@@ -102,6 +108,19 @@ def test_sglang_adapter_calls_do_not_read_device_indices(call):
     with device_work_only() as (copies, checks):
         fn(on_device(si), on_device(di))
     assert checks.launches == 1 and copies.launches >= 1
+
+
+def test_ascend_dim_exchange_does_not_read_device_indices():
+    """sgl_kernel_npu's call over stacked (L, pages, P, H, D) device and page_first_direct
+    host buffers, device and host indices both on the device."""
+    dev = torch.randn(2, 2, SIZE // P, P, 2, 8).to(torch.float16)         # (K/V, L, pages, P, H, D)
+    host = torch.zeros(2, HOST // P, 2, P, 2, 8, dtype=torch.float16)      # (K/V, pages, L, P, H, D)
+    di, hi = on_device(slots(3, 1)), on_device(slots(0, 5))
+    with device_work_only() as (copies, checks):
+        adapters.transfer_kv_dim_exchange(di, hi, dev[0], host[0], dev[1], host[1], page_size=P,
+                                          direction=adapters.TransferDirection.D2H)
+    assert checks.launches == 1 and copies.launches >= 1
+    assert torch.equal(host[0, 5, :, 0].view(torch.int16), dev[0, :, 1, 0].view(torch.int16))
 
 
 def test_negative_pairs_are_skipped_on_the_device():
