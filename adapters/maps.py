@@ -10,6 +10,7 @@ copies them, in one launch where the components can share it.
 from __future__ import annotations
 
 import re
+from collections import OrderedDict
 from dataclasses import replace
 from typing import List, Optional, Sequence, Tuple
 
@@ -60,8 +61,36 @@ def _layers_in(layout_dim: int, item_size: int, arg: str = "layout_dim") -> int:
     return layout_dim // item_size
 
 
+# ---------------------------------------------------------------- maps kept across calls
+# An engine passes the same buffers on every call (often as new views of them): the maps
+# built for them are kept, keyed by what they were built from, so that a call finds its
+# maps, and with them its launch plans, instead of building them again. A kept map holds
+# its tensors, so their memory cannot be handed to another buffer while it is kept.
+_KEPT: "OrderedDict[tuple, object]" = OrderedDict()
+_KEEP = 512
+
+
+def _kept(key: tuple, build):
+    hit = _KEPT.get(key)
+    if hit is None:
+        hit = _KEPT[key] = build()
+        if len(_KEPT) > _KEEP:
+            _KEPT.popitem(last=False)
+    return hit
+
+
+def _tensor_key(t) -> tuple:
+    if not isinstance(t, torch.Tensor):
+        return (id(t),)
+    return (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t.device)
+
+
 def lf_buffer(arg: str, t: torch.Tensor, item_size: int) -> RowMap:
     """One layer, rows packed: row i at ``base + i * item_size`` (SGLang's ``lf``)."""
+    return _kept(("lf", arg, item_size, *_tensor_key(t)), lambda: _lf_buffer(arg, t, item_size))
+
+
+def _lf_buffer(arg: str, t: torch.Tensor, item_size: int) -> RowMap:
     _positive("item_size", item_size)
     rows = _dense_bytes(arg, t, item_size) // item_size
     return RowMap.from_strides(t, num_layers=1, num_rows=rows, page_size=1, row_bytes=item_size,
@@ -71,6 +100,11 @@ def lf_buffer(arg: str, t: torch.Tensor, item_size: int) -> RowMap:
 def pf_buffer(arg: str, t: torch.Tensor, item_size: int, layout_dim: int) -> RowMap:
     """All layers of a token together: row (i, l) at ``base + i * layout_dim + l * item_size``
     (SGLang's ``pf``; ``layout_dim`` = layers x item_size bytes)."""
+    return _kept(("pf", arg, item_size, layout_dim, *_tensor_key(t)),
+                 lambda: _pf_buffer(arg, t, item_size, layout_dim))
+
+
+def _pf_buffer(arg: str, t: torch.Tensor, item_size: int, layout_dim: int) -> RowMap:
     _positive("item_size", item_size)
     layers = _layers_in(layout_dim, item_size)
     rows = _dense_bytes(arg, t, layout_dim) // layout_dim
@@ -225,6 +259,13 @@ def run_jobs(jobs: Sequence[Job], src_indices, dst_indices, *, op: Op, by_page: 
 
 
 def _stacked(pairs: List[Pair]) -> List[Pair]:
+    """Components that can share a launch as one pair of maps (kept across calls)."""
+    if len(pairs) > 1:
+        return _kept(("stack", *pairs), lambda: _stack(pairs))
+    return pairs
+
+
+def _stack(pairs: List[Pair]) -> List[Pair]:
     if len(pairs) > 1:
         src, dst = RowMap.stack([s for s, _ in pairs]), RowMap.stack([d for _, d in pairs])
         if src is not None and dst is not None:
