@@ -19,17 +19,19 @@ _DEFAULTS = {
 
 def register(sub) -> None:
     from kvtier.kernels.ops import LABELS
+    from kvtier.platforms import PLATFORMS
+    from .args import non_negative_int, positive_int
     p = sub.add_parser("autotune", help="measure transfer configurations on this device and cache the best",
                        description="Tune the backup/load/gather transfers of a KV pool shape on the current "
                                    "device, print every configuration's GB/s and write the winners to the "
                                    "cache that pools read (KVTIER_CACHE_DIR overrides its directory).")
     p.add_argument("--show", action="store_true", help="print the cached results and exit")
-    p.add_argument("--layers", type=int, help="model layers (default 32; 2 on CPU)")
-    p.add_argument("--heads", type=int, help="KV heads per layer (MHA)")
-    p.add_argument("--head-dim", type=int, help="head dim (MHA)")
+    p.add_argument("--layers", type=positive_int, help="model layers (default 32; 2 on CPU)")
+    p.add_argument("--heads", type=positive_int, help="KV heads per layer (MHA)")
+    p.add_argument("--head-dim", type=positive_int, help="head dim (MHA)")
     p.add_argument("--mla", metavar="RANK,ROPE", help="MLA pool: kv_lora_rank,qk_rope_head_dim (e.g. 512,64)")
     p.add_argument("--dtype", default="bfloat16", help="KV dtype (bfloat16, float16, float8_e4m3fn, ...)")
-    p.add_argument("--page-size", type=int, help="tokens per page (default 16; 4 on CPU)")
+    p.add_argument("--page-size", type=positive_int, help="tokens per page (default 16; 4 on CPU)")
     p.add_argument("--host-layout", default="layer_first",
                    help="layer_first, page_first, page_first_direct or page_head")
     p.add_argument("--device-layout", default="layers", choices=("layers", "stacked"),
@@ -37,14 +39,14 @@ def register(sub) -> None:
     p.add_argument("--ops", default="backup,load,gather", help=f"comma list of {', '.join(LABELS)}")
     p.add_argument("--rows", help="comma list of transfer sizes in tokens (default 256,4096,32768; 16 on CPU)")
     p.add_argument("--transfer-layers", help="comma list of layer counts per transfer (default: all layers)")
-    p.add_argument("--max-programs", type=int,
+    p.add_argument("--max-programs", type=positive_int,
                    help="cap on programs (compute units) a transfer may take; default per device")
     p.add_argument("--quick", action="store_true", help="a smaller search space")
-    p.add_argument("--platform", choices=("cuda", "rocm", "npu", "cpu"), help="default: the one detected")
+    p.add_argument("--platform", choices=PLATFORMS, help="default: the one detected")
     p.add_argument("--codegen-target", default="auto",
                    help="prune configurations that spill when compiled for this target (sm90, gfx942); "
                         "'auto': the device's own, 'none': no pruning")
-    p.add_argument("--top", type=int, default=0, help="print only the N fastest per transfer")
+    p.add_argument("--top", type=non_negative_int, default=0, help="print only the N fastest per transfer")
     p.add_argument("--no-write", action="store_true", help="measure and print, but do not write the cache")
     p.set_defaults(func=run)
 

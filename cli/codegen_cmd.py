@@ -7,7 +7,9 @@ import json
 
 def register(sub) -> None:
     p = sub.add_parser("codegen", help="compile kernels for a target (no GPU needed) and report widths, registers, spills")
-    p.add_argument("--target", default="sm90", help="sm90 (H100/H200), sm80, gfx942 (MI300); default sm90")
+    from kvtier.kernels.codegen import TARGETS
+    p.add_argument("--target", default="sm90", choices=sorted(TARGETS),
+                   help="sm90 (H100/H200), sm80, gfx942 (MI300); default sm90")
     p.add_argument("--json", metavar="FILE", help="also write the reports as JSON")
     p.set_defaults(func=run)
 

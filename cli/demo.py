@@ -8,13 +8,15 @@ import time
 
 def register(sub) -> None:
     p = sub.add_parser("demo", help="back up and load a small KV cache through the kernels and check every byte")
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--pages", type=int, default=32)
-    p.add_argument("--page-size", type=int, default=16)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--head-dim", type=int, default=64)
-    p.add_argument("--moved-pages", type=int, default=8)
-    p.add_argument("--layout", default="page_first_direct")
+    from kvtier.kernels.layouts import NAMES
+    from .args import positive_int
+    p.add_argument("--layers", type=positive_int, default=4)
+    p.add_argument("--pages", type=positive_int, default=32)
+    p.add_argument("--page-size", type=positive_int, default=16)
+    p.add_argument("--heads", type=positive_int, default=4)
+    p.add_argument("--head-dim", type=positive_int, default=64)
+    p.add_argument("--moved-pages", type=positive_int, default=8, help="at most --pages")
+    p.add_argument("--layout", default="page_first_direct", choices=NAMES)
     p.set_defaults(func=run)
 
 
@@ -25,6 +27,10 @@ def _best_device():
 
 
 def run(args) -> int:
+    import sys
+    if args.moved_pages > args.pages:
+        print(f"kvtier demo: --moved-pages={args.moved_pages}: at most --pages={args.pages}", file=sys.stderr)
+        return 2
     import torch
     device, platform = _best_device()
     if platform == "cpu":

@@ -9,6 +9,7 @@ import sys
 # First: torch is imported here without auto-loading device backends, so a broken
 # torch_npu (no CANN) cannot take every command down (kvtier.platforms says why).
 import kvtier.platforms  # noqa: F401,E402
+from kvtier.cli.args import Parser  # noqa: E402
 
 # name -> module; modules are imported only to build the parser, and each imports
 # its heavy dependencies (Triton, torch_npu) inside its handler.
@@ -22,7 +23,7 @@ SUBCOMMANDS = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kvtier", description="KV-cache transfer kernels and tools")
+    p = Parser(prog="kvtier", description="KV-cache transfer kernels and tools")
     sub = p.add_subparsers(dest="command", required=True)
     for name, mod in SUBCOMMANDS.items():
         try:

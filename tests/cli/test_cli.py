@@ -41,4 +41,7 @@ def test_demo_layouts(layout, capsys):
 
 def test_codegen_unknown_target(capsys):
     pytest.importorskip("triton")
-    assert main(["codegen", "--target", "nope"]) == 2
+    with pytest.raises(SystemExit) as e:
+        main(["codegen", "--target", "nope"])
+    assert e.value.code == 2
+    assert "--target" in capsys.readouterr().err
