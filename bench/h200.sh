@@ -82,8 +82,10 @@ step env 0 write_env
 # Exit 5: no test carries the mark (not a failure of this script).
 step cuda-tests "0 5" timeout -k 10 "$TEST_TIMEOUT" "$PY" -m pytest -m cuda -q -p no:cacheprovider \
   -o addopts="" --junitxml "$OUT/cuda-tests.xml" tests
+# Host time per call beside torch ops, with the device kept busy.
+step overhead 0 timeout -k 10 120 "$PY" -m kvtier.cli.main bench --overhead --json "$OUT/overhead.json"
 step bench 0 timeout -k 10 "$BENCH_TIMEOUT" "$PY" -m kvtier.cli.main bench --out "$OUT" \
-  --time-budget "$BENCH_BUDGET"
+  --time-budget "$BENCH_BUDGET" --no-overhead
 if [ "$LAYOUTS_BUDGET" -gt 0 ]; then
   step bench-layouts 0 timeout -k 10 "$((LAYOUTS_BUDGET + 60))" "$PY" -m kvtier.cli.main bench \
     --out "$OUT/layouts" --ops backup,load_layer,load \
