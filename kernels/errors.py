@@ -1,8 +1,12 @@
-"""The one exception type kvtier raises for bad input (a ValueError, so callers that
-already catch ValueError keep working)."""
+"""The one exception type kvtier raises for bad input.
+
+It is a ValueError (Python's convention for a bad argument) and a RuntimeError (the
+engines' own ops reject bad input with RuntimeError, TORCH_CHECK's type), so engine code
+written ``except RuntimeError`` around an adapter call and code that catches ValueError
+both keep working."""
 
 
-class KvtierError(ValueError):
+class KvtierError(ValueError, RuntimeError):
     """Bad argument: the message names the argument and the bad value."""
 
 

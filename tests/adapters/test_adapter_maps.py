@@ -160,3 +160,12 @@ def test_the_vllm_recipe_in_docs_adapters():
             mem.copy(ct.data_ptr() + d * page, gt.data_ptr() + s * page, page)
     mem.assert_changes("c0", "c1")
     mem.check()
+
+
+def test_adapter_errors_are_runtime_errors_too():
+    """SGLang's and sgl_kernel_npu's ops reject bad input with RuntimeError (TORCH_CHECK);
+    engine code catching that, or ValueError, catches kvtier's errors as well."""
+    k = torch.zeros(8, 32, dtype=torch.uint8)
+    for caught in (RuntimeError, ValueError, KvtierError):
+        with pytest.raises(caught, match="item_size=0"):
+            adapters.transfer_kv_per_layer(k, k.clone(), k, k.clone(), torch.tensor([1]), torch.tensor([2]), 0)
