@@ -69,8 +69,15 @@ def check_page_aligned(arg: str, idx: torch.Tensor, page_size: int) -> None:
                    "starting at a page boundary")
 
 
+def is_int(v) -> bool:
+    """An int that is not a bool (True is no layer number)."""
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
 def check_layers(arg: str, start: int, count: int, m: RowMap) -> None:
-    if not isinstance(start, int) or start < 0 or start + count > m.num_layers:
+    """Layers start .. start+count-1 exist in ``m``; with count 0 (the default count),
+    the start layer itself must exist, or the copy would silently move nothing."""
+    if not is_int(start) or start < 0 or start + max(count, 1) > m.num_layers:
         what = f"layers {start}..{start + count - 1} are" if count else f"start layer {start} is"
         raise fail(arg, start, f"{what} outside the map's {m.num_layers} layers")
 
@@ -92,7 +99,7 @@ def check_copy(src: RowMap, src_indices, dst: RowMap, dst_indices, src_layer: in
         check_layers("src_layer", src_layer, 0, src)
         check_layers("dst_layer", dst_layer, 0, dst)
         num_layers = min(src.num_layers - src_layer, dst.num_layers - dst_layer)
-    if not isinstance(num_layers, int) or num_layers < 0:
+    if not is_int(num_layers) or num_layers < 0:
         raise fail("num_layers", num_layers, "must be a non-negative int")
     check_layers("src_layer", src_layer, num_layers, src)
     check_layers("dst_layer", dst_layer, num_layers, dst)

@@ -95,7 +95,8 @@ class DevicePool:
     # ------------------------------------------------------------------ checks
     def local_layer(self, layer_id: int, arg: str = "layer_id") -> int:
         """The pool's own index of model layer ``layer_id`` (pipeline stages)."""
-        if not isinstance(layer_id, int) or not self.start_layer <= layer_id < self.end_layer:
+        if not isinstance(layer_id, int) or isinstance(layer_id, bool) \
+                or not self.start_layer <= layer_id < self.end_layer:
             raise fail(arg, layer_id, f"outside this pool's layers {self.start_layer}..{self.end_layer - 1}")
         return layer_id - self.start_layer
 

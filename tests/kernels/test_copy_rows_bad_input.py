@@ -103,6 +103,11 @@ LAYER_CASES = [  # (id, kwargs, message fragment); both maps have L=2 layers
     ("negative-count", dict(num_layers=-1), "num_layers=-1: must be a non-negative int"),
     ("float-count", dict(num_layers=1.0), "num_layers=1.0"),
     ("float-start", dict(src_layer=1.0, num_layers=1), "src_layer=1.0"),
+    # the default count from a start layer past the last would copy nothing, silently
+    ("src-at-end-default-count", dict(src_layer=2), "src_layer=2: start layer 2 is outside the map's 2 layers"),
+    ("dst-at-end-default-count", dict(dst_layer=2), "dst_layer=2: start layer 2 is outside"),
+    ("bool-start", dict(src_layer=True, num_layers=1), "src_layer=True"),
+    ("bool-count", dict(num_layers=True), "num_layers=True: must be a non-negative int"),
 ]
 
 

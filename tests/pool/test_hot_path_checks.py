@@ -240,3 +240,11 @@ def test_env_switch_turns_value_checks_off(monkeypatch):
     with device_work_only() as (_, checks):
         off.host.backup_from_device_all_layer(dev.pool, slots(0), on_device(slots(2)))
     assert checks.launches == 0
+
+
+def test_a_bool_is_no_layer_id():
+    dev, host = pools()
+    before = snapshot(dev, host)
+    with pytest.raises(KvtierError, match="layer_id=True"):
+        host.host.load_to_device_per_layer(dev.pool, slots(0), slots(2), True)
+    assert same(before, snapshot(dev, host))
