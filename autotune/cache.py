@@ -49,16 +49,16 @@ def _warn(path: Path, why: str) -> None:
 def _read_doc(path: Path, device: DeviceId) -> Optional[dict]:
     """The file's document if it is readable, of this format and for this device."""
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         return None
-    except OSError as e:
+    except (OSError, UnicodeDecodeError) as e:
         _warn(path, f"unreadable ({e})")
         return None
     try:
         doc = json.loads(text)
-    except ValueError as e:
-        _warn(path, f"corrupt JSON ({e})")
+    except (ValueError, RecursionError) as e:
+        _warn(path, f"corrupt JSON ({type(e).__name__}: {str(e)[:80]})")
         return None
     if not isinstance(doc, dict) or not isinstance(doc.get("entries"), dict):
         _warn(path, "not an autotune cache")
@@ -66,7 +66,10 @@ def _read_doc(path: Path, device: DeviceId) -> Optional[dict]:
     if doc.get("version") != FORMAT_VERSION:
         _warn(path, f"format version {doc.get('version')!r}, this kvtier reads {FORMAT_VERSION}")
         return None
-    dev = doc.get("device", {})
+    dev = doc.get("device")
+    if not isinstance(dev, dict):
+        _warn(path, f"device field {dev!r} is not a device description")
+        return None
     # A device named without its architecture (arch "") matches by name.
     if dev.get("name") != device.name or (device.arch and dev.get("arch") != device.arch):
         _warn(path, f"written for {dev.get('name')!r}/{dev.get('arch')!r}, not {device.name!r}/{device.arch!r}")

@@ -47,7 +47,14 @@ class CopyConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "CopyConfig":
-        return cls(**{k: d[k] for k in ("num_programs", "rows", "block_bytes", "num_warps", "strategy") if k in d})
+        """The configuration `to_dict` wrote: every field present (a missing one is an
+        error, not a default), each checked as on construction."""
+        fields = ("num_programs", "rows", "block_bytes", "num_warps", "strategy")
+        if not isinstance(d, dict) or any(k not in d for k in fields):
+            raise ValueError(f"CopyConfig.from_dict({d!r}): needs every field of {fields}")
+        if any(isinstance(d[k], bool) for k in fields):
+            raise ValueError(f"CopyConfig.from_dict({d!r}): a bool is not a count")
+        return cls(**{k: d[k] for k in fields})
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ import torch
 import kvtier.platforms as platforms
 
 from .config import CopyConfig
-from .errors import KvtierError
+from .errors import KvtierError, fail
 from .index_check import IndexGuard, checks_on
 from .plan import kernel_constants, plan_copy  # noqa: F401  (plan_copy: tests and tools)
 from .rowmap import RowMap
@@ -119,6 +119,8 @@ def copy_rows(src: RowMap, src_indices: torch.Tensor, dst: RowMap, dst_indices: 
     """
     device, num_layers = check_copy(src, src_indices, dst, dst_indices, src_layer, dst_layer,
                                     num_layers, by_page, check_values=False)
+    if config is not None and not isinstance(config, CopyConfig):
+        raise fail("config", type(config).__name__, "must be a kvtier CopyConfig (or None for the default)")
     n = src_indices.numel()
     if n == 0 or num_layers == 0:
         return

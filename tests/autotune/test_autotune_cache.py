@@ -62,10 +62,15 @@ def test_missing_file_is_empty_without_warning(tmp_cache, recwarn):
     (json.dumps({"version": FORMAT_VERSION + 1, "device": DEV.to_dict(), "entries": {}}), "format version"),
     (json.dumps({"version": FORMAT_VERSION, "device": dict(DEV.to_dict(), name="NVIDIA H100"),
                  "entries": {}}), "written for"),
+    (json.dumps({"version": FORMAT_VERSION, "device": "NVIDIA H200", "entries": {}}), "device field"),
+    (json.dumps({"version": FORMAT_VERSION, "device": None, "entries": {}}), "device field"),
+    (json.dumps({"version": FORMAT_VERSION, "device": [1, 2], "entries": {}}), "device field"),
+    (b"\xff\xfe\x00 not utf-8", "unreadable"),
+    ("[" * 100000 + "]" * 100000, "corrupt JSON"),
 ])
 def test_bad_file_is_ignored_with_a_warning_and_replaced_on_write(tmp_cache, text, why):
     path = cache_path(DEV)
-    path.write_text(text)
+    path.write_bytes(text) if isinstance(text, bytes) else path.write_text(text)
     with pytest.warns(RuntimeWarning, match=why):
         assert load(DEV) == {}
     store(DEV, {key(): {"config": CFG.to_dict()}})
@@ -89,8 +94,13 @@ def test_malformed_entries_are_skipped_with_a_warning(tmp_cache):
     doc = json.loads(cache_path(DEV).read_text())
     doc["entries"][key(512).to_str()]["config"]["rows"] = 3          # not a power of two
     doc["entries"]["garbage"] = {"config": CFG.to_dict()}
+    missing = CFG.to_dict()
+    del missing["num_warps"]                                           # not silently the default
+    doc["entries"][key(1024).to_str()] = dict(doc["entries"][key(256).to_str()], config=missing)
+    truthy = dict(CFG.to_dict(), rows=True)                            # a bool is no count
+    doc["entries"][key(2048).to_str()] = dict(doc["entries"][key(256).to_str()], config=truthy)
     cache_path(DEV).write_text(json.dumps(doc))
-    with pytest.warns(RuntimeWarning, match="2 malformed entries"):
+    with pytest.warns(RuntimeWarning, match="4 malformed entries"):
         assert load(DEV) == {key(256): CFG}
 
 
@@ -131,11 +141,12 @@ _WRITER = """
 import sys
 from kvtier.autotune.cache import store
 from kvtier.autotune.key import DeviceId, TuneKey
+from kvtier.kernels.config import CopyConfig
 dev = DeviceId("cuda", "NVIDIA H200", "sm_90", 132)
 op = sys.argv[1]
 for n in range(25):
     store(dev, {TuneKey.of(op, row_bytes=1024, page_size=16, num_rows=1 << n, num_layers=32,
-                           crosses_link=True): {"config": {"num_programs": 1 + n}}})
+                           crosses_link=True): {"config": CopyConfig(num_programs=1 + n).to_dict()}})
 """
 
 
@@ -146,3 +157,15 @@ def test_two_processes_keep_each_others_entries(tmp_cache):
     got = load(DEV)
     assert len(got) == 50
     assert got[key(1 << 7, "load")].num_programs == 8
+
+
+def test_a_damaged_file_never_stops_a_transfer(tmp_cache):
+    """Whatever the damage, the lookup the pools make answers the platform default."""
+    from kvtier.autotune import select
+    from kvtier.kernels import default_config
+    cache_path(DEV).write_text(json.dumps({"version": FORMAT_VERSION, "device": "x", "entries": {}}))
+    select.invalidate()
+    with pytest.warns(RuntimeWarning, match="device field"):
+        cfg = select.select_config("backup", "cuda", row_bytes=1024, page_size=16, num_rows=4096,
+                                   num_layers=32, crosses_link=True, device_name=DEV.name)
+    assert cfg == default_config("cuda")

@@ -229,3 +229,10 @@ def test_per_layer_tensor_too_small_for_the_table_map():
     layers = [torch.zeros(8, 16, dtype=torch.uint8), torch.zeros(8, 16, dtype=torch.uint8)[:6]]
     with pytest.raises(KvtierError, match=re.escape("layers[1]=((6, 16), torch.uint8, 'cpu'): differs from layers[0]")):
         RowMap.from_layers(layers)
+
+
+@pytest.mark.parametrize("config", [{"num_programs": 4}, "fast", 4])
+def test_config_must_be_a_copy_config(sides, config):
+    src, dst = sides
+    expect_error(copy_rows, src, dst, GOOD, GOOD, f"config='{type(config).__name__}': must be a kvtier CopyConfig",
+                 config=config)
