@@ -34,7 +34,8 @@ def _dense_bytes(arg: str, t, outer: int) -> int:
     """Bytes of tensor ``t``, which an engine kernel addresses as ``base + i * outer + ...``:
     it must be contiguous (byte arithmetic ignores strides) and hold at least one ``outer``
     run; where it has a leading dim, that dim's stride must be ``outer`` (which catches an
-    ``item_size`` given in elements rather than bytes)."""
+    ``item_size`` given in elements rather than bytes), or, for a page-major buffer of 4
+    or more dims (see `_page_of`), a whole number of ``outer`` runs."""
     if not isinstance(t, torch.Tensor):
         raise fail(arg, type(t).__name__, "must be a torch.Tensor")
     if not t.is_contiguous():
@@ -42,10 +43,22 @@ def _dense_bytes(arg: str, t, outer: int) -> int:
     nbytes = t.numel() * t.element_size()
     if nbytes < outer:
         raise fail(arg, tuple(t.shape), f"holds {nbytes} bytes, less than one {outer}-byte row run")
-    if t.dim() >= 2 and t.shape[0] > 1 and t.stride(0) * t.element_size() != outer:
+    step = t.stride(0) * t.element_size() if t.dim() >= 2 and t.shape[0] > 1 else outer
+    if step != outer and (t.dim() < 4 or step % outer):
         raise fail(arg, tuple(t.shape), f"rows {t.stride(0) * t.element_size()} bytes apart along dim 0; "
                    f"the call implies {outer} (item_size and layout_dim are in bytes)")
     return nbytes
+
+
+def _page_of(t: torch.Tensor, item_size: int) -> int:
+    """Token slots per dim-0 step of a one-layer buffer: 1 for token-major ``(N, ...)``;
+    P for a page-major one whose dim 0 is the page, with the page's tokens inside it in
+    another order (SGLang's HND ``(pages, H, P, D)``, ROCm's vectorized 5-D layout).
+    Row ``i`` is still the bytes at ``base + i * item_size`` (SGLang's semantics), which
+    move a whole page byte-exact, so such a buffer takes whole pages only."""
+    if t.dim() < 4 or t.shape[0] <= 1:
+        return 1
+    return t.stride(0) * t.element_size() // item_size
 
 
 def _positive(arg: str, v) -> int:
@@ -93,8 +106,10 @@ def lf_buffer(arg: str, t: torch.Tensor, item_size: int) -> RowMap:
 def _lf_buffer(arg: str, t: torch.Tensor, item_size: int) -> RowMap:
     _positive("item_size", item_size)
     rows = _dense_bytes(arg, t, item_size) // item_size
-    return RowMap.from_strides(t, num_layers=1, num_rows=rows, page_size=1, row_bytes=item_size,
-                               token_stride=item_size, page_stride=item_size, layer_stride=0)
+    page = _page_of(t, item_size)
+    rows -= rows % page
+    return RowMap.from_strides(t, num_layers=1, num_rows=rows, page_size=page, row_bytes=item_size,
+                               token_stride=item_size, page_stride=item_size * page, layer_stride=0)
 
 
 def pf_buffer(arg: str, t: torch.Tensor, item_size: int, layout_dim: int) -> RowMap:
@@ -237,7 +252,10 @@ def run_jobs(jobs: Sequence[Job], src_indices, dst_indices, *, op: Op, by_page: 
         if checks_on(check) and si.numel():
             s0, d0 = plans[0][0], plans[0][1]
             rows = lambda m: min(p[0 if m == "src" else 1].num_rows for p in plans)  # noqa: E731
-            page = lambda m: (s0 if m == "src" else d0).page_size if by_page else 1  # noqa: E731
+            # Whole pages where the call moves pages, or where a side keeps a page's tokens
+            # in another order (a page-major one-layer buffer, see _page_of).
+            page = lambda m: (s0 if m == "src" else d0).page_size if by_page or _paged_lf(  # noqa: E731
+                s0 if m == "src" else d0) else 1
             verdict = GUARD.check(device, [("src_indices", si, rows("src"), page("src")),
                                            ("dst_indices", di, rows("dst"), page("dst"))],
                                   negatives_skip=skip_negative)
@@ -271,6 +289,11 @@ def _stack(pairs: List[Pair]) -> List[Pair]:
         if src is not None and dst is not None:
             return [(src, dst)]
     return pairs
+
+
+def _paged_lf(m: RowMap) -> bool:
+    """A one-layer packed-rows map over a page-major buffer (see `_page_of`)."""
+    return m.num_layers == 1 and m.n_chunks == 1 and m.page_size > 1 and m.token_stride == m.row_bytes
 
 
 def direction(pairs: Sequence[Pair]) -> Op:
