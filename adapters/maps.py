@@ -10,7 +10,6 @@ copies them, in one launch where the components can share it.
 from __future__ import annotations
 
 import re
-from collections import OrderedDict
 from dataclasses import replace
 from typing import List, Optional, Sequence, Tuple
 
@@ -20,7 +19,7 @@ from kvtier.kernels.copy_rows import GUARD, interpreter_active, triton_available
 from kvtier.kernels.index_check import checks_on
 from kvtier.kernels.ops import BACKUP, LOAD, Op
 from kvtier.kernels.errors import KvtierError, fail
-from kvtier.kernels.rowmap import RowMap
+from kvtier.kernels.rowmap import RowMap, kept as _kept, tensor_key as _tensor_key
 from kvtier.kernels.validate import check_copy, check_index, compute_device
 from kvtier.pool.launch import launch, lookup
 
@@ -72,30 +71,6 @@ def _layers_in(layout_dim: int, item_size: int, arg: str = "layout_dim") -> int:
     if layout_dim % item_size:
         raise fail(arg, layout_dim, f"must be a whole number of item_size={item_size}-byte rows")
     return layout_dim // item_size
-
-
-# ---------------------------------------------------------------- maps kept across calls
-# An engine passes the same buffers on every call (often as new views of them): the maps
-# built for them are kept, keyed by what they were built from, so that a call finds its
-# maps, and with them its launch plans, instead of building them again. A kept map holds
-# its tensors, so their memory cannot be handed to another buffer while it is kept.
-_KEPT: "OrderedDict[tuple, object]" = OrderedDict()
-_KEEP = 512
-
-
-def _kept(key: tuple, build):
-    hit = _KEPT.get(key)
-    if hit is None:
-        hit = _KEPT[key] = build()
-        if len(_KEPT) > _KEEP:
-            _KEPT.popitem(last=False)
-    return hit
-
-
-def _tensor_key(t) -> tuple:
-    if not isinstance(t, torch.Tensor):
-        return (id(t),)
-    return (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t.device)
 
 
 def lf_buffer(arg: str, t: torch.Tensor, item_size: int) -> RowMap:

@@ -15,6 +15,7 @@ components with equal rows (K and V) so that one kernel launch moves them all.
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from functools import reduce
 from typing import Optional, Sequence
@@ -414,6 +415,32 @@ class RowMap:
             if start < first or start + reach > end:
                 raise fail("strides", (self.layer_stride, self.page_stride, self.token_stride),
                            f"the map reaches byte {start + reach - first} of a {end - first}-byte tensor")
+
+
+# ---------------------------------------------------------------- maps kept across calls
+# Engines pass the same buffers on every call (often as new views of them). Maps built for
+# them are kept, keyed by what they were built from, so a call finds its maps, and with
+# them its launch plans, instead of building them again. A kept map holds its tensors, so
+# their memory cannot be handed to another buffer while it is kept; the table is bounded.
+_KEPT: "OrderedDict[tuple, object]" = OrderedDict()
+_KEEP = 512
+
+
+def kept(key: tuple, build):
+    """The value kept under ``key``, made by ``build()`` on a miss."""
+    hit = _KEPT.get(key)
+    if hit is None:
+        hit = _KEPT[key] = build()
+        if len(_KEPT) > _KEEP:
+            _KEPT.popitem(last=False)
+    return hit
+
+
+def tensor_key(t) -> tuple:
+    """What a map built from ``t`` depends on: its first byte, shape, strides, dtype, device."""
+    if not isinstance(t, torch.Tensor):
+        return (id(t),)
+    return (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t.device)
 
 
 _WORD_DTYPES = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}

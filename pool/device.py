@@ -18,10 +18,11 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import torch
 
 from kvtier.kernels import RowMap
-from kvtier.kernels.errors import fail
+from kvtier.kernels.errors import KvtierError, fail
 from kvtier.kernels.index_check import IndexGuard
+from kvtier.kernels.validate import is_int
 
-from .spec import Component, check_positive
+from .spec import Component, check_bool, check_positive
 
 Buffers = Dict[str, Union[torch.Tensor, Sequence[torch.Tensor]]]
 
@@ -35,12 +36,23 @@ class DevicePool:
     """
 
     def __init__(self, buffers: Buffers, page_size: int, *, start_layer: int = 0,
-                 paged_dims: bool = False):
+                 paged_dims: bool = False, _args: Optional[Dict[str, str]] = None):
+        # _args: the caller's argument name per component (from_layers: "k_layers"), so
+        # that an error names what the caller passed.
         check_positive(page_size=page_size)
-        if not isinstance(start_layer, int) or start_layer < 0:
+        if not is_int(start_layer) or start_layer < 0:
             raise fail("start_layer", start_layer, "must be a non-negative int")
-        if not buffers:
-            raise fail("buffers", buffers, "a pool needs at least one component")
+        check_bool("paged_dims", paged_dims)
+        if not isinstance(buffers, dict) or not buffers:
+            raise fail("buffers", buffers if isinstance(buffers, dict) else type(buffers).__name__,
+                       "must be a non-empty dict {component name: tensor or list of per-layer tensors}")
+        args = {n: (_args or {}).get(n, f"buffers[{n!r}]") for n in buffers}
+        for name, b in buffers.items():
+            if not isinstance(name, str):
+                raise fail("buffers", name, "component names must be str")
+            if not isinstance(b, (torch.Tensor, list, tuple)):
+                raise fail(args[name], type(b).__name__,
+                           "must be a stacked tensor or a list of per-layer tensors")
         stacked = {isinstance(b, torch.Tensor) for b in buffers.values()}
         if len(stacked) != 1:
             raise fail("buffers", sorted(buffers), "mixes per-layer lists and stacked tensors")
@@ -52,20 +64,25 @@ class DevicePool:
         self.components: Dict[str, Component] = {}
         tok_dims = 2 if paged_dims else 1
         for name, b in buffers.items():
-            if self.storage == "stacked":
-                m = RowMap.from_stacked(b, page_size, paged_dims)
-                first = b[0]
-            else:
-                m = RowMap.from_layers(list(b), page_size, paged_dims)
-                first = b[0]
+            try:
+                if self.storage == "stacked":
+                    m = RowMap.from_stacked(b, page_size, paged_dims)
+                else:
+                    m = RowMap.from_layers(list(b), page_size, paged_dims)
+            except KvtierError as e:     # RowMap names its own argument ("layers[1]", "t")
+                raise KvtierError(f"{args[name]}: {e}") from None
+            first = b[0]
             self.maps[name] = m
             self.components[name] = Component(name, m.num_layers, tuple(first.shape[tok_dims:]), first.dtype)
         first = next(iter(self.maps.values()))
         for name, m in self.maps.items():
             if (m.num_rows, m.device) != (first.num_rows, first.device):
-                raise fail(f"buffers[{name!r}]", (m.num_rows, str(m.device)),
+                raise fail(args[name], (m.num_rows, str(m.device)),
                            f"differs from the first component's {(first.num_rows, str(first.device))} "
                            "(token slots, device)")
+            if m.num_layers > first.num_layers:   # per-layer calls reach layers < num_layers only
+                raise fail(args[name], f"{m.num_layers} layers",
+                           f"more than the first component's {first.num_layers}")
         self.size = first.num_rows
         self.device = first.device
         self.num_layers = first.num_layers
@@ -111,11 +128,14 @@ class DevicePool:
         return self.device
 
     # ------------------------------------------------------------------ operations
-    def gather(self, indices: torch.Tensor, *, pages: bool = False) -> Dict[str, torch.Tensor]:
+    def gather(self, indices: torch.Tensor, *, pages: bool = False,
+               out: Optional[Dict[str, torch.Tensor]] = None) -> Dict[str, torch.Tensor]:
         """All layers' rows at slot (or, with ``pages=True``, page) ``indices``: per
-        component one contiguous ``(L, n, *row)`` tensor (``(L, n, P, *row)`` for pages)."""
+        component one contiguous ``(L, n, *row)`` tensor (``(L, n, P, *row)`` for pages).
+        ``out``: what an earlier gather of the same size returned, filled again instead
+        of new buffers (no allocation, and its maps and launch plans are kept)."""
         from .gather import gather
-        return gather(self, indices, pages=pages)
+        return gather(self, indices, pages=pages, out=out)
 
     def scatter(self, indices: torch.Tensor, data: Dict[str, torch.Tensor], *, pages: bool = False) -> None:
         """The reverse of `gather`: write ``data`` back at ``indices``."""
@@ -144,9 +164,11 @@ class DevicePool:
 
     # ------------------------------------------------------------------ adoption
     @classmethod
-    def _adopt(cls, buffers: Buffers, page_size: int, start_layer: int, paged_dims: bool):
+    def _adopt(cls, buffers: Buffers, page_size: int, start_layer: int, paged_dims: bool,
+               args: Optional[Dict[str, str]] = None):
         pool = cls.__new__(cls)
-        DevicePool.__init__(pool, buffers, page_size, start_layer=start_layer, paged_dims=paged_dims)
+        DevicePool.__init__(pool, buffers, page_size, start_layer=start_layer, paged_dims=paged_dims,
+                            _args=args)
         return pool
 
 
@@ -170,12 +192,21 @@ def allocate(components: Sequence[Component], size: int, page_size: int, storage
              device, factory=None) -> Buffers:
     """Zeroed buffers for ``components`` in ``storage`` form, ``(pages, P, *row)`` per
     layer; components with equal rows share one allocation so that they share a launch."""
-    if storage not in ("layers", "stacked"):
+    if not isinstance(storage, str) or storage not in ("layers", "stacked"):
         raise fail("storage", storage, "must be 'layers' or 'stacked'")
-    check_positive(size=size)
+    check_positive(size=size, page_size=page_size)
     if size % page_size:
         raise fail("size", size, f"must be a multiple of page_size={page_size}")
-    factory = factory or (lambda shape, dtype: torch.zeros(shape, dtype=dtype, device=device))
+    if factory is not None and not callable(factory):
+        raise fail("factory", factory, "must be a callable (shape, dtype) -> tensor, or None")
+    user_factory = factory or (lambda shape, dtype: torch.zeros(shape, dtype=dtype, device=device))
+
+    def factory(shape, dtype):
+        t = user_factory(shape, dtype)
+        if not isinstance(t, torch.Tensor) or tuple(t.shape) != tuple(shape) or t.dtype != dtype:
+            got = (tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor) else type(t).__name__
+            raise fail("factory", got, f"must return a {tuple(shape)} {dtype} tensor")
+        return t
     pages = size // page_size
     buffers: Buffers = {}
     buckets: Dict[tuple, List[Component]] = {}

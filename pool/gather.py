@@ -8,6 +8,7 @@ from typing import Dict, List, Optional
 import torch
 
 from kvtier.kernels import RowMap
+from kvtier.kernels.rowmap import kept, tensor_key
 from kvtier.kernels.errors import fail
 from kvtier.kernels.index_check import checks_on
 from kvtier.kernels.validate import check_index
@@ -40,20 +41,24 @@ def group_shape(pool, names, n_slots: int, pages: bool):
 
 
 def contiguous_map(t: torch.Tensor, pool, pages: bool) -> RowMap:
-    """Map over a ``(C, L, tokens..., *row)`` buffer, all its components in one map."""
-    maps = [RowMap.from_stacked(t[i], pool.page_size if pages else 1, paged_dims=pages)
-            for i in range(t.shape[0])]
-    return RowMap.stack(maps)
+    """Map over a ``(C, L, tokens..., *row)`` buffer, all its components in one map (kept
+    for a buffer passed again: `gather(out=...)`, `scatter` of gather's views)."""
+    page = pool.page_size if pages else 1
+    return kept(("contiguous", page, pages, *tensor_key(t)), lambda: RowMap.stack(
+        [RowMap.from_stacked(t[i], page, paged_dims=pages) for i in range(t.shape[0])]))
 
 
 def gather_groups(pool, slots: torch.Tensor, pages: bool, op: Op = GATHER,
-                  verdict: Optional[torch.Tensor] = None) -> List[torch.Tensor]:
-    """One contiguous buffer per group in ``pool.groups``, filled from ``slots``."""
+                  verdict: Optional[torch.Tensor] = None,
+                  into: Optional[List[torch.Tensor]] = None) -> List[torch.Tensor]:
+    """One contiguous buffer per group in ``pool.groups`` (new, or ``into``'s), filled
+    from ``slots``."""
     out = []
     dst_idx = torch.arange(slots.numel(), dtype=slots.dtype, device=slots.device)
-    for names, m in pool.groups:
+    for g, (names, m) in enumerate(pool.groups):
         c = pool.components[names[0]]
-        buf = torch.empty(group_shape(pool, names, slots.numel(), pages), dtype=c.dtype, device=pool.device)
+        buf = into[g] if into is not None else torch.empty(
+            group_shape(pool, names, slots.numel(), pages), dtype=c.dtype, device=pool.device)
         if slots.numel():
             launch(op, m, slots, contiguous_map(buf, pool, pages), dst_idx,
                    num_layers=c.num_layers, by_page=pages, verdict=verdict)
@@ -72,17 +77,37 @@ def scatter_groups(pool, slots: torch.Tensor, bufs: List[torch.Tensor], pages: b
                num_layers=pool.components[names[0]].num_layers, by_page=pages, verdict=verdict)
 
 
-def gather(pool, indices: torch.Tensor, *, pages: bool = False) -> Dict[str, torch.Tensor]:
+def gather(pool, indices: torch.Tensor, *, pages: bool = False,
+           out: Optional[Dict[str, torch.Tensor]] = None) -> Dict[str, torch.Tensor]:
+    check_index("indices", indices, pool.index_device)
+    into = None
+    if out is not None:
+        into = _buffers(pool, out, indices.numel() * (pool.page_size if pages else 1), pages, "out")
+        for (names, _), buf in zip(pool.groups, into):
+            for i, name in enumerate(names):
+                if buf[i].data_ptr() != out[name].data_ptr():
+                    raise fail(f"out[{name!r}]", tuple(out[name].shape),
+                               "must be a tensor an earlier gather() of this shape returned (its group buffer)")
     slots, verdict = slots_of(pool, indices, pages)
-    bufs = gather_groups(pool, slots, pages, verdict=verdict)
+    bufs = gather_groups(pool, slots, pages, verdict=verdict, into=into)
+    if out is not None:
+        return out
     return {name: buf[i] for (names, _), buf in zip(pool.groups, bufs) for i, name in enumerate(names)}
 
 
 def scatter(pool, indices: torch.Tensor, data: Dict[str, torch.Tensor], *, pages: bool = False) -> None:
     check_index("indices", indices, pool.index_device)
-    n_slots = indices.numel() * (pool.page_size if pages else 1)
+    bufs = _buffers(pool, data, indices.numel() * (pool.page_size if pages else 1), pages, "data")
+    slots, verdict = slots_of(pool, indices, pages)
+    scatter_groups(pool, slots, bufs, pages, verdict=verdict)
+
+
+def _buffers(pool, data, n_slots: int, pages: bool, arg: str) -> List[torch.Tensor]:
+    """One contiguous buffer per group from a dict shaped as `gather` returns (``arg``
+    names it in errors): the group buffer behind gather()'s views, else a stacked copy.
+    Every tensor is checked before anything moves."""
     if not isinstance(data, dict) or set(data) != set(pool.components):
-        raise fail("data", sorted(data) if isinstance(data, dict) else type(data).__name__,
+        raise fail(arg, sorted(data) if isinstance(data, dict) else type(data).__name__,
                    f"must be a dict with exactly the pool's components {sorted(pool.components)}")
     bufs = []
     for names, _ in pool.groups:
@@ -91,11 +116,9 @@ def scatter(pool, indices: torch.Tensor, data: Dict[str, torch.Tensor], *, pages
             t, c = data[name], pool.components[name]
             if not isinstance(t, torch.Tensor) or (tuple(t.shape), t.dtype, t.device) != (shape, c.dtype, pool.device):
                 got = (tuple(t.shape), t.dtype, str(t.device)) if isinstance(t, torch.Tensor) else type(t).__name__
-                raise fail(f"data[{name!r}]", got, f"must be {(shape, c.dtype, str(pool.device))}")
-        # One contiguous buffer per group: a copy unless the caller passed gather()'s views.
+                raise fail(f"{arg}[{name!r}]", got, f"must be {(shape, c.dtype, str(pool.device))}")
         bufs.append(_group_of(data, names))
-    slots, verdict = slots_of(pool, indices, pages)
-    scatter_groups(pool, slots, bufs, pages, verdict=verdict)
+    return bufs
 
 
 def _group_of(data, names) -> torch.Tensor:

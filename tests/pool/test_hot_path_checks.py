@@ -248,3 +248,18 @@ def test_a_bool_is_no_layer_id():
     with pytest.raises(KvtierError, match="layer_id=True"):
         host.host.load_to_device_per_layer(dev.pool, slots(0), slots(2), True)
     assert same(before, snapshot(dev, host))
+
+
+def test_gather_into_an_earlier_result():
+    """gather(out=...) refills what an earlier gather returned: same bytes as a fresh
+    gather, no new buffers; a dict that is not gather()'s views is refused."""
+    dev, _ = pools()
+    first = dev.pool.gather(slots(1, 2))
+    again = dev.pool.gather(slots(5, 3), out=first)
+    fresh = dev.pool.gather(slots(5, 3))
+    assert again is first
+    assert all(torch.equal(first[n].view(torch.uint8), fresh[n].view(torch.uint8)) for n in fresh)
+    with pytest.raises(KvtierError, match=r"out\['k'\]"):
+        dev.pool.gather(slots(5, 3), out={n: t.clone() for n, t in first.items()})
+    with device_work_only() as (copies, checks):
+        dev.pool.gather(on_device(slots(4, 0)), out=first)
