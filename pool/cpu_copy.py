@@ -9,7 +9,7 @@ from typing import List, Tuple
 import torch
 
 from kvtier.kernels.errors import fail
-from kvtier.kernels.validate import check_index
+from kvtier.kernels.validate import check_index, is_int
 
 from .gather import group_shape, gather_groups, scatter_groups, slots_of
 
@@ -26,7 +26,7 @@ class CpuCopy:
 
 
 def get_cpu_copy(pool, indices: torch.Tensor, chunk_size: int = 8192) -> CpuCopy:
-    if not isinstance(chunk_size, int) or chunk_size <= 0:
+    if not is_int(chunk_size) or chunk_size <= 0:
         raise fail("chunk_size", chunk_size, "must be a positive int")
     slots, verdict = slots_of(pool, indices, pages=False)
     chunks = []
@@ -37,23 +37,44 @@ def get_cpu_copy(pool, indices: torch.Tensor, chunk_size: int = 8192) -> CpuCopy
 
 
 def load_cpu_copy(pool, copy: CpuCopy, indices: torch.Tensor) -> None:
+    """Write ``copy`` back at ``indices``. Every chunk tensor is checked completely (a
+    tensor, its shape, dtype, CPU device and contiguity) before the first byte moves; an
+    error names ``copy.chunks[k][g]`` (chunk k, component group g) and the value."""
     check_index("indices", indices, pool.index_device)
     if not isinstance(copy, CpuCopy):
         raise fail("copy", type(copy).__name__, "must be what get_cpu_copy returned")
     groups = tuple(names for names, _ in pool.groups)
     if copy.groups != groups:
         raise fail("copy.groups", copy.groups, f"this pool's component groups are {groups}")
+    if not is_int(copy.chunk_size) or copy.chunk_size <= 0:
+        raise fail("copy.chunk_size", copy.chunk_size, "must be a positive int")
+    if not is_int(copy.num_indices) or copy.num_indices < 0:
+        raise fail("copy.num_indices", copy.num_indices, "must be a non-negative int")
     if copy.num_indices != indices.numel():
         raise fail("indices", f"{indices.numel()} indices", f"the copy holds {copy.num_indices}")
     expect = -(-copy.num_indices // copy.chunk_size)
-    if len(copy.chunks) != expect or any(len(c) != len(groups) for c in copy.chunks):
-        raise fail("copy.chunks", len(copy.chunks), f"must be {expect} chunks of {len(groups)} tensors")
+    if not isinstance(copy.chunks, (list, tuple)) or len(copy.chunks) != expect:
+        got = len(copy.chunks) if isinstance(copy.chunks, (list, tuple)) else type(copy.chunks).__name__
+        raise fail("copy.chunks", got, f"must be a list of {expect} chunks of {len(groups)} tensors")
+    cpu = torch.device("cpu")
     for k, chunk in enumerate(copy.chunks):   # check every chunk before any byte moves
+        if not isinstance(chunk, (list, tuple)) or len(chunk) != len(groups):
+            got = f"{len(chunk)} tensors" if isinstance(chunk, (list, tuple)) else type(chunk).__name__
+            raise fail(f"copy.chunks[{k}]", got, f"must be a list of {len(groups)} tensors, one per "
+                       f"component group {groups}")
         n = min(copy.chunk_size, copy.num_indices - k * copy.chunk_size)
-        for names, t in zip(groups, chunk):
-            want = group_shape(pool, names, n, False)
-            if tuple(t.shape) != want or t.dtype != pool.components[names[0]].dtype:
-                raise fail(f"copy.chunks[{k}]", (tuple(t.shape), t.dtype), f"must be {want}")
+        for g, (names, t) in enumerate(zip(groups, chunk)):
+            arg = f"copy.chunks[{k}][{g}]"
+            if not isinstance(t, torch.Tensor):
+                raise fail(arg, type(t).__name__, "must be a torch.Tensor")
+            want, dtype = group_shape(pool, names, n, False), pool.components[names[0]].dtype
+            got = (tuple(t.shape), t.dtype, str(t.device))
+            if tuple(t.shape) != want or t.dtype != dtype:
+                raise fail(arg, got, f"must be {want} {dtype} for component group {names}")
+            if t.device != cpu:
+                raise fail(arg, got, "must be on the CPU, as get_cpu_copy returns it")
+            if not t.is_contiguous():
+                raise fail(arg, (*got, f"strides {t.stride()}"), "must be contiguous")
     slots, verdict = slots_of(pool, indices, pages=False)
     for k, chunk in enumerate(copy.chunks):
         start = k * copy.chunk_size

@@ -20,7 +20,7 @@ from kvtier.kernels.errors import KvtierError, fail
 from kvtier.kernels.layouts import host_layout
 from kvtier.kernels.ops import BACKUP, LOAD, LOAD_LAYER, Op
 from kvtier.kernels.index_check import IndexGuard, checks_on
-from kvtier.kernels.validate import check_index
+from kvtier.kernels.validate import check_index, is_int
 
 from . import dma
 from .allocator import PageAllocator
@@ -70,12 +70,28 @@ class HostPool:
                  size_gb: Optional[float] = None, pin_memory: Optional[bool] = None,
                  strategy: str = "auto", check: Optional[bool] = None, factory=None,
                  register: bool = False):
-        pools = [device_pools] if isinstance(device_pools, DevicePool) else list(device_pools)
+        # Every argument is checked here, before any host memory is allocated.
+        pools = [device_pools] if isinstance(device_pools, DevicePool) else (
+            list(device_pools) if isinstance(device_pools, (list, tuple)) else [])
         if not pools or not all(isinstance(p, DevicePool) for p in pools):
             raise fail("device_pools", device_pools, "must be a DevicePool or a list of them (target first)")
+        for i, p in enumerate(pools):
+            if any(p is q for q in pools[:i]):
+                raise fail(f"device_pools[{i}]", p, "is listed twice (each pool's layers are packed once)")
+        if not isinstance(layout, str):
+            raise fail("layout", layout, "must be a layout name (str): layer_first, page_first, "
+                       "page_first_direct or page_head")
         self._layout = host_layout(layout)
-        if strategy not in STRATEGIES:
+        if not isinstance(strategy, str) or strategy not in STRATEGIES:
             raise fail("strategy", strategy, f"must be one of {STRATEGIES}")
+        if pin_memory is not None and not isinstance(pin_memory, bool):
+            raise fail("pin_memory", pin_memory, "must be True, False or None (the default)")
+        if check is not None and not isinstance(check, bool):
+            raise fail("check", check, "must be True, False or None (follow KVTIER_CHECK)")
+        if not isinstance(register, bool):
+            raise fail("register", register, "must be True or False")
+        if factory is not None and not callable(factory):
+            raise fail("factory", factory, "must be a callable (shape, dtype, pin) -> tensor, or None")
         target = pools[0]
         for i, p in enumerate(pools[1:], 1):
             _check_rows(f"device_pools[{i}]", p, target)
@@ -93,6 +109,9 @@ class HostPool:
         self.size = self._size(size_tokens, size_gb)
         if pin_memory is None:
             pin_memory = self.device.type != "cpu"
+        elif pin_memory and factory is None and not platforms.accelerator_present():
+            raise fail("pin_memory", pin_memory, "pinning host memory needs an accelerator runtime; "
+                       "none is present (pass False, or None for the default)")
         self.pin_memory = pin_memory
         factory = factory or (lambda shape, dtype, pin: torch.empty(shape, dtype=dtype, pin_memory=pin))
         self._build_buffers(pools, factory)
@@ -111,14 +130,23 @@ class HostPool:
 
     # ------------------------------------------------------------------ construction
     def _size(self, size_tokens, size_gb) -> int:
+        """Token slots from exactly one of ``size_tokens`` and ``size_gb`` (10^9 bytes),
+        rounded down to whole pages; errors name the argument the caller passed."""
         if (size_tokens is None) == (size_gb is None):
-            raise fail("size_tokens", size_tokens, "give exactly one of size_tokens and size_gb")
+            raise fail("size_tokens, size_gb", (size_tokens, size_gb), "give exactly one of the two")
+        page_bytes = self.bytes_per_token * self.page_size
         if size_gb is not None:
-            if not isinstance(size_gb, (int, float)) or size_gb <= 0:
-                raise fail("size_gb", size_gb, "must be positive")
-            size_tokens = int(size_gb * 1e9) // self.bytes_per_token
-        if not isinstance(size_tokens, int) or size_tokens < self.page_size:
-            raise fail("size_tokens", size_tokens, f"must hold at least one page of {self.page_size} tokens")
+            if isinstance(size_gb, bool) or not isinstance(size_gb, (int, float)) \
+                    or not math.isfinite(size_gb) or size_gb <= 0:
+                raise fail("size_gb", size_gb, "must be a finite positive number (10^9 bytes)")
+            tokens = int(size_gb * 1e9) // self.bytes_per_token
+            if tokens < self.page_size:
+                raise fail("size_gb", size_gb, f"holds {tokens} tokens; one page of {self.page_size} "
+                           f"tokens needs {page_bytes} bytes ({page_bytes / 1e9:.3g} GB)")
+            return tokens // self.page_size * self.page_size
+        if not is_int(size_tokens) or size_tokens < self.page_size:
+            raise fail("size_tokens", size_tokens, f"must be an int holding at least one page of "
+                       f"{self.page_size} tokens")
         return size_tokens // self.page_size * self.page_size
 
     @property

@@ -7,8 +7,12 @@ from typing import Optional, Sequence
 
 import torch
 
+from kvtier.kernels.errors import fail
+
 from .device import DevicePool, allocate
-from .spec import Component, IndexerSpec, check_positive
+from .mha import _indexer_buffers, _layer_list, _stacked_layers
+from .spec import (Component, IndexerSpec, check_bool, check_device, check_dtype, check_indexer,
+                   check_non_negative, check_positive)
 
 
 class MLADevicePool(DevicePool):
@@ -20,7 +24,13 @@ class MLADevicePool(DevicePool):
                  qk_rope_head_dim: int, *, split: bool = False, dtype: torch.dtype = torch.bfloat16,
                  device="cpu", storage: str = "layers", start_layer: int = 0,
                  indexer: Optional[IndexerSpec] = None, factory=None):
-        check_positive(num_layers=num_layers, kv_lora_rank=kv_lora_rank, qk_rope_head_dim=qk_rope_head_dim)
+        check_positive(size=size, page_size=page_size, num_layers=num_layers, kv_lora_rank=kv_lora_rank,
+                       qk_rope_head_dim=qk_rope_head_dim)
+        check_bool("split", split)
+        check_non_negative(start_layer=start_layer)
+        check_dtype("dtype", dtype)
+        check_indexer(indexer, num_layers)
+        check_device("device", device, factory)
         if split:
             comps = [Component("latent", num_layers, (1, kv_lora_rank), dtype),
                      Component("rope", num_layers, (1, qk_rope_head_dim), dtype)]
@@ -36,8 +46,15 @@ class MLADevicePool(DevicePool):
                     paged_dims: bool = False, indexer_buffers: Optional[dict] = None) -> "MLADevicePool":
         """Adopt per-layer tensors ``(N, 1, D)``; with ``rope_layers`` the first list is the
         latent part ("latent", "rope" components), else whole rows ("kv")."""
-        return cls._adopt(_named(kv_layers, rope_layers, list, indexer_buffers), page_size,
-                          start_layer, paged_dims)
+        kv_layers = _layer_list("kv_layers", kv_layers)
+        if rope_layers is not None:
+            rope_layers = _layer_list("rope_layers", rope_layers)
+            if len(rope_layers) != len(kv_layers):
+                raise fail("rope_layers", f"{len(rope_layers)} layers",
+                           f"kv_layers has {len(kv_layers)}; latent and rope need one tensor per layer each")
+        ind, args = _indexer_buffers(indexer_buffers, len(kv_layers), per_layer=True)
+        return cls._adopt(_named(kv_layers, rope_layers, ind), page_size, start_layer, paged_dims,
+                          {"kv": "kv_layers", "latent": "kv_layers", "rope": "rope_layers", **args})
 
     @classmethod
     def from_stacked(cls, kv: torch.Tensor, page_size: int, *, rope: Optional[torch.Tensor] = None,
@@ -45,9 +62,15 @@ class MLADevicePool(DevicePool):
                      indexer_buffers: Optional[dict] = None) -> "MLADevicePool":
         """Adopt multi-layer tensors ``(L, N, 1, D)`` (or ``(L, pages, P, 1, D)``); with
         ``rope`` the first tensor is the latent part."""
-        return cls._adopt(_named(kv, rope, lambda t: t, indexer_buffers), page_size, start_layer, paged_dims)
+        layers = _stacked_layers("kv", kv)
+        if rope is not None and _stacked_layers("rope", rope) != layers:
+            raise fail("rope", tuple(rope.shape), f"kv has {layers} layers ({tuple(kv.shape)}); latent "
+                       "and rope need the same layer count")
+        ind, args = _indexer_buffers(indexer_buffers, layers, per_layer=False)
+        return cls._adopt(_named(kv, rope, ind), page_size, start_layer, paged_dims,
+                          {"kv": "kv", "latent": "kv", "rope": "rope", **args})
 
 
-def _named(main, rope, form, indexer_buffers):
-    named = {"kv": form(main)} if rope is None else {"latent": form(main), "rope": form(rope)}
-    return {**named, **(indexer_buffers or {})}
+def _named(main, rope, indexer):
+    named = {"kv": main} if rope is None else {"latent": main, "rope": rope}
+    return {**named, **indexer}
