@@ -92,14 +92,15 @@ class IndexGuard:
             NEG_SKIPS=negatives_skip, BLOCK=1024)
         # Where the check has already run (the interpreter runs kernels at once; a fast
         # device may have), its failure is raised before the copies are enqueued.
-        self.raise_pending()
+        self.raise_pending(this_call=True)
         return slot.verdict
 
-    def raise_pending(self) -> None:
-        """Raise the first failure a device check has recorded (host memory: no sync)."""
+    def raise_pending(self, this_call: bool = False) -> None:
+        """Raise the first failure a device check has recorded (host memory: no sync).
+        ``this_call``: the check just launched has already run (the message says so)."""
         for slot in self._slots.values():
             if slot.host is not None and slot.host[0]:
-                self._raise(slot)
+                self._raise(slot, this_call=this_call)
 
     def synchronize(self, device=None) -> None:
         """Wait for ``device`` and raise any failure its checks recorded (the documented
@@ -111,13 +112,14 @@ class IndexGuard:
                 self._raise(slot, record)
 
     # ------------------------------------------------------------------ internals
-    def _raise(self, slot: _Slot, record: Optional[torch.Tensor] = None) -> None:
+    def _raise(self, slot: _Slot, record: Optional[torch.Tensor] = None, this_call: bool = False) -> None:
         code, arg_id, pos, value = (int(v) for v in (record if record is not None else slot.record).tolist())
         slot.record.zero_()
         name, limit, page = self._args[arg_id]
         why = _REASONS.get(code, f"failed check {code}").format(limit=limit, page=page)
-        raise fail(name, value, f"{why} (at position {pos}; found on the device after an earlier "
-                   "call was enqueued: that call moved no bytes)")
+        when = ("nothing was enqueued" if this_call else
+                "found on the device after an earlier call was enqueued: that call moved no bytes")
+        raise fail(name, value, f"{why} (at position {pos}; {when})")
 
     def _arg_id(self, lst: IndexList) -> int:
         key = (lst[0], lst[2], lst[3])

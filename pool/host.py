@@ -180,11 +180,12 @@ class HostPool:
                 f"{len(self.pools)} device pool(s), strategy={self.strategy}, pinned={self.pin_memory})")
 
     # ------------------------------------------------------------------ allocator
-    def alloc(self, need_size: int) -> Optional[torch.Tensor]:
-        return self.allocator.alloc(need_size)
+    def alloc(self, need_size: int, owner=None) -> Optional[torch.Tensor]:
+        """Host slots of whole pages (see `PageAllocator.alloc`; ``owner`` guards `free`)."""
+        return self.allocator.alloc(need_size, owner=owner)
 
-    def free(self, indices: torch.Tensor) -> int:
-        return self.allocator.free(indices)
+    def free(self, indices: torch.Tensor, owner=None) -> int:
+        return self.allocator.free(indices, owner=owner)
 
     def available_size(self) -> int:
         return self.allocator.available_size()
@@ -208,6 +209,8 @@ class HostPool:
                                  device_indices: torch.Tensor, layer_id: int) -> None:
         """Host -> device for model layer ``layer_id`` of ``device_pool`` only (layer-wise
         overlap with the forward pass). Indexer rows move for layers that have them."""
+        if not isinstance(layer_id, int) or isinstance(layer_id, bool):
+            raise fail("layer_id", layer_id, "must be an int (a model layer of this pool)")
         self._transfer(LOAD_LAYER, device_pool, host_indices, device_indices, layer_id)
 
     def _transfer(self, op: Op, device_pool, host_indices, device_indices, layer_id) -> None:

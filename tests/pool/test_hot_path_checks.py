@@ -153,7 +153,7 @@ class _Late:
 
     def __init__(self, monkeypatch):
         self.monkeypatch = monkeypatch
-        monkeypatch.setattr(IndexGuard, "raise_pending", lambda self: None)
+        monkeypatch.setattr(IndexGuard, "raise_pending", lambda self, this_call=False: None)
 
     def arrives(self):
         self.monkeypatch.undo()
@@ -245,9 +245,15 @@ def test_env_switch_turns_value_checks_off(monkeypatch):
 def test_a_bool_is_no_layer_id():
     dev, host = pools()
     before = snapshot(dev, host)
-    with pytest.raises(KvtierError, match="layer_id=True"):
-        host.host.load_to_device_per_layer(dev.pool, slots(0), slots(2), True)
+    for bad in (True, None, 1.0):
+        with pytest.raises(KvtierError, match=f"layer_id={bad!r}"):
+            host.host.load_to_device_per_layer(dev.pool, slots(0), slots(2), bad)
     assert same(before, snapshot(dev, host))
+    # a host pool passes an owner token through to its allocator
+    mine = host.host.alloc(P, owner="req-1")
+    with pytest.raises(KvtierError, match="owner"):
+        host.host.free(mine, owner="req-2")
+    assert host.host.free(mine, owner="req-1") == P
 
 
 def test_gather_into_an_earlier_result():
