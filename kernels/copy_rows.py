@@ -9,6 +9,7 @@ base addresses (CUDA style); the choice is a compile-time constant per side.
 """
 from __future__ import annotations
 
+import logging
 import os
 import warnings
 from dataclasses import dataclass
@@ -38,8 +39,16 @@ def _triton():
 
 
 def _kernel():
+    if not _kernel_loaded:
+        _kernel_loaded.append(True)
+        conflict = platforms.triton_conflict()
+        if conflict:
+            logging.getLogger("kvtier").warning("kvtier: %s", conflict)
     from .copy_rows_kernel import _copy_rows_kernel
     return _copy_rows_kernel
+
+
+_kernel_loaded = []
 
 
 def triton_available() -> bool:

@@ -204,6 +204,25 @@ def device_name(device) -> str:
     return "" if device.type == "cpu" else str(device_properties(device).get("name", ""))
 
 
+TRITON_CONFLICT = ("community Triton and triton-ascend are both installed; both provide the "
+                   "`triton` module, so whichever was installed last is the one that runs. Use one "
+                   "environment per platform: `pip uninstall triton` on Ascend, `pip uninstall "
+                   "triton-ascend` elsewhere, then reinstall the one you keep")
+
+
+def triton_conflict() -> Optional[str]:
+    """Why the installed Tritons clash (both distributions present), or None."""
+    from importlib.metadata import PackageNotFoundError, version
+    present = []
+    for dist in ("triton", "triton-ascend"):
+        try:
+            version(dist)
+            present.append(dist)
+        except PackageNotFoundError:
+            pass
+    return TRITON_CONFLICT if len(present) == 2 else None
+
+
 def platform_info() -> dict:
     """What `kvtier info` prints: the platform, its device, and why others are absent."""
     import importlib.util
@@ -216,6 +235,9 @@ def platform_info() -> dict:
         info["triton_backend"] = "ascend" if importlib.util.find_spec("triton.backends.ascend") else "community"
     except Exception as e:
         info["triton"] = f"unavailable ({type(e).__name__}: {e})"
+    conflict = triton_conflict()
+    if conflict:
+        info["warning"] = conflict
     info["cuda"] = torch.cuda.is_available()
     if ascend.probed():
         ok, why = npu_status()

@@ -221,3 +221,21 @@ def test_host_device_address():
         ascend._registered.pop(t.untyped_storage().data_ptr())
     with pytest.raises(PlatformUnavailable, match="meta"):
         plat.register_host_memory(torch.empty(4, device="meta"), 1)
+
+
+def test_both_tritons_installed_is_reported(monkeypatch, caplog):
+    """Community Triton and triton-ascend overwrite each other's `triton` module: kvtier info
+    and the first kernel launch say so, with what to do."""
+    import importlib.metadata as md
+    real = md.version
+    monkeypatch.setattr(md, "version", lambda d: "3.2.0" if d in ("triton", "triton-ascend") else real(d))
+    assert "pip uninstall" in plat.triton_conflict()
+    assert plat.platform_info()["warning"] == plat.TRITON_CONFLICT
+    import importlib
+    launcher = importlib.import_module("kvtier.kernels.copy_rows")
+    monkeypatch.setattr(launcher, "_kernel_loaded", [])
+    with caplog.at_level("WARNING", logger="kvtier"):
+        launcher._kernel()
+    assert any("both installed" in r.getMessage() for r in caplog.records)
+    monkeypatch.setattr(md, "version", real)
+    assert plat.triton_conflict() is None
