@@ -6,6 +6,7 @@ import os
 
 def register(sub) -> None:
     p = sub.add_parser("info", help="versions, detected platform, interpreter mode")
+    p.add_argument("--json", action="store_true", help="print the same facts as one JSON object")
     p.set_defaults(func=run)
 
 
@@ -39,6 +40,22 @@ def _version(dist: str):
 
 
 def run(args) -> int:
-    for k, v in collect().items():
-        print(f"{k:>16}: {v}")
+    info = collect()
+    if getattr(args, "json", False):
+        import json
+        print(json.dumps(info, indent=1, default=str))
+        return 0
+    print(format_info(info))
     return 0
+
+
+def format_info(info: dict) -> str:
+    """Aligned ``key: value`` lines; nested facts (the device, launch limits) one per line."""
+    rows = []
+    for k, v in info.items():
+        if isinstance(v, dict):
+            rows.extend((f"{k}.{kk}", vv) for kk, vv in v.items())
+        else:
+            rows.append((k, v))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:>{width}}: {v}" for k, v in rows)
