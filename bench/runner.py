@@ -99,7 +99,10 @@ def run_sweep(sweep: Sweep, device: torch.device, *, log: Optional[Callable[[str
         f"({ceilings.nbytes >> 20} MiB copies)")
     points, skipped, truncated = [], 0, False
     w = None
-    for shape, op, strategies, caps in sweep.points():
+    plan = list(sweep.points())
+    total = sum(len(list(_engines(sweep, op, s, c))) for shape, op, s, c in plan if not shape.supported())
+    measured_from = time.monotonic()
+    for shape, op, strategies, caps in plan:
         if time_budget_s is not None and time.monotonic() - start > time_budget_s:
             truncated = True
             log(f"time budget of {time_budget_s:.0f} s spent: the remaining points are not measured")
@@ -118,12 +121,18 @@ def run_sweep(sweep: Sweep, device: torch.device, *, log: Optional[Callable[[str
                    "components": shape.components, "engine": engine, "strategy": strat, "cap": c}
             rec.update(measure_point(w, op, prepare, sweep, ceilings.of(op)))
             points.append(rec)
-            log(_progress(rec))
+            log(f"{_count(len(points), total, time.monotonic() - measured_from)} {_progress(rec)}")
             if on_point:
                 on_point(rec)
     return {"environment": env, "ceilings": ceilings.to_dict(), "points": points,
             "skipped_shapes": skipped, "truncated": truncated,
             "elapsed_s": round(time.monotonic() - start, 1)}
+
+
+def _count(done: int, total: int, elapsed: float) -> str:
+    """``[done/total, ETA]``: the time left at the pace so far."""
+    left = elapsed / done * (total - done) if done else 0.0
+    return f"[{done}/{total}, ETA {left:.0f} s]"
 
 
 def _progress(r: dict) -> str:
