@@ -225,15 +225,11 @@ def run_jobs(jobs: Sequence[Job], src_indices, dst_indices, *, op: Op, by_page: 
                 plans.append((s, d, src_layer, dst_layer, n_layers))
         verdict = None
         if checks_on(check) and si.numel():
-            s0, d0 = plans[0][0], plans[0][1]
-            rows = lambda m: min(p[0 if m == "src" else 1].num_rows for p in plans)  # noqa: E731
-            # Whole pages where the call moves pages, or where a side keeps a page's tokens
-            # in another order (a page-major one-layer buffer, see _page_of).
-            page = lambda m: (s0 if m == "src" else d0).page_size if by_page or _paged_lf(  # noqa: E731
-                s0 if m == "src" else d0) else 1
-            verdict = GUARD.check(device, [("src_indices", si, rows("src"), page("src")),
-                                           ("dst_indices", di, rows("dst"), page("dst"))],
-                                  negatives_skip=skip_negative)
+            srcs, dsts = [p[0] for p in plans], [p[1] for p in plans]
+            verdict = GUARD.check(device, [
+                ("src_indices", si, min(m.num_rows for m in srcs), _whole_pages(srcs[0], by_page)),
+                ("dst_indices", di, min(m.num_rows for m in dsts), _whole_pages(dsts[0], by_page))],
+                negatives_skip=skip_negative)
     except KvtierError as e:
         names = dict(zip(("src_indices", "dst_indices"), index_names))
         if names == {"src_indices": "src_indices", "dst_indices": "dst_indices"}:
@@ -259,16 +255,16 @@ def _stacked(pairs: List[Pair]) -> List[Pair]:
 
 
 def _stack(pairs: List[Pair]) -> List[Pair]:
-    if len(pairs) > 1:
-        src, dst = RowMap.stack([s for s, _ in pairs]), RowMap.stack([d for _, d in pairs])
-        if src is not None and dst is not None:
-            return [(src, dst)]
-    return pairs
+    src, dst = RowMap.stack([s for s, _ in pairs]), RowMap.stack([d for _, d in pairs])
+    return [(src, dst)] if src is not None and dst is not None else pairs
 
 
-def _paged_lf(m: RowMap) -> bool:
-    """A one-layer packed-rows map over a page-major buffer (see `_page_of`)."""
-    return m.num_layers == 1 and m.n_chunks == 1 and m.page_size > 1 and m.token_stride == m.row_bytes
+def _whole_pages(m: RowMap, by_page: bool) -> int:
+    """The page size a side's indices must come in whole runs of: the map's where the call
+    moves pages, or where the side is a one-layer packed-rows map over a page-major buffer
+    (its page's tokens in another order, see `_page_of`); else 1."""
+    paged_lf = m.num_layers == 1 and m.n_chunks == 1 and m.page_size > 1 and m.token_stride == m.row_bytes
+    return m.page_size if by_page or paged_lf else 1
 
 
 def direction(pairs: Sequence[Pair]) -> Op:

@@ -28,6 +28,7 @@ class CpuCopy:
 def get_cpu_copy(pool, indices: torch.Tensor, chunk_size: int = 8192) -> CpuCopy:
     if not is_int(chunk_size) or chunk_size <= 0:
         raise fail("chunk_size", chunk_size, "must be a positive int")
+    check_index("indices", indices, pool.index_device)
     slots, verdict = slots_of(pool, indices, pages=False)
     chunks = []
     for start in range(0, slots.numel(), chunk_size):

@@ -19,9 +19,9 @@ from .launch import launch
 
 
 def slots_of(pool, indices: torch.Tensor, pages: bool):
-    """(token slots, verdict) for slot or page ``indices``: the shape checks here, the value
-    checks by the pool's index guard (no device sync; the verdict word gates the copies)."""
-    check_index("indices", indices, pool.index_device)
+    """(token slots, verdict) for slot or page ``indices`` whose shape the caller checked
+    (`check_index`): the value checks by the pool's index guard (no device sync; the
+    verdict word gates the copies)."""
     verdict = None
     if checks_on(pool.check):
         limit = pool.size // pool.page_size if pages else pool.size
@@ -29,8 +29,21 @@ def slots_of(pool, indices: torch.Tensor, pages: bool):
     if not pages:
         return indices, verdict
     p = pool.page_size
-    offs = torch.arange(p, dtype=indices.dtype, device=indices.device)
-    return (indices[:, None] * p + offs).reshape(-1), verdict
+    return (indices[:, None] * p + iota(p, indices.dtype, indices.device)).reshape(-1), verdict
+
+
+_IOTA = {}
+
+
+def iota(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``arange(n)`` as a view of a kept tensor per (dtype, device), grown (doubling) when a
+    longer one is asked for: the contiguous side's indices of a gather or scatter, without
+    an allocation per call. Never written, and never freed (a kernel still in flight on
+    another stream may read an earlier one), so the kept tensors sum to under 2x the longest."""
+    kept = _IOTA.setdefault((dtype, device), [])
+    if not kept or kept[-1].numel() < n:
+        kept.append(torch.arange(max(n, 2 * kept[-1].numel() if kept else n), dtype=dtype, device=device))
+    return kept[-1][:n]
 
 
 def group_shape(pool, names, n_slots: int, pages: bool):
@@ -54,7 +67,7 @@ def gather_groups(pool, slots: torch.Tensor, pages: bool, op: Op = GATHER,
     """One contiguous buffer per group in ``pool.groups`` (new, or ``into``'s), filled
     from ``slots``."""
     out = []
-    dst_idx = torch.arange(slots.numel(), dtype=slots.dtype, device=slots.device)
+    dst_idx = iota(slots.numel(), slots.dtype, slots.device)
     for g, (names, m) in enumerate(pool.groups):
         c = pool.components[names[0]]
         buf = into[g] if into is not None else torch.empty(
@@ -69,7 +82,7 @@ def gather_groups(pool, slots: torch.Tensor, pages: bool, op: Op = GATHER,
 def scatter_groups(pool, slots: torch.Tensor, bufs: List[torch.Tensor], pages: bool,
                    op: Op = SCATTER, verdict: Optional[torch.Tensor] = None) -> None:
     """Write group buffers (shapes as `gather_groups` makes them) back at ``slots``."""
-    src_idx = torch.arange(slots.numel(), dtype=slots.dtype, device=slots.device)
+    src_idx = iota(slots.numel(), slots.dtype, slots.device)
     if not slots.numel():
         return
     for (names, m), buf in zip(pool.groups, bufs):

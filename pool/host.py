@@ -14,6 +14,7 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
+import kvtier.platforms as platforms
 from kvtier.kernels import RowMap
 from kvtier.kernels.config import STRATEGIES as LINK_STRATEGIES
 from kvtier.kernels.errors import KvtierError, fail
@@ -25,8 +26,6 @@ from kvtier.kernels.validate import check_index, is_int
 from . import dma
 from .allocator import PageAllocator
 from .device import DevicePool
-import kvtier.platforms as platforms
-
 from .launch import launch, lookup
 from .spec import Component
 
@@ -122,8 +121,7 @@ class HostPool:
                 self._platform.register_host(buf)
         # Whether kernels reach these buffers (pinned under UVA; registered on Ascend):
         # where they do not, "auto" takes the dma strategy.
-        self._kernel_reaches = self.device.type == "cpu" or all(
-            m.reachable_by(self._platform) for _, m, _ in self.groups)
+        self._kernel_reaches = all(m.reachable_by(self._platform) for _, m, _ in self.groups)
         self.allocator = PageAllocator(self.size, self.page_size)
         self._moves: Dict[int, List[Move]] = {}
         self.guard = IndexGuard()
@@ -209,13 +207,12 @@ class HostPool:
                                  device_indices: torch.Tensor, layer_id: int) -> None:
         """Host -> device for model layer ``layer_id`` of ``device_pool`` only (layer-wise
         overlap with the forward pass). Indexer rows move for layers that have them."""
-        if not isinstance(layer_id, int) or isinstance(layer_id, bool):
-            raise fail("layer_id", layer_id, "must be an int (a model layer of this pool)")
         self._transfer(LOAD_LAYER, device_pool, host_indices, device_indices, layer_id)
 
     def _transfer(self, op: Op, device_pool, host_indices, device_indices, layer_id) -> None:
-        slots = self._resolve(device_pool, whole=layer_id is None)
-        if layer_id is not None:
+        whole = op.scope == "all"
+        slots = self._resolve(device_pool, whole=whole)
+        if not whole:      # checks the layer id (an int of the pool's layers) before anything moves
             local = slots[0][1].local_layer(layer_id)
         hidx, verdict = self._check_indices(slots, host_indices, device_indices)
         n = device_indices.numel()
@@ -225,7 +222,7 @@ class HostPool:
         run_list = h = None
         for slot, pool in slots:
             for mv in self._moves_for(slot, pool):
-                if layer_id is None:
+                if whole:
                     dev_layer, count = 0, mv.num_layers
                 elif local < mv.num_layers:
                     dev_layer, count = local, 1
@@ -233,7 +230,7 @@ class HostPool:
                     continue    # an indexer with fewer layers than the model
                 host_layer = mv.host_layer + dev_layer
                 config = lookup(op, mv.dev_map, mv.host_map, n, count)
-                strategy = self._strategy(config, pool)
+                strategy = self._strategy(config)
                 if strategy == "kernel":
                     if h is None:
                         h = _on_device(hidx, pool.device)
@@ -254,7 +251,7 @@ class HostPool:
                 move(op, mv.dev_map, device_indices, mv.host_buf, self.layout, self.page_size,
                      dev_layer, host_layer, count, run_list, by_page, config, verdict)
 
-    def _strategy(self, config, pool) -> str:
+    def _strategy(self, config) -> str:
         if self.strategy != "auto":
             return self.strategy
         return config.strategy if self._kernel_reaches else "dma"

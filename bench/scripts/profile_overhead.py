@@ -14,9 +14,7 @@ from __future__ import annotations
 import cProfile
 import os
 import pstats
-import statistics
 import sys
-import time
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
@@ -28,6 +26,7 @@ from kvtier.cli.bench_cmd import load_bench  # noqa: E402
 load_bench()
 from kvtier.bench.overhead import CALLS, build_calls  # noqa: E402
 from kvtier.bench.probe import LaunchProbe  # noqa: E402
+from kvtier.platforms.cpu import wall_timer  # noqa: E402
 
 
 def main(argv) -> int:
@@ -42,19 +41,13 @@ def main(argv) -> int:
     fn = fns[name]
     root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
     with LaunchProbe():
-        for _ in range(50):
-            fn()
-        ns = []
-        for _ in range(n):
-            t0 = time.perf_counter_ns()
-            fn()
-            ns.append(time.perf_counter_ns() - t0)
+        median_s = wall_timer(50, n)(fn)       # the median of n calls after 50 warm-up calls
         prof = cProfile.Profile()
         prof.enable()
         for _ in range(n):
             fn()
         prof.disable()
-    print(f"{name}: {statistics.median(ns) / 1e3:.1f} us median unprofiled, {n} calls, up to the launch")
+    print(f"{name}: {median_s * 1e6:.1f} us median unprofiled, {n} calls, up to the launch")
     print(f"{'cum us/call':>11} {'self us':>8} {'n/call':>7}  function (under cProfile)")
     rows = []
     for (path, line, func), (_, ncalls, tt, ct, _) in pstats.Stats(prof).stats.items():

@@ -9,6 +9,15 @@ from kvtier.kernels import KvtierError
 from kvtier.pool import PageAllocator
 
 
+def run_threads(worker, n: int) -> None:
+    """``worker(seed)`` on ``n`` threads at once, seeds 0..n-1; returns when all are done."""
+    threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
 def test_alloc_returns_whole_pages_and_free_returns_them():
     a = PageAllocator(32, 4)
     x = a.alloc(12)
@@ -65,11 +74,7 @@ def test_allocator_under_threads():
         except Exception as e:  # pragma: no cover - reported below
             errors.append(e)
 
-    threads = [threading.Thread(target=worker, args=(s,)) for s in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_threads(worker, 4)
     assert not errors
     slots = torch.cat(held) if held else torch.empty(0, dtype=torch.int64)
     assert slots.unique().numel() == slots.numel()                  # nothing handed out twice
@@ -189,11 +194,7 @@ def test_owned_allocations_under_threads_refuse_every_stale_free():
         except Exception as e:  # pragma: no cover - reported below
             errors.append(e)
 
-    threads = [threading.Thread(target=worker, args=(s,)) for s in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_threads(worker, 4)
     assert not errors, errors
     assert refused[0] > 0
     slots = torch.cat([x for _, x in held]) if held else torch.empty(0, dtype=torch.int64)
