@@ -1,0 +1,258 @@
+"""LMCache's multi-layer KV transfer (``lmcache.c_ops.multi_layer_kv_transfer``), CUDA
+and Ascend forms, on kvtier's row copy.
+
+LMCache moves one chunk of tokens between the engine's paged KV cache and one of its
+memory objects, every layer in one call:
+
+- ``key_value``: the memory object, ``[2, num_layers, num_tokens, hidden]`` (K then V),
+  or ``[1, num_layers, num_tokens, hidden]`` with ``use_mla`` (the latent row), on the
+  device or in host memory the device kernel reaches (pinned; registered on Ascend);
+- ``key_value_ptrs``: the paged side as an int64 table of per-layer base addresses on
+  the device (LMCache's ``kv_cache_pointers``);
+- ``slot_mapping``: token ``t`` of the chunk lives in slot ``slot_mapping[t]`` of every
+  layer; a negative slot is skipped (prefix tokens the engine already holds);
+- ``page_buffer_size``: the slots in one layer (``num_blocks * block_size``);
+- ``direction``: True moves paged -> ``key_value`` (LMCache's ``from_gpu``, a store),
+  False moves ``key_value`` -> paged (``to_gpu``, a retrieve).
+
+Row ``t`` of plane ``k`` (K or V) in layer ``l`` of ``key_value`` is the bytes at
+``key_value[k, l, t]``; its slot ``s`` in the paged layer is at
+``ptrs[l] + (k * page_buffer_size + s) * row`` for the CUDA form (vLLM's flash-attention
+layer ``[2, num_blocks, block_size, heads, head_size]``: the block size never enters the
+address) and at ``ptrs[l] + s * row`` for MLA (``[num_blocks, block_size, hidden]``).
+
+The Ascend form is LMCache-Ascend's call of the same name with ``kvcache_format_raw``
+(`KVCacheFormat`) after ``use_mla``: ``MERGED_KV`` addresses as the CUDA form;
+``SEPARATE_KV`` takes two table entries per layer, ``[K0, V0, K1, V1, ...]`` (vLLM-Ascend's
+``(K, V)`` tuple per layer), each slot at ``entry + s * row``; ``MLA_KV`` takes the
+``(k_cache, v_cache)`` pair per layer the same way with rows of different widths: a
+token's ``key_value`` row is its ``k_hidden_dims`` K elements then its ``v_hidden_dims``
+V elements. As a kvtier extension ``key_value_ptrs`` may instead list contiguous
+multi-layer tensors, one per table entry of a layer (SGLang's Ascend pools keep
+``[K_all_layers, V_all_layers]``, each ``(layers, num_blocks, block_size, heads,
+head_dim)``): layer ``l`` of entry ``e`` starts at ``tensors[e][l]``, addressed by base
+and strides without a table.
+
+Each call ends in `run_jobs` (one launch per group of components that can share one);
+the maps of a memory object and of a table are kept across calls, so a call reads no
+table and builds no map it built before. Differences from LMCache, all on inputs it
+leaves undefined: ``slot_mapping`` may be int32 and may live on another device (it is
+moved); its slots are range-checked against ``page_buffer_size`` without a device sync
+(`kvtier.kernels.index_check`: a bad device-resident list moves nothing and raises at
+the next call or at `kvtier.kernels.synchronize()`); its length must equal the chunk's
+``num_tokens``; rows move whole even where they are not a multiple of 8 bytes.
+"""
+from __future__ import annotations
+
+from enum import Enum
+from typing import List, NamedTuple, Optional, Sequence, Tuple
+
+import torch
+
+from kvtier.kernels.errors import KvtierError, fail
+from kvtier.kernels.ops import BACKUP, GATHER, LOAD, SCATTER
+from kvtier.kernels.rowmap import RowMap, kept, tensor_key
+from kvtier.kernels.validate import compute_device
+from kvtier.pool.gather import iota
+
+from .maps import run_copy
+
+__all__ = ["KVCacheFormat", "multi_layer_kv_transfer"]
+
+
+class KVCacheFormat(Enum):
+    """LMCache-Ascend's ``KVCacheFormat`` values (``kvcache_format_raw``) kvtier moves."""
+
+    MERGED_KV = 1
+    SEPARATE_KV = 2
+    MLA_KV = 3
+
+
+class _Comp(NamedTuple):
+    """One component of a transfer: ``plane`` of ``key_value`` at byte ``col`` of its row,
+    ``width`` bytes; on the paged side table entry ``entry`` of a layer, slots from byte
+    ``offset`` of that entry."""
+
+    plane: int
+    col: int
+    width: int
+    entry: int
+    offset: int
+
+
+def _flag(arg: str, v) -> bool:
+    if not isinstance(v, bool):
+        raise fail(arg, v, "must be a bool")
+    return v
+
+
+def _paged_to_lmcache(direction) -> bool:
+    """LMCache's flag (True: paged -> key_value), or a ``TransferDirection`` member by name
+    (D2H: paged -> key_value, H2D: key_value -> paged) as newer LMCache passes it."""
+    name = getattr(direction, "name", None)
+    if isinstance(direction, bool):
+        return direction
+    if name in ("D2H", "H2D"):
+        return name == "D2H"
+    raise fail("direction", direction, "must be a bool (True: paged -> key_value) or TransferDirection.H2D/D2H")
+
+
+def _format(raw) -> Optional[KVCacheFormat]:
+    if raw is None:
+        return None
+    v = getattr(raw, "value", raw)
+    if isinstance(v, bool) or v not in {f.value for f in KVCacheFormat}:
+        raise fail("kvcache_format_raw", raw, "kvtier moves MERGED_KV (1), SEPARATE_KV (2) and MLA_KV (3)")
+    return KVCacheFormat(v)
+
+
+def _hidden_bytes(arg: str, v, item: int) -> int:
+    if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+        raise fail(arg, v, "must be a positive int (elements) for MLA_KV")
+    return v * item
+
+
+def _components(key_value: torch.Tensor, use_mla: bool, fmt: Optional[KVCacheFormat],
+                page_buffer_size: int, k_hidden_dims, v_hidden_dims) -> Tuple[_Comp, ...]:
+    """What moves where, from the call's flags (see the module doc)."""
+    item = key_value.element_size()
+    row = key_value.shape[3] * item
+    if fmt is KVCacheFormat.MLA_KV:
+        if not use_mla:
+            raise fail("use_mla", use_mla, "MLA_KV moves MLA rows; pass use_mla=True")
+        kb, vb = (_hidden_bytes("k_hidden_dims", k_hidden_dims, item),
+                  _hidden_bytes("v_hidden_dims", v_hidden_dims, item))
+        if kb + vb != row:
+            raise fail("k_hidden_dims", k_hidden_dims, f"+ v_hidden_dims={v_hidden_dims} must be "
+                       f"key_value.shape[3]={key_value.shape[3]}")
+        return _Comp(0, 0, kb, 0, 0), _Comp(0, kb, vb, 1, 0)
+    if use_mla:
+        return (_Comp(0, 0, row, 0, 0),)
+    if fmt is KVCacheFormat.SEPARATE_KV:
+        return _Comp(0, 0, row, 0, 0), _Comp(1, 0, row, 1, 0)
+    return _Comp(0, 0, row, 0, 0), _Comp(1, 0, row, 0, page_buffer_size * row)
+
+
+def _check_key_value(key_value, use_mla: bool) -> None:
+    if not isinstance(key_value, torch.Tensor):
+        raise fail("key_value", type(key_value).__name__, "must be a torch.Tensor")
+    planes = 1 if use_mla else 2
+    if key_value.dim() != 4 or key_value.shape[0] != planes:
+        raise fail("key_value.shape", tuple(key_value.shape),
+                   f"must be [{planes}, num_layers, num_tokens, hidden]" + (" (use_mla)" if use_mla else ""))
+    if key_value.numel() == 0:
+        raise fail("key_value.shape", tuple(key_value.shape), "is empty")
+    if not key_value.is_contiguous():
+        raise fail("key_value", tuple(key_value.stride()), "must be contiguous (addressed by offsets)")
+
+
+def _lmcache_maps(key_value: torch.Tensor, comps: Sequence[_Comp]) -> List[RowMap]:
+    """The memory object's side, one map per component (kept for a buffer passed again)."""
+    return kept(("lmcache_kv", comps, *tensor_key(key_value)), lambda: _build_lmcache(key_value, comps))
+
+
+def _build_lmcache(key_value: torch.Tensor, comps: Sequence[_Comp]) -> List[RowMap]:
+    _, layers, tokens, _ = key_value.shape
+    row = key_value.shape[3] * key_value.element_size()
+    return [RowMap.from_strides(key_value[c.plane], num_layers=layers, num_rows=tokens, page_size=1,
+                                row_bytes=c.width, token_stride=row, page_stride=row,
+                                layer_stride=tokens * row, offset=c.col) for c in comps]
+
+
+def _paged_maps(ptrs, comps: Sequence[_Comp], layers: int, page_buffer_size: int) -> List[RowMap]:
+    """The paged side, one map per component: from an address table (read once per table
+    and version: reading costs a device sync) or from contiguous multi-layer tensors."""
+    entries = 1 + max(c.entry for c in comps)
+    if isinstance(ptrs, torch.Tensor):
+        if ptrs.dim() != 1 or ptrs.numel() != layers * entries:
+            raise fail("key_value_ptrs.shape", tuple(ptrs.shape),
+                       f"must list {entries} address(es) per layer for {layers} layers ({layers * entries})")
+        # The kept value holds the table, so its memory cannot become another table's.
+        key = ("lmcache_table", comps, page_buffer_size, ptrs._version, *tensor_key(ptrs))
+        return kept(key, lambda: (ptrs, _table_maps(ptrs, comps, entries, page_buffer_size)))[1]
+    if not isinstance(ptrs, (list, tuple)) or len(ptrs) != entries:
+        raise fail("key_value_ptrs", type(ptrs).__name__ if not isinstance(ptrs, (list, tuple)) else len(ptrs),
+                   f"must be an int64 address table, or a list of {entries} multi-layer tensor(s)")
+    key = ("lmcache_stacked", comps, page_buffer_size, *(tensor_key(t) for t in ptrs))
+    return kept(key, lambda: _stacked_maps(ptrs, comps, layers, page_buffer_size))
+
+
+def _table_maps(ptrs: torch.Tensor, comps, entries: int, page_buffer_size: int) -> List[RowMap]:
+    # uint64 tables as engines build them: the same bytes as int64 (offsets added as int64).
+    table = ptrs.view(torch.int64) if ptrs.dtype == getattr(torch, "uint64", None) else ptrs
+    out = []
+    for c in comps:
+        t = table[c.entry::entries]
+        try:
+            out.append(RowMap.from_table(t + c.offset if c.offset else t, row_bytes=c.width,
+                                         num_rows=page_buffer_size))
+        except KvtierError as e:
+            raise KvtierError(f"key_value_ptrs: {e}") from None
+    return out
+
+
+def _stacked_maps(tensors, comps, layers: int, page_buffer_size: int) -> List[RowMap]:
+    out = []
+    for c in comps:
+        arg, t = f"key_value_ptrs[{c.entry}]", tensors[c.entry]
+        if not isinstance(t, torch.Tensor) or t.dim() < 2 or t.shape[0] != layers:
+            raise fail(f"{arg}.shape", tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__,
+                       f"must be a (layers={layers}, ...) tensor")
+        if not t[0].is_contiguous():
+            raise fail(arg, tuple(t.stride()), "each layer must be contiguous (slots addressed by offsets)")
+        try:
+            out.append(RowMap.from_strides(t, num_layers=layers, num_rows=page_buffer_size, page_size=1,
+                                           row_bytes=c.width, token_stride=c.width, page_stride=c.width,
+                                           layer_stride=t.stride(0) * t.element_size(), offset=c.offset))
+        except KvtierError as e:
+            raise KvtierError(f"{arg}: {e}") from None
+    return out
+
+
+def _check_device(paged_memory_device, maps: Sequence[RowMap]) -> None:
+    """``paged_memory_device`` names the device the paged side lives on."""
+    try:
+        want = torch.device(paged_memory_device)
+    except (TypeError, RuntimeError, ValueError):
+        raise fail("paged_memory_device", paged_memory_device, "must be a torch.device") from None
+    have = maps[0].device
+    if want.type != have.type or (want.index is not None and have.index is not None and want.index != have.index):
+        raise fail("paged_memory_device", str(want), f"the paged KV cache is on {have}")
+
+
+def multi_layer_kv_transfer(key_value: torch.Tensor, key_value_ptrs, slot_mapping: torch.Tensor,
+                            paged_memory_device, page_buffer_size: int, direction, use_mla: bool = False,
+                            kvcache_format_raw=None, k_hidden_dims: int = 0, v_hidden_dims: int = 0,
+                            dsa_hidden_dims: int = 0, *, config=None, check: Optional[bool] = None) -> None:
+    """Every layer of one chunk between ``key_value`` and the paged KV cache: for each
+    token ``t`` whose slot ``s = slot_mapping[t]`` is not negative, each layer and each of
+    K and V (the latent row alone with ``use_mla``), ``key_value[k, l, t]`` <-> slot ``s``
+    of layer ``l``; ``direction`` True fills ``key_value``, False fills the paged cache.
+    Positional arguments as LMCache's CUDA op (seven) or LMCache-Ascend's (with
+    ``kvcache_format_raw`` and the MLA hidden sizes); ``dsa_hidden_dims`` must be 0."""
+    use_mla = _flag("use_mla", use_mla)
+    to_lmcache = _paged_to_lmcache(direction)
+    fmt = _format(kvcache_format_raw)
+    if dsa_hidden_dims:
+        raise fail("dsa_hidden_dims", dsa_hidden_dims, "DSA indexer planes are not moved by this call")
+    if not isinstance(page_buffer_size, int) or isinstance(page_buffer_size, bool) or page_buffer_size <= 0:
+        raise fail("page_buffer_size", page_buffer_size, "must be a positive int (num_blocks * block_size)")
+    _check_key_value(key_value, use_mla)
+    if isinstance(slot_mapping, torch.Tensor) and slot_mapping.dim() == 1 \
+            and slot_mapping.numel() != key_value.shape[2]:
+        raise fail("slot_mapping", f"{slot_mapping.numel()} slots",
+                   f"must give one slot per token of key_value ({key_value.shape[2]})")
+    comps = _components(key_value, use_mla, fmt, page_buffer_size, k_hidden_dims, v_hidden_dims)
+    paged = _paged_maps(key_value_ptrs, comps, key_value.shape[1], page_buffer_size)
+    _check_device(paged_memory_device, paged)
+    lmc = _lmcache_maps(key_value, comps)
+    tokens = iota(key_value.shape[2], torch.int64, compute_device(*paged, *lmc))
+    host = key_value.device.type == "cpu"
+    if to_lmcache:
+        pairs, si, di, names = list(zip(paged, lmc)), slot_mapping, tokens, ("slot_mapping", "key_value tokens")
+        op = BACKUP if host else GATHER
+    else:
+        pairs, si, di, names = list(zip(lmc, paged)), tokens, slot_mapping, ("key_value tokens", "slot_mapping")
+        op = LOAD if host else SCATTER
+    run_copy(pairs, si, di, num_layers=key_value.shape[1], op=op, skip_negative=True, config=config,
+             check=check, index_names=names)
