@@ -13,7 +13,8 @@ from .goals import evaluate
 COLUMNS = (("op", "op", "{}"), ("layout", "layout", "{}"), ("row", "row_bytes", "{}"),
            ("P", "page_size", "{}"), ("tokens", "tokens", "{}"), ("L", "layers", "{}"),
            ("engine", "series", "{}"), ("progs", "programs", "{}"), ("MiB", "mib", "{:.2f}"),
-           ("GB/s", "gbps", "{:.2f}"), ("%ceil", "pct_ceiling", "{:.0f}"), ("host us", "host_us", "{:.1f}"))
+           ("GB/s", "gbps", "{:.2f}"), ("%ceil", "pct_ceiling", "{:.0f}"), ("dev us", "device_us", "{:.1f}"),
+           ("p10-p90", "device_spread", "{}"), ("host us", "host_us", "{:.1f}"), ("n", "iters", "{}"))
 
 
 def series(p: dict) -> str:
@@ -32,6 +33,9 @@ def format_table(run: dict) -> str:
     rows = []
     for p in run["points"]:
         d = dict(p, series=series(p), mib=p["bytes"] / (1 << 20))
+        if "device_p10_us" in p:
+            d["device_spread"] = f"{p['device_p10_us']:.1f}-{p['device_p90_us']:.1f}" + \
+                ("" if p.get("kernel_only", True) or p.get("timing") == "wall clock" else "*")
         cells = [fmt.format(d[k]) if d.get(k) is not None else "-" for _, k, fmt in COLUMNS]
         note = ("skip: " + p["skipped"]) if "skipped" in p else ("ERROR: " + p["error"]) if "error" in p else ""
         rows.append(cells + [note])
@@ -46,6 +50,13 @@ def format_summary(run: dict) -> str:
     lines = [f"device: {env['device']} ({env['platform']}), {env['date']}",
              f"ceilings (same run, {c['nbytes'] >> 20} MiB copies): host->device {c['h2d']:.1f} GB/s, "
              f"device->host {c['d2h']:.1f} GB/s, device->device {c['d2d']:.1f} GB/s"]
+    m = run.get("method")
+    if m:
+        lines.append(f"timing: device {m['device_time']}; host {m['host_time']}; "
+                     f"{m['min_iters']}-{m['max_iters']} timed calls per point after {m['warmup_calls']} "
+                     f"warm-up calls; '*' after p10-p90: the device waited for the host (not kernel-only)")
+    for name, state in run.get("baselines", {}).items():
+        lines.append(f"baseline {name}: {state}")
     if not env.get("hardware_figures"):
         lines.append("NOTE: " + env.get("note", "not a hardware run") + "; goals are not graded.")
     else:
@@ -65,45 +76,98 @@ def write_json(run: dict, path) -> Path:
     return path
 
 
-def plot(run: dict, path) -> Path:
-    """GB/s against transfer size, one panel per operation, one line per series; the
-    panel's ceiling dashed. Points of the most common row size / page size / layout only,
-    so that every line is one sweep over size."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+# One colour per series in every panel and every run; the ceiling is black and dashed,
+# a colour no series takes.
+SERIES_COLOURS = {"kvtier pool kernel": "tab:blue", "kvtier pool dma": "tab:orange",
+                  "kvtier pool": "tab:blue", "torch": "tab:red", "torch copy_": "tab:brown",
+                  "sgl_kernel": "tab:purple", "vllm": "tab:pink"}
+CAP_COLOURS = ("tab:green", "tab:olive", "tab:cyan", "teal", "navy", "darkgoldenrod", "lime", "magenta")
+CEILING_STYLE = {"label": "ceiling (same run)", "color": "black", "linestyle": "--"}
+_GROUPS = ("kvtier pool", "kvtier copy_rows", "torch", "torch copy_", "sgl_kernel", "vllm")
 
+
+def series_key(name: str):
+    """Legend order: kvtier's pools, copy_rows by program cap in numeric order, then the
+    baselines; unknown names last, alphabetically."""
+    if name.startswith("kvtier copy_rows p<="):
+        return (1, int(name.rsplit("=", 1)[1]), name)
+    if name.startswith("kvtier pool"):
+        return (0, ("kvtier pool kernel", "kvtier pool dma", "kvtier pool").index(name)
+                if name in ("kvtier pool kernel", "kvtier pool dma", "kvtier pool") else 9, name)
+    if name in _GROUPS:
+        return (2 + _GROUPS.index(name), 0, name)
+    return (len(_GROUPS) + 2, 0, name)
+
+
+def colour(name: str) -> str:
+    """The series' colour, the same in every panel and run."""
+    if name in SERIES_COLOURS:
+        return SERIES_COLOURS[name]
+    if name.startswith("kvtier copy_rows p<="):
+        cap = max(int(name.rsplit("=", 1)[1]), 1)
+        return CAP_COLOURS[(cap.bit_length() - 1) % len(CAP_COLOURS)]
+    return "tab:gray"
+
+
+def plot_spec(run: dict) -> dict:
+    """What `plot` draws, as data: one panel per operation, its lines in legend order
+    (label, colour, points) and its ceiling. Points of the most common row size / page
+    size / layout only, so that every line is one sweep over size."""
+    from .ceiling import CEILING_OF
     pts = [p for p in run["points"] if "gbps" in p]
     counts = defaultdict(int)
     for p in pts:
         counts[(p["row_bytes"], p["page_size"], p["layout"])] += 1
-    from .ceiling import CEILING_OF
     ops = sorted({p["op"] for p in pts}, key=list(CEILING_OF).index)
-    fig, axes = plt.subplots(1, max(len(ops), 1), figsize=(4.5 * max(len(ops), 1), 4), squeeze=False)
+    panels = []
+    title = "kvtier bench: no measured points"
     if counts:
         row, page, layout = max(counts, key=counts.get)
-        for ax, op in zip(axes[0], ops):
+        for op in ops:
             lines = defaultdict(list)
             for p in pts:
                 if p["op"] == op and (p["row_bytes"], p["page_size"]) == (row, page) and \
                         (p["layout"] == layout or not Op.parse(op).crosses_link):
                     lines[series(p)].append((p["bytes"], p["gbps"]))
-            for name, xy in sorted(lines.items()):
-                xy.sort()
-                ax.plot([x for x, _ in xy], [y for _, y in xy], marker="o", label=name)
-            ax.axhline(run["ceilings"][CEILING_OF[op]], linestyle="--", color="gray", label="ceiling")
-            ax.set_xscale("log")
-            ax.set_title(f"{op} ({layout if Op.parse(op).crosses_link else 'device'})")
-            ax.set_xlabel("bytes per call")
-            ax.set_ylabel("GB/s")
-            ax.legend(fontsize=7)
-        title = f"kvtier bench: {run['environment']['device']}, row {row} B, page {page}"
-    else:
-        title = "kvtier bench: no measured points"
+            panels.append({
+                "op": op, "title": f"{op} ({layout if Op.parse(op).crosses_link else 'device'})",
+                "lines": [{"label": name, "color": colour(name), "xy": sorted(lines[name])}
+                          for name in sorted(lines, key=series_key)],
+                "ceiling": {**CEILING_STYLE, "y": run["ceilings"][CEILING_OF[op]]}})
+        title = f"kvtier bench: {run['environment']['device']}, row {row} B, page {page}, kernel-only time"
     if not run["environment"].get("hardware_figures"):
         title += " (CPU smoke run: NOT hardware figures)"
-    fig.suptitle(title, fontsize=10)
+    return {"title": title, "panels": panels}
+
+
+def draw(spec: dict):
+    """A matplotlib figure of ``spec`` (`plot_spec`): GB/s against bytes per call."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = max(len(spec["panels"]), 1)
+    fig, axes = plt.subplots(1, n, figsize=(4.5 * n, 4), squeeze=False)
+    for ax, panel in zip(axes[0], spec["panels"]):
+        for line in panel["lines"]:
+            ax.plot([x for x, _ in line["xy"]], [y for _, y in line["xy"]], marker="o",
+                    color=line["color"], label=line["label"])
+        c = panel["ceiling"]
+        ax.axhline(c["y"], linestyle=c["linestyle"], color=c["color"], label=c["label"])
+        ax.set_xscale("log")
+        ax.set_title(panel["title"])
+        ax.set_xlabel("bytes per call")
+        ax.set_ylabel("GB/s")
+        ax.legend(fontsize=7)
+    fig.suptitle(spec["title"], fontsize=10)
     fig.tight_layout()
+    return fig
+
+
+def plot(run: dict, path) -> Path:
+    """GB/s against transfer size (`plot_spec`), written as a PNG."""
+    import matplotlib.pyplot as plt
+    fig = draw(plot_spec(run))
     path = Path(path)
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -13,7 +13,7 @@ from kvtier.autotune.timing import gbps, time_calls
 from kvtier.kernels.ops import Op
 from kvtier.platforms import device_name, platform_of, synchronize
 
-from . import kvtier_engine, pool_engine, sgl_baseline, torch_baseline
+from . import kvtier_engine, pool_engine, sgl_baseline, torch_baseline, vllm_baseline
 from .ceiling import measure_ceilings
 from .report import series
 from .sweep import Sweep
@@ -42,6 +42,30 @@ def environment(device: torch.device, sweep: Sweep) -> dict:
     return env
 
 
+def method(sweep: Sweep, device: torch.device) -> dict:
+    """How every figure of the run was timed (the same for kvtier, baselines and ceilings)."""
+    return {"timer": "kvtier.autotune.timing.time_calls", "warmup_calls": sweep.warmup,
+            "min_iters": sweep.min_iters, "max_iters": sweep.iters, "point_budget_s": POINT_BUDGET_S,
+            "device_time": "median of per-call stream events on a pre-busied stream (kernel only)"
+                           if device.type == "cuda" else "wall clock per call" if device.type == "cpu"
+                           else "median of per-call stream events (idle stream)",
+            "host_time": "median perf_counter time inside each call, reported separately",
+            "verification": "one verified call before timing (JIT compilation lands there)"}
+
+
+def baselines_status(sweep: Sweep, device: torch.device) -> dict:
+    """Per baseline the run asked for: "runs", or why it does not run here."""
+    out = {}
+    for name in sweep.baselines:
+        if name in ("torch", "torch copy_"):
+            out[name] = "runs"
+        elif name == "sgl_kernel":
+            out[name] = "runs" if sgl_baseline.load_kvcacheio() is not None else sgl_baseline.ABSENT
+        elif name == "vllm":
+            out[name] = vllm_baseline.status(device)
+    return out
+
+
 def _engines(sweep: Sweep, op: str, strategies: tuple, caps: tuple):
     """(engine, strategy, cap, prepare(workload, op)) for every engine at one point."""
     out = [("pool", st, 0, functools.partial(pool_engine.prepare, strategy=st))
@@ -50,6 +74,12 @@ def _engines(sweep: Sweep, op: str, strategies: tuple, caps: tuple):
             for cap in caps]
     if "torch" in sweep.baselines:
         out.append(("torch", "-", 0, torch_baseline.prepare))
+    if "torch copy_" in sweep.baselines:
+        out.append(("torch copy_", "-", 0, torch_baseline.prepare_copy))
+    if "vllm" in sweep.baselines and vllm_baseline.applies(op):
+        swap = vllm_baseline.load_swap()
+        if swap is not None:
+            out.append(("vllm", "-", 0, functools.partial(vllm_baseline.prepare, swap=swap)))
     kvio = sgl_baseline.load_kvcacheio() if "sgl_kernel" in sweep.baselines else None
     if kvio is not None:
         out.append(("sgl_kernel", "-", 0, functools.partial(sgl_baseline.prepare, kvio=kvio)))
@@ -76,14 +106,23 @@ def measure_point(w: Workload, op: str, prepare: Callable, sweep: Sweep, ceiling
         wrong = "nothing written" if t is None else t.mismatch()
         if wrong:
             return {**rec, "error": f"wrong bytes: {wrong}"}
-        iters = max(2, min(sweep.iters, int(POINT_BUDGET_S / max(once, 1e-9))))
+        iters = max(sweep.min_iters, min(sweep.iters, int(POINT_BUDGET_S / max(once, 1e-9))))
         tm = time_calls(p.fn, w.device, warmup=sweep.warmup, iters=iters)
     except Exception as e:
         return {**rec, "error": f"{type(e).__name__}: {e}"}
     rate = gbps(rec["bytes"], tm.device_s)
-    return {**rec, "programs": p.programs, "iters": iters, "device_us": tm.device_s * 1e6,
-            "host_us": tm.host_s * 1e6, "gbps": rate,
+    return {**rec, "programs": p.programs, **timing_fields(tm), "gbps": rate,
             "pct_ceiling": 100.0 * rate / ceiling if ceiling > 0 else None}
+
+
+def timing_fields(tm) -> dict:
+    """A `Timing` as a point's fields: kernel-only device time and host time per call are
+    separate, each a median with its spread (microseconds)."""
+    us = lambda s: round(s * 1e6, 3)   # noqa: E731
+    return {"iters": tm.iters, "timing": tm.method, "kernel_only": tm.kernel_only,
+            "device_us": us(tm.device_s), "device_p10_us": us(tm.device_p10_s),
+            "device_p90_us": us(tm.device_p90_s), "device_min_us": us(tm.device_min_s),
+            "host_us": us(tm.host_s), "host_p10_us": us(tm.host_p10_s), "host_p90_us": us(tm.host_p90_s)}
 
 
 def run_sweep(sweep: Sweep, device: torch.device, *, log: Optional[Callable[[str], None]] = print,
@@ -94,7 +133,7 @@ def run_sweep(sweep: Sweep, device: torch.device, *, log: Optional[Callable[[str
     start = time.monotonic()
     env = environment(device, sweep)
     log(f"kvtier bench on {env['device']} ({env['platform']})" + (f": {env['note']}" if "note" in env else ""))
-    ceilings = measure_ceilings(device, sweep.ceiling_bytes)
+    ceilings = measure_ceilings(device, sweep.ceiling_bytes, warmup=sweep.warmup, iters=sweep.iters)
     log(f"ceilings: h2d {ceilings.h2d:.1f} GB/s, d2h {ceilings.d2h:.1f} GB/s, d2d {ceilings.d2d:.1f} GB/s "
         f"({ceilings.nbytes >> 20} MiB copies)")
     points, skipped, truncated = [], 0, False
@@ -124,7 +163,8 @@ def run_sweep(sweep: Sweep, device: torch.device, *, log: Optional[Callable[[str
             log(f"{_count(len(points), total, time.monotonic() - measured_from)} {_progress(rec)}")
             if on_point:
                 on_point(rec)
-    return {"environment": env, "ceilings": ceilings.to_dict(), "points": points,
+    return {"environment": env, "ceilings": ceilings.to_dict(), "method": method(sweep, device),
+            "baselines": baselines_status(sweep, device), "points": points,
             "skipped_shapes": skipped, "truncated": truncated,
             "elapsed_s": round(time.monotonic() - start, 1)}
 

@@ -18,6 +18,10 @@ from kvtier.kernels.ops import Op
 from .workload import Prepared, Unsupported, Workload
 
 BLOCK_QUOTA = 2   # sgl_kernel's default: at most this many blocks per launch
+# Why the baseline is absent where sgl_kernel does not import (docs/benchmarks.md):
+ABSENT = ("sgl_kernel is not importable here; its published wheel (sgl-kernel 0.3.21: 536 MB, the "
+          "sm_90 kvcacheio library alone 361 MB) exceeds what reaches an offline device, and it is "
+          "built against torch 2.9.1 only")
 
 
 @functools.lru_cache(maxsize=None)

@@ -20,6 +20,10 @@ PAGE_SIZES = (1, 16, 64, 128)
 TOKENS = (64, 256, 1024, 4096, 16384, 65536)
 LAYOUTS = NAMES
 MLA_ROWS = (576, 656)   # MLA latent rows: one component; every other size is K and V
+# torch: index_select / copy_ / index_copy_ of the rows; torch copy_: one contiguous copy
+# of the same bytes; the engines' own kernels where they can run (bench/sgl_baseline.py,
+# bench/vllm_baseline.py).
+BASELINES = ("torch", "torch copy_", "sgl_kernel", "vllm")
 
 
 @dataclass(frozen=True)
@@ -48,10 +52,11 @@ class Sweep:
     grids: tuple
     max_layers: int = 16
     max_bytes: int = 64 << 20      # per transfer: fewer layers for the largest rows
-    ceiling_bytes: int = 1 << 30
-    warmup: int = 2
-    iters: int = 10
-    baselines: tuple = ("torch", "sgl_kernel")
+    ceiling_bytes: int = 256 << 20
+    warmup: int = 3                # calls after the verified one, before timing
+    iters: int = 50                # timed calls per point, at most
+    min_iters: int = 20            # timed calls per point, at least (slow points too)
+    baselines: tuple = BASELINES
     hardware: bool = True
 
     def shape(self, layout: str, row: int, page: int, tokens: int) -> Shape:
@@ -104,8 +109,8 @@ FULL = Sweep(grids=(Grid(layouts=LAYOUTS, row_bytes=ROW_SIZES, page_sizes=PAGE_S
 SMOKE = Sweep(grids=(
     Grid(row_bytes=(128,), page_sizes=(16,), tokens=(32, 64), program_caps=(2,)),
     Grid(layouts=("layer_first", "page_head"), row_bytes=(128, 656), page_sizes=(1, 16), tokens=(32,)),
-), max_layers=2, max_bytes=1 << 20, ceiling_bytes=16 << 20, warmup=0, iters=2,
-    baselines=("torch",), hardware=False)
+), max_layers=2, max_bytes=1 << 20, ceiling_bytes=16 << 20, warmup=0, iters=2, min_iters=2,
+    baselines=("torch", "torch copy_"), hardware=False)
 
 
 def with_overrides(base: Sweep, **dims) -> Sweep:

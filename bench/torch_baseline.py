@@ -1,4 +1,6 @@
-"""The plain-torch baseline: what engines fall back to without a transfer kernel.
+"""The plain-torch baselines: what engines fall back to without a transfer kernel
+(`prepare`), and one contiguous ``copy_`` of the same bytes (`prepare_copy`: the bound
+at this transfer size, where the ceilings are measured on one large copy).
 
 Per component and layer: index_select the source rows into a staging tensor on the
 source's side (pinned when it is the host), one non_blocking copy of the staging
@@ -10,9 +12,11 @@ the source, as an engine would write them.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
-from kvtier.autotune.workload import RowCopy
+from kvtier.autotune.workload import POISON, RowCopy
 from kvtier.kernels.reference import layer_rows
 from kvtier.platforms import synchronize
 
@@ -84,6 +88,33 @@ def prepare(w: Workload, op: str) -> Prepared:
         put()
 
     return Prepared(run, programs=None)
+
+
+class _SameBytes:
+    """Verification of a contiguous copy: the destination equals the source, byte for byte."""
+
+    def __init__(self, src: torch.Tensor, dst: torch.Tensor, device: torch.device):
+        self.src, self.dst, self.device = src, dst, device
+
+    def mismatch(self) -> Optional[str]:
+        synchronize(self.device)
+        if torch.equal(self.src.cpu(), self.dst.cpu()):
+            return None
+        bad = int((self.src.cpu() != self.dst.cpu()).nonzero()[0, 0])
+        return f"byte {bad} of the contiguous copy differs"
+
+
+def prepare_copy(w: Workload, op: str) -> Prepared:
+    """One ``copy_`` of as many bytes as the operation moves, between contiguous buffers on
+    the operation's two sides (pinned where host memory): the same-size bound."""
+    t: RowCopy = w.copy(op)
+    n = t.nbytes
+    src = _staging((n,), t.src.device, pin=t.src.device.type == "cpu" and w.device.type != "cpu")
+    dst = _staging((n,), t.dst.device, pin=t.dst.device.type == "cpu" and w.device.type != "cpu")
+    src.random_(0, 256)
+    dst.fill_(POISON)
+    check = _SameBytes(src, dst, w.device)
+    return Prepared(lambda: dst.copy_(src, non_blocking=True), programs=None, written=lambda: check)
 
 
 def _per_layer(C: int, layers, step):
