@@ -118,8 +118,6 @@ def _components(key_value: torch.Tensor, use_mla: bool, fmt: Optional[KVCacheFor
     item = key_value.element_size()
     row = key_value.shape[3] * item
     if fmt is KVCacheFormat.MLA_KV:
-        if not use_mla:
-            raise fail("use_mla", use_mla, "MLA_KV moves MLA rows; pass use_mla=True")
         kb, vb = (_hidden_bytes("k_hidden_dims", k_hidden_dims, item),
                   _hidden_bytes("v_hidden_dims", v_hidden_dims, item))
         if kb + vb != row:
@@ -233,6 +231,8 @@ def multi_layer_kv_transfer(key_value: torch.Tensor, key_value_ptrs, slot_mappin
     use_mla = _flag("use_mla", use_mla)
     to_lmcache = _paged_to_lmcache(direction)
     fmt = _format(kvcache_format_raw)
+    if fmt is KVCacheFormat.MLA_KV and not use_mla:
+        raise fail("use_mla", use_mla, "MLA_KV moves MLA rows ([1, ...] memory objects); pass use_mla=True")
     if dsa_hidden_dims:
         raise fail("dsa_hidden_dims", dsa_hidden_dims, "DSA indexer planes are not moved by this call")
     if not isinstance(page_buffer_size, int) or isinstance(page_buffer_size, bool) or page_buffer_size <= 0:

@@ -73,11 +73,16 @@ class Engine:
             self.ptrs = self.layers
         self.paged_names = [r[0] for r in self.mem.regions[1:]]
 
-    def call(self, slot_mapping, to_lmcache, **kw):
+    def args(self, slot_mapping, to_lmcache) -> list:
+        """LMCache's positional arguments: seven (CUDA), or eleven with LMCache-Ascend's format
+        and hidden sizes."""
         args = [self.kv, self.ptrs, slot_mapping, self.kv.device, self.pbs, to_lmcache, self.use_mla]
         if self.format is not None:
-            args += [self.format, self.k_dims, self.v_dims]
-        multi_layer_kv_transfer(*args, **kw)
+            args += [self.format, self.k_dims, self.v_dims, 0]
+        return args
+
+    def call(self, slot_mapping, to_lmcache, **kw):
+        multi_layer_kv_transfer(*self.args(slot_mapping, to_lmcache), **kw)
 
     # ------------------------------------------------------------ LMCache's offsets
     def entry(self, l: int, e: int) -> int:
@@ -135,3 +140,163 @@ def test_matches_the_byte_model(form, to_lmcache, block):
     e.mem.assert_changes(*(["key_value"] if to_lmcache else e.paged_names))
     e.call(sm, to_lmcache)
     e.mem.check()
+
+
+@needs_cpu_kernel
+def test_index_lists_on_int32_and_kvcacheformat_members():
+    """int32 slots and the format as an enum member (LMCache-Ascend passes ``.value``)."""
+    e = Engine("separate", False, 16, seed=3)
+    sm = slots(e.n_blocks, 16, seed=3)
+    e.model(sm, False)
+    args = e.args(sm.to(torch.int32), False)
+    args[7] = KVCacheFormat.SEPARATE_KV
+    multi_layer_kv_transfer(*args)
+    e.mem.check()
+
+
+class Direction:
+    """Newer LMCache's TransferDirection, by member name."""
+
+    def __init__(self, name):
+        self.name = name
+
+
+@pytest.mark.parametrize("name", ["D2H", "H2D"])
+def test_transfer_direction_members(name):
+    e = Engine("contiguous", name == "D2H", 1, seed=4)
+    sm = slots(e.n_blocks, 1, seed=4)
+    e.model(sm, name == "D2H")
+    e.call(sm, Direction(name))
+    e.mem.check()
+
+
+def _set(i, v):
+    def mutate(args):
+        args[i] = v(args) if callable(v) else v
+    return mutate
+
+
+def _slot(i, v):
+    def mutate(args):
+        args[2] = args[2].clone()
+        args[2][i] = v
+    return mutate
+
+
+BAD = [
+    # (form, mutation of the positional arguments, the argument the error names)
+    ("cuda", _slot(5, 128), "slot_mapping"),                       # page_buffer_size is 128
+    ("contiguous", _slot(-1, 1000), "slot_mapping"),
+    ("cuda", _set(1, lambda a: a[1][:-1]), "key_value_ptrs.shape"),
+    ("separate", _set(1, lambda a: a[1][:L]), "key_value_ptrs.shape"),
+    ("cuda", _set(6, True), "key_value.shape"),                    # [2, ...] is no MLA object
+    ("mla", _set(6, False), "key_value.shape"),
+    ("cuda", _set(2, lambda a: a[2][:-1]), "slot_mapping"),
+    ("cuda", _set(2, lambda a: a[2].float()), "slot_mapping.dtype"),
+    ("cuda", _set(3, torch.device("meta")), "paged_memory_device"),
+    ("cuda", _set(5, 1), "direction"),
+    ("cuda", _set(6, 1), "use_mla"),
+    ("cuda", _set(4, 0), "page_buffer_size"),
+    ("mla_kv", _set(8, 5), "k_hidden_dims"),
+    ("mla_kv", _set(6, False), "use_mla"),
+    ("separate", _set(7, 4), "kvcache_format_raw"),
+    ("separate", _set(10, 4), "dsa_hidden_dims"),
+    ("contiguous", _set(1, lambda a: [a[1][0], a[1][1][:2]]), r"key_value_ptrs\[1\]\.shape"),
+    ("contiguous", _set(1, lambda a: a[1][:1]), "key_value_ptrs"),
+    ("contiguous", _set(4, 256), r"key_value_ptrs\[0\]"),         # more slots than the tensors hold
+    ("contiguous", _set(1, lambda a: [a[1][0].transpose(1, 2), a[1][1]]), r"key_value_ptrs\[0\]"),
+]
+
+
+@pytest.mark.parametrize("to_lmcache", [True, False], ids=["paged_to_lmcache", "lmcache_to_paged"])
+@pytest.mark.parametrize("form,mutate,arg", BAD)
+def test_bad_input_names_the_argument_and_moves_nothing(form, mutate, arg, to_lmcache):
+    e = Engine(form, to_lmcache, 16, seed=5)
+    args = e.args(slots(e.n_blocks, 16, seed=5), to_lmcache)
+    mutate(args)
+    with pytest.raises(KvtierError, match=rf"^{arg}(?!\w)") as info:
+        multi_layer_kv_transfer(*args)
+    assert isinstance(info.value, RuntimeError) and isinstance(info.value, ValueError)
+    e.mem.check()                                   # no byte moved
+
+
+# ---------------------------------------------------------------- maps kept across calls
+def _count_tables(monkeypatch):
+    calls = []
+    real = RowMap.from_table.__func__
+
+    def counting(cls, table, **kw):
+        calls.append(table.numel())
+        return real(cls, table, **kw)
+    monkeypatch.setattr(RowMap, "from_table", classmethod(counting))
+    return calls
+
+
+@needs_cpu_kernel
+def test_a_table_is_read_once_until_it_is_written(monkeypatch):
+    calls = _count_tables(monkeypatch)
+    e = Engine("cuda", True, 16, seed=6)
+    sm = slots(e.n_blocks, 16, seed=6)
+    e.call(sm, True)
+    first = len(calls)
+    assert first == 2                               # K and V planes
+    e.call(sm, True)
+    e.call(sm, False)
+    assert len(calls) == first                      # found again, not rebuilt
+    e.ptrs[0] = e.layers[0].data_ptr()              # written in place: its version changes
+    e.call(sm, True)
+    assert len(calls) == 2 * first
+
+
+def test_memory_object_maps_are_kept(monkeypatch):
+    built = []
+    real = lmcache._build_lmcache
+    monkeypatch.setattr(lmcache, "_build_lmcache", lambda *a: built.append(1) or real(*a))
+    e = Engine("contiguous", True, 16, seed=7)
+    sm = slots(e.n_blocks, 16, seed=7)
+    e.call(sm, True)
+    e.call(sm, True)
+    assert len(built) == 1
+
+
+# ---------------------------------------------------------------- on a GPU
+@pytest.mark.cuda
+@pytest.mark.parametrize("host", [True, False], ids=["pinned_key_value", "device_key_value"])
+@pytest.mark.parametrize("use_mla", [False, True])
+def test_cuda_round_trip_against_torch_indexing(use_mla, host):
+    """vLLM-shaped device layers, an int64 pointer table and slot mapping on the device,
+    the memory object pinned or on the device; expected bytes by plain torch indexing."""
+    dev, nb, bs, layers, tokens = "cuda", 32, 16, 4, 200
+    hidden = 576 if use_mla else 8 * 128
+    shape = (nb, bs, hidden) if use_mla else (2, nb, bs, 8, 128)
+    paged = [Guarded(shape, torch.bfloat16, device=dev) for _ in range(layers)]
+    ptrs = torch.tensor([g.t.data_ptr() for g in paged], dtype=torch.int64, device=dev)
+    planes = 1 if use_mla else 2
+    kv_shape = (planes, layers, tokens, hidden)
+    kv = Guarded(kv_shape, torch.bfloat16, pin=True, fill="poison") if host else \
+        Guarded(kv_shape, torch.bfloat16, device=dev, fill="poison")
+    sm = slots(nb, bs, tokens, seed=8, skip_prefix=17).to(dev)
+    pbs = nb * bs
+    multi_layer_kv_transfer(kv.t, ptrs, sm, torch.device(dev), pbs, True, use_mla)
+    torch.cuda.synchronize()
+    s = sm.cpu()
+    keep = s >= 0
+    want = torch.empty(kv_shape, dtype=torch.bfloat16)
+    want.view(torch.uint8).fill_(POISON)
+    for l, g in enumerate(paged):
+        rows = g.t.cpu().reshape(planes, pbs, hidden)
+        want[:, l, keep] = rows[:, s[keep]]
+    assert_bytes_equal(kv.t.cpu(), want, "key_value after the store")
+    # Back into fresh poisoned layers: every kept slot holds its row again, nothing else.
+    back = [Guarded(shape, torch.bfloat16, device=dev, fill="poison") for _ in range(layers)]
+    ptrs_back = torch.tensor([g.t.data_ptr() for g in back], dtype=torch.int64, device=dev)
+    multi_layer_kv_transfer(kv.t, ptrs_back, sm, torch.device(dev), pbs, False, use_mla)
+    torch.cuda.synchronize()
+    for g, b in zip(paged, back):
+        got = b.t.cpu().reshape(planes, pbs, hidden)
+        exp = torch.empty_like(got)
+        exp.view(torch.uint8).fill_(POISON)
+        exp[:, s[keep]] = g.t.cpu().reshape(planes, pbs, hidden)[:, s[keep]]
+        assert_bytes_equal(got, exp, "paged layer after the retrieve")
+    for g in paged + back + [kv]:
+        g.check()
