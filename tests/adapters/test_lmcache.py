@@ -259,44 +259,57 @@ def test_memory_object_maps_are_kept(monkeypatch):
     assert len(built) == 1
 
 
-# ---------------------------------------------------------------- on a GPU
-@pytest.mark.cuda
-@pytest.mark.parametrize("host", [True, False], ids=["pinned_key_value", "device_key_value"])
-@pytest.mark.parametrize("use_mla", [False, True])
-def test_cuda_round_trip_against_torch_indexing(use_mla, host):
-    """vLLM-shaped device layers, an int64 pointer table and slot mapping on the device,
-    the memory object pinned or on the device; expected bytes by plain torch indexing."""
-    dev, nb, bs, layers, tokens = "cuda", 32, 16, 4, 200
-    hidden = 576 if use_mla else 8 * 128
-    shape = (nb, bs, hidden) if use_mla else (2, nb, bs, 8, 128)
+# ---------------------------------------------------------------- round trip by torch indexing
+def round_trip(dev: str, use_mla: bool, host: bool, nb: int, bs: int, layers: int, tokens: int,
+               heads: int) -> None:
+    """vLLM-shaped layers, an int64 pointer table and the slot mapping on ``dev``, the memory
+    object pinned (a GPU) or on ``dev``: store, then retrieve into fresh poisoned layers;
+    expected bytes by plain torch indexing."""
+    hidden = 576 if use_mla else heads * 128
+    shape = (nb, bs, hidden) if use_mla else (2, nb, bs, heads, 128)
     paged = [Guarded(shape, torch.bfloat16, device=dev) for _ in range(layers)]
-    ptrs = torch.tensor([g.t.data_ptr() for g in paged], dtype=torch.int64, device=dev)
-    planes = 1 if use_mla else 2
+    planes, pbs = (1 if use_mla else 2), nb * bs
     kv_shape = (planes, layers, tokens, hidden)
     kv = Guarded(kv_shape, torch.bfloat16, pin=True, fill="poison") if host else \
         Guarded(kv_shape, torch.bfloat16, device=dev, fill="poison")
     sm = slots(nb, bs, tokens, seed=8, skip_prefix=17).to(dev)
-    pbs = nb * bs
-    multi_layer_kv_transfer(kv.t, ptrs, sm, torch.device(dev), pbs, True, use_mla)
-    torch.cuda.synchronize()
+    sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
+
+    def table_of(gs):
+        return torch.tensor([g.t.data_ptr() for g in gs], dtype=torch.int64, device=dev)
+
+    def rows(t):
+        return t.cpu().reshape(planes, pbs, hidden)
+
+    multi_layer_kv_transfer(kv.t, table_of(paged), sm, torch.device(dev), pbs, True, use_mla)
+    sync()
     s = sm.cpu()
     keep = s >= 0
     want = torch.empty(kv_shape, dtype=torch.bfloat16)
     want.view(torch.uint8).fill_(POISON)
     for l, g in enumerate(paged):
-        rows = g.t.cpu().reshape(planes, pbs, hidden)
-        want[:, l, keep] = rows[:, s[keep]]
+        want[:, l, keep] = rows(g.t)[:, s[keep]]
     assert_bytes_equal(kv.t.cpu(), want, "key_value after the store")
-    # Back into fresh poisoned layers: every kept slot holds its row again, nothing else.
     back = [Guarded(shape, torch.bfloat16, device=dev, fill="poison") for _ in range(layers)]
-    ptrs_back = torch.tensor([g.t.data_ptr() for g in back], dtype=torch.int64, device=dev)
-    multi_layer_kv_transfer(kv.t, ptrs_back, sm, torch.device(dev), pbs, False, use_mla)
-    torch.cuda.synchronize()
+    multi_layer_kv_transfer(kv.t, table_of(back), sm, torch.device(dev), pbs, False, use_mla)
+    sync()
     for g, b in zip(paged, back):
-        got = b.t.cpu().reshape(planes, pbs, hidden)
-        exp = torch.empty_like(got)
+        exp = torch.empty(planes, pbs, hidden, dtype=torch.bfloat16)
         exp.view(torch.uint8).fill_(POISON)
-        exp[:, s[keep]] = g.t.cpu().reshape(planes, pbs, hidden)[:, s[keep]]
-        assert_bytes_equal(got, exp, "paged layer after the retrieve")
+        exp[:, s[keep]] = rows(g.t)[:, s[keep]]
+        assert_bytes_equal(rows(b.t), exp, "paged layer after the retrieve")
     for g in paged + back + [kv]:
         g.check()
+
+
+@needs_cpu_kernel
+@pytest.mark.parametrize("use_mla", [False, True])
+def test_round_trip_against_torch_indexing(use_mla):
+    round_trip("cpu", use_mla, False, nb=8, bs=4, layers=2, tokens=24, heads=1)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("host", [True, False], ids=["pinned_key_value", "device_key_value"])
+@pytest.mark.parametrize("use_mla", [False, True])
+def test_cuda_round_trip_against_torch_indexing(use_mla, host):
+    round_trip("cuda", use_mla, host, nb=32, bs=16, layers=4, tokens=200, heads=8)
