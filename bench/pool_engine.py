@@ -14,9 +14,11 @@ from .probe import LaunchProbe, NoKernel
 from .workload import Prepared, Workload
 
 
-def prepare(w: Workload, op: str, *, strategy: str = "kernel") -> Prepared:
+def prepare(w: Workload, op: str, *, strategy: str = "kernel", num_programs=None) -> Prepared:
+    """The pools' call for ``op``; across the link with ``strategy`` forced and the grid
+    capped at ``num_programs`` (None: the looked-up configuration's)."""
     t = w.transfer(op)
-    fn = t.runner(config_for(w, op, strategy=strategy) if t.crosses_link else None)
+    fn = t.runner(config_for(w, op, num_programs, strategy=strategy) if t.crosses_link else None)
     return Prepared(fn, programs=_programs(fn), written=t.written if t.op.name == "gather" else None)
 
 

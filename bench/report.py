@@ -80,7 +80,7 @@ def write_json(run: dict, path) -> Path:
 # a colour no series takes.
 SERIES_COLOURS = {"kvtier pool kernel": "tab:blue", "kvtier pool dma": "tab:orange",
                   "kvtier pool": "tab:blue", "torch": "tab:red", "torch copy_": "tab:brown",
-                  "sgl_kernel": "tab:purple", "vllm": "tab:pink"}
+                  "sgl_kernel": "tab:purple", "vllm": "tab:pink", "kvtier pool kernel capped": "tab:green"}
 CAP_COLOURS = ("tab:green", "tab:olive", "tab:cyan", "teal", "navy", "darkgoldenrod", "lime", "magenta")
 CEILING_STYLE = {"label": "ceiling (same run)", "color": "black", "linestyle": "--"}
 _GROUPS = ("kvtier pool", "kvtier copy_rows", "torch", "torch copy_", "sgl_kernel", "vllm")

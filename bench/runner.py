@@ -17,7 +17,7 @@ from . import kvtier_engine, pool_engine, sgl_baseline, torch_baseline, vllm_bas
 from .ceiling import measure_ceilings
 from .report import series
 from .sweep import Sweep
-from .workload import Unsupported, Workload
+from .workload import Prepared, Unsupported, Workload
 
 # Seconds of timed calls a point aims for: fewer iterations for slow points.
 POINT_BUDGET_S = 0.25
@@ -86,6 +86,27 @@ def _engines(sweep: Sweep, op: str, strategies: tuple, caps: tuple):
     return out
 
 
+class WrongBytes(RuntimeError):
+    """An engine's verified run left a destination row different from its source row."""
+
+
+def verified_run(w: Workload, op: str, p: Prepared) -> float:
+    """Poison the destination, run ``p`` once (its first call: compilation lands here) and
+    compare every destination row with its source row; the wall seconds of that run.
+    Raises `WrongBytes` naming the first difference."""
+    w.poison(op)
+    synchronize(w.device)
+    t0 = time.perf_counter()
+    p.fn()
+    synchronize(w.device)
+    once = time.perf_counter() - t0
+    t = p.written() if p.written else w.copy(op)
+    wrong = "nothing written" if t is None else t.mismatch()
+    if wrong:
+        raise WrongBytes(f"wrong bytes: {wrong}")
+    return once
+
+
 def measure_point(w: Workload, op: str, prepare: Callable, sweep: Sweep, ceiling: float) -> dict:
     """One engine at one point: prepare, poison the destination, run once, verify, time."""
     rec = {"bytes": w.copy(op).nbytes}
@@ -96,18 +117,11 @@ def measure_point(w: Workload, op: str, prepare: Callable, sweep: Sweep, ceiling
     except Exception as e:   # a failing engine must not end the run; the record says why
         return {**rec, "error": f"{type(e).__name__}: {e}"}
     try:
-        w.poison(op)
-        synchronize(w.device)
-        t0 = time.perf_counter()
-        p.fn()
-        synchronize(w.device)
-        once = time.perf_counter() - t0
-        t = p.written() if p.written else w.copy(op)
-        wrong = "nothing written" if t is None else t.mismatch()
-        if wrong:
-            return {**rec, "error": f"wrong bytes: {wrong}"}
+        once = verified_run(w, op, p)
         iters = max(sweep.min_iters, min(sweep.iters, int(POINT_BUDGET_S / max(once, 1e-9))))
         tm = time_calls(p.fn, w.device, warmup=sweep.warmup, iters=iters)
+    except WrongBytes as e:
+        return {**rec, "error": str(e)}
     except Exception as e:
         return {**rec, "error": f"{type(e).__name__}: {e}"}
     rate = gbps(rec["bytes"], tm.device_s)

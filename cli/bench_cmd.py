@@ -42,6 +42,9 @@ def register(sub) -> None:
                    help="only the host time per call of the hot-path calls beside torch's index ops (no sweep)")
     p.add_argument("--json", metavar="FILE", help="write the host-overhead measurement to FILE as JSON")
     p.add_argument("--no-overhead", action="store_true", help="skip the host-overhead benchmark")
+    p.add_argument("--interference", action="store_true",
+                   help="only a transfer's GB/s beside a concurrent GEMM's slowdown per program cap "
+                        "(CUDA; with --smoke a tiny structural run on the CPU)")
     p.add_argument("--quiet", action="store_true", help="no per-point progress lines")
     p.set_defaults(func=run)
 
@@ -92,8 +95,17 @@ def _number(args, flag: str, kind, low):
     return value
 
 
+# Flags --interference takes; every other flag is refused with it.
+INTERFERENCE_FLAGS = ("--interference", "--smoke", "--ops", "--caps", "--out", "--no-plot", "--quiet")
+_ALL_FLAGS = (*SWEEP_FLAGS, "--overhead", "--json", "--no-overhead", "--quiet")
+
+
 def _check_flags(args) -> None:
     """Combinations and values refused before anything is measured."""
+    if args.interference:
+        given = [f for f in _ALL_FLAGS if f not in INTERFERENCE_FLAGS and _given(args, f) not in (None, False)]
+        if given:
+            raise BadFlag(f"{given[0]}: --interference takes only {' '.join(INTERFERENCE_FLAGS[1:])}")
     if args.no_overhead and (args.overhead or args.json):
         raise BadFlag(f"--no-overhead: cannot be combined with {'--overhead' if args.overhead else '--json'}")
     if args.overhead:
@@ -159,6 +171,8 @@ def run(args) -> int:
     from kvtier.kernels.errors import KvtierError
 
     device = default_device()
+    if args.interference:
+        return _interference(args, device)
     if args.overhead:
         overhead = measure_overhead(device)
         print(format_overhead(overhead))
@@ -197,6 +211,46 @@ def run(args) -> int:
     if "overhead" in run_:
         rc = _write_overhead(run_["overhead"], args.json) or rc
     return rc
+
+
+def _interference(args, device) -> int:
+    """`--interference`: the run, its table, JSON and PNG in --out; one line off CUDA."""
+    from kvtier.bench import interference
+    from kvtier.kernels.errors import KvtierError
+    from kvtier.kernels.ops import parse_list
+    try:
+        ops = tuple(op.label for op in parse_list(args.ops, "--ops")) if args.ops else ()
+        caps = tuple(int(x) for x in args.caps.split(",") if x) if args.caps else ()
+    except KvtierError as e:
+        print(str(e), file=sys.stderr)
+        return 2
+    except ValueError:
+        print(f"--caps={args.caps!r}: expected a comma list of int", file=sys.stderr)
+        return 2
+    if any(c < 1 for c in caps):
+        print(f"--caps={args.caps!r}: expected program counts >= 1", file=sys.stderr)
+        return 2
+    tiny = args.smoke and device.type == "cpu"
+    if device.type != "cuda" and not tiny:
+        print(interference.SKIP.format(device.type) + " (--smoke runs a tiny structural run on the CPU)")
+        return 0
+    setup = interference.with_caps(interference.TINY if tiny else interference.Setup(), caps, ops)
+    result = interference.measure(device, setup, allow_cpu=tiny, log=None if args.quiet else print)
+    out = Path(args.out or f"kvtier-bench-{datetime.date.today().isoformat()}")
+    out.mkdir(parents=True, exist_ok=True)
+    text = interference.format_text(result)
+    print(text)
+    (out / "interference.txt").write_text(text + "\n")
+    (out / "interference.json").write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+    written = ["interference.txt", "interference.json"]
+    if not args.no_plot:
+        try:
+            interference.plot(result, out / "interference.png")
+            written.append("interference.png")
+        except ImportError:
+            print("kvtier bench: no PNG: matplotlib is not installed (pip install 'kvtier[bench]')")
+    print(f"wrote {', '.join(written)} to {out}")
+    return 1 if any("error" in r for r in result["rows"]) else 0
 
 
 def _write_overhead(overhead: dict, path) -> int:
