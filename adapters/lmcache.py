@@ -166,13 +166,22 @@ def _paged_maps(ptrs, comps: Sequence[_Comp], layers: int, page_buffer_size: int
             raise fail("key_value_ptrs.shape", tuple(ptrs.shape),
                        f"must list {entries} address(es) per layer for {layers} layers ({layers * entries})")
         # The kept value holds the table, so its memory cannot become another table's.
-        key = ("lmcache_table", comps, page_buffer_size, ptrs._version, *tensor_key(ptrs))
+        key = ("lmcache_table", comps, page_buffer_size, _version(ptrs), *tensor_key(ptrs))
         return kept(key, lambda: (ptrs, _table_maps(ptrs, comps, entries, page_buffer_size)))[1]
     if not isinstance(ptrs, (list, tuple)) or len(ptrs) != entries:
         raise fail("key_value_ptrs", type(ptrs).__name__ if not isinstance(ptrs, (list, tuple)) else len(ptrs),
                    f"must be an int64 address table, or a list of {entries} multi-layer tensor(s)")
     key = ("lmcache_stacked", comps, page_buffer_size, *(tensor_key(t) for t in ptrs))
     return kept(key, lambda: _stacked_maps(ptrs, comps, layers, page_buffer_size))
+
+
+def _version(t: torch.Tensor) -> int:
+    """How often ``t`` was written; -1 for an inference-mode tensor, which keeps no count
+    (such a table is taken as unchanged while it lives)."""
+    try:
+        return t._version
+    except RuntimeError:
+        return -1
 
 
 def _table_maps(ptrs: torch.Tensor, comps, entries: int, page_buffer_size: int) -> List[RowMap]:
@@ -227,14 +236,14 @@ def multi_layer_kv_transfer(key_value: torch.Tensor, key_value_ptrs, slot_mappin
     K and V (the latent row alone with ``use_mla``), ``key_value[k, l, t]`` <-> slot ``s``
     of layer ``l``; ``direction`` True fills ``key_value``, False fills the paged cache.
     Positional arguments as LMCache's CUDA op (seven) or LMCache-Ascend's (with
-    ``kvcache_format_raw`` and the MLA hidden sizes); ``dsa_hidden_dims`` must be 0."""
+    ``kvcache_format_raw`` and the MLA hidden sizes); ``dsa_hidden_dims`` is accepted and
+    unused (the DSA formats are refused by ``kvcache_format_raw``)."""
+    del dsa_hidden_dims
     use_mla = _flag("use_mla", use_mla)
     to_lmcache = _paged_to_lmcache(direction)
     fmt = _format(kvcache_format_raw)
     if fmt is KVCacheFormat.MLA_KV and not use_mla:
         raise fail("use_mla", use_mla, "MLA_KV moves MLA rows ([1, ...] memory objects); pass use_mla=True")
-    if dsa_hidden_dims:
-        raise fail("dsa_hidden_dims", dsa_hidden_dims, "DSA indexer planes are not moved by this call")
     if not isinstance(page_buffer_size, int) or isinstance(page_buffer_size, bool) or page_buffer_size <= 0:
         raise fail("page_buffer_size", page_buffer_size, "must be a positive int (num_blocks * block_size)")
     _check_key_value(key_value, use_mla)

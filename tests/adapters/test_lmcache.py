@@ -200,7 +200,7 @@ BAD = [
     ("mla_kv", _set(8, 5), "k_hidden_dims"),
     ("mla_kv", _set(6, False), "use_mla"),
     ("separate", _set(7, 4), "kvcache_format_raw"),
-    ("separate", _set(10, 4), "dsa_hidden_dims"),
+    ("separate", _set(7, 5), "kvcache_format_raw"),                # DSA_C8_KV
     ("contiguous", _set(1, lambda a: [a[1][0], a[1][1][:2]]), r"key_value_ptrs\[1\]\.shape"),
     ("contiguous", _set(1, lambda a: a[1][:1]), "key_value_ptrs"),
     ("contiguous", _set(4, 256), r"key_value_ptrs\[0\]"),         # more slots than the tensors hold
@@ -246,6 +246,18 @@ def test_a_table_is_read_once_until_it_is_written(monkeypatch):
     e.ptrs[0] = e.layers[0].data_ptr()              # written in place: its version changes
     e.call(sm, True)
     assert len(calls) == 2 * first
+
+
+@needs_cpu_kernel
+def test_an_inference_mode_table():
+    """Inference tensors keep no version count; the table still moves the right bytes."""
+    e = Engine("cuda", True, 16, seed=9)
+    with torch.inference_mode():
+        e.ptrs = e.ptrs.clone()
+    sm = slots(e.n_blocks, 16, seed=9)
+    e.model(sm, True)
+    e.call(sm, True)
+    e.mem.check()
 
 
 def test_memory_object_maps_are_kept(monkeypatch):
