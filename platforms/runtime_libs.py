@@ -97,12 +97,11 @@ class Runtime:
         mode = dma_mode()
         if mode != "auto":
             return mode == "batch"
-        return int(plan.height.sum()) < BATCH_BELOW_MEAN_HEIGHT * len(plan)
+        return plan.mean_height < BATCH_BELOW_MEAN_HEIGHT
 
     def _issue_batch(self, plan, h0: int, s0: int, to_host: bool, stream) -> None:
-        h, s, w = plan.pieces()
-        h, s = h + h0, s + s0
-        dst, src = (h, s) if to_host else (s, h)
+        # The three address arrays are kept with the plan (the call reads them before it returns).
+        dst, src, w = plan.addresses(h0, s0, to_host)
         rc = self.batch(dst.data_ptr(), src.data_ptr(), w.data_ptr(), w.numel(), stream)
         if rc != 0:
             raise RuntimeError(f"kvtier dma: {self.name} batch of {w.numel()} copies failed: "

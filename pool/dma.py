@@ -7,63 +7,392 @@ so a run of consecutive host slots is a run of consecutive staging slots. A run'
 pieces (one per layer and component in layer_first) repeat at one stride in both
 buffers, so each run is one or a few 2-D copies (`dma_plan`), issued by the runtime's
 2-D copy (`link_copy`).
+
+Overlap. A transfer moves in chunks of at most `DmaConfig.chunk_bytes` through a ring of
+`DmaConfig.slots` staging slots. The gather (or, for loads, the scatter) runs on the
+caller's current stream with the device-local configuration of its own operation
+(``gather`` / ``scatter``, many programs: it is not bounded by the link's program cap);
+the bulk copies run on a side stream. Events order them per slot, so chunk k's copies
+run while chunk k+1 is gathered (loads: chunk k's upload while chunk k-1 scatters).
+The call ends with the caller's stream waiting for the side stream, so every rule of
+docs/pools.md ("Ordering rules") holds as if all work ran on the caller's stream.
+
+Reuse. One `Lane` per (device, caller stream) keeps the staging ring (grown when a
+transfer needs larger slots, never per call), its row maps (and with them the kernel's
+launch plans), the side stream and the events. Runs and chunk plans are kept by the
+values of the host indices (`dma_plan.runs_of`, `dma_plan.chunk_plans`); device indices
+are never read on the host.
+
+Bad device indices. A backup whose device-side index check fails must change no host
+byte, yet its bulk copies are issued before the verdict exists. So each chunk's staging
+slot is first filled with the destination host rows' current bytes whenever the verdict
+is bad: by a copy kernel that reads the host rows (where kernels reach the host buffer:
+pinned memory on CUDA/ROCm, registered memory on Ascend) and runs only when the verdict
+is bad; elsewhere (Ascend with plain pinned memory) by runtime copies host -> staging
+before the gather, which adds the transfer's bytes in the other link direction. The bulk
+copies then write back the bytes the host rows already hold. A verdict the host can read
+for free (CPU) skips the transfer instead.
 """
 from __future__ import annotations
 
-from typing import Tuple
+import contextlib
+import os
+from collections import OrderedDict
+from dataclasses import dataclass
+from math import prod
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
+import kvtier.platforms as platforms
+from kvtier.autotune import config_for
 from kvtier.kernels import RowMap
-
+from kvtier.kernels.errors import fail
 from kvtier.kernels.layouts import host_layout
+from kvtier.kernels.ops import Op
+from kvtier.kernels.rowmap import kept, tensor_key
 
 from . import link_copy
+from .dma_plan import Chunk, chunk_plans, runs, runs_of, shape_2d  # noqa: F401  (runs: host.py)
+from .gather import iota
 from .launch import launch
-from .dma_plan import plan, runs, shape_2d
 
 Runs = Tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+CHUNK_ENV = "KVTIER_DMA_CHUNK_BYTES"
 
 
-class Staging:
-    """A device staging buffer for one host component group and one transfer."""
+@dataclass(frozen=True)
+class DmaConfig:
+    """How the dma strategy pipelines a transfer.
 
-    def __init__(self, host_buf: torch.Tensor, layout: str, page_size: int, n_slots: int,
-                 layers: int, device: torch.device):
-        lay = self.layout = host_layout(layout)
-        row_shape = lay.row_shape(host_buf.shape[1:])
-        self.tensor = torch.empty((host_buf.shape[0], *lay.shape(layers=layers, slots=n_slots, page_size=page_size,
-                                                                  row_shape=row_shape)),
-                                  dtype=host_buf.dtype, device=device)
-        p = page_size if lay.paged else 1
-        self.map = RowMap.stack([RowMap.from_host_layout(self.tensor[c], layout, p)
-                                 for c in range(self.tensor.shape[0])])
-        self.index = torch.arange(n_slots, dtype=torch.int64, device=device)
+    chunk_bytes: bytes per chunk (and per staging slot; a slot holds at least one unit,
+        a slot or a page of every layer and component moved). Larger chunks mean fewer
+        launches and copy calls per transfer; the first chunk's gather (the last chunk's
+        scatter, for loads) is the part that does not overlap with the link.
+    slots: staging slots in the ring (2: one being gathered while the other crosses).
+    """
 
-    def copy_runs(self, host_buf: torch.Tensor, host_layer: int, run_arrays: Runs, to_host: bool) -> None:
-        """Every run between the host buffer (from layer ``host_layer``) and staging."""
-        ld = 1 + self.layout.layer_dim          # buffers are (C, ...)
-        host_view = host_buf.narrow(ld, host_layer, self.tensor.shape[ld])
-        shape = shape_2d(host_view, self.tensor, 1 + self.layout.unit_dim)
-        base = host_layer * host_buf.stride(ld) * host_buf.element_size()
-        link_copy.issue(plan(shape, *run_arrays, host_base=base), host_buf, self.tensor, to_host)
+    chunk_bytes: int = 8 << 20
+    slots: int = 2
+
+    def __post_init__(self):
+        for name in ("chunk_bytes", "slots"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise fail(f"DmaConfig.{name}", v, "must be a positive int")
 
 
+_CONFIG: List[Optional[DmaConfig]] = [None]
+
+
+def settings() -> DmaConfig:
+    """The dma configuration: `configure`'s, else ``KVTIER_DMA_CHUNK_BYTES`` (read once)
+    over the defaults."""
+    if _CONFIG[0] is None:
+        env = os.environ.get(CHUNK_ENV)
+        if env is None:
+            _CONFIG[0] = DmaConfig()
+        else:
+            try:
+                value = int(env)
+            except ValueError:
+                raise fail(CHUNK_ENV, env, "must be a positive int (bytes)") from None
+            _CONFIG[0] = DmaConfig(chunk_bytes=value)
+    return _CONFIG[0]
+
+
+def configure(cfg: Optional[DmaConfig]) -> Optional[DmaConfig]:
+    """Set the dma configuration for the process (None: back to the environment's and the
+    defaults); returns the previous one. Staging rings already made are regrown as needed."""
+    if cfg is not None and not isinstance(cfg, DmaConfig):
+        raise fail("cfg", type(cfg).__name__, "must be a DmaConfig or None")
+    old, _CONFIG[0] = _CONFIG[0], cfg
+    return old
+
+
+# ------------------------------------------------------------------ lanes
+@dataclass
+class Slot:
+    """One staging slot as a ``(C, *layout dims)`` tensor and its row map."""
+
+    tensor: torch.Tensor
+    map: RowMap
+
+
+class Lane:
+    """The staging ring, side stream and events of one (device, caller stream).
+
+    Every transfer on the lane orders its work against the previous one through the
+    caller's stream (see `_backup` and `_load`), so transfers share one ring safely."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.runtime = None if device.type == "cpu" else getattr(torch, device.type)
+        rt = self.runtime
+        self.side = rt.Stream(device=device) if rt is not None else None
+        self.buffer: Optional[torch.Tensor] = None
+        self.slots: Dict[tuple, List[Slot]] = {}
+        self.events: Dict[str, object] = {}
+        self.inverted = torch.zeros(1, dtype=torch.int32, device=device)
+        self.host_slots: "OrderedDict[int, Tuple[Chunk, torch.Tensor]]" = OrderedDict()
+
+    # -- staging
+    def ring(self, host_buf: torch.Tensor, layout: str, page_size: int, layers: int, cap: int,
+             n_slots: int) -> List[Slot]:
+        """``n_slots`` staging slots of ``cap`` units shaped like ``host_buf``'s layout with
+        ``layers`` layers; the ring's buffer grows (doubling) when they do not fit."""
+        lay = host_layout(layout)
+        row_shape = tuple(lay.row_shape(host_buf.shape[1:]))
+        key = (host_buf.dtype, host_buf.shape[0], layout, page_size, layers, row_shape, cap, n_slots)
+        ring = self.slots.get(key)
+        if ring is not None:
+            return ring
+        unit = page_size if lay.paged else 1
+        shape = (host_buf.shape[0], *lay.shape(layers=layers, slots=cap * unit, page_size=page_size,
+                                               row_shape=row_shape))
+        slot_bytes = -(-prod(shape) * host_buf.element_size() // ALIGN) * ALIGN
+        if self.buffer is None or self.buffer.numel() < n_slots * slot_bytes:
+            self._grow(n_slots * slot_bytes)
+        ring = []
+        for s in range(n_slots):
+            t = self.buffer[s * slot_bytes:s * slot_bytes + prod(shape) * host_buf.element_size()]
+            t = t.view(host_buf.dtype).view(shape)
+            ring.append(Slot(t, RowMap.stack([RowMap.from_host_layout(t[c], layout, unit)
+                                              for c in range(shape[0])])))
+        self.slots[key] = ring
+        return ring
+
+    def _grow(self, nbytes: int) -> None:
+        old = 0 if self.buffer is None else self.buffer.numel()
+        # Allocated on the caller's stream; the side stream is recorded so that the
+        # caching allocator never hands the memory out while a copy may still read it.
+        self.buffer = torch.empty(max(nbytes, 2 * old), dtype=torch.uint8, device=self.device)
+        if self.side is not None:
+            self.buffer.record_stream(self.side)
+        self.slots.clear()
+
+    # -- streams and events
+    def event(self, name: str):
+        ev = self.events.get(name)
+        if ev is None and self.runtime is not None:
+            ev = self.events[name] = self.runtime.Event()
+        return ev
+
+    def signal(self, name: str, stream) -> None:
+        """Record event ``name`` on ``stream`` (None: nothing, on the CPU)."""
+        if stream is not None:
+            self.event(name).record(stream)
+
+    def wait(self, stream, name: str) -> None:
+        """Make ``stream`` wait for the last record of event ``name``."""
+        if stream is not None:
+            stream.wait_event(self.event(name))
+
+    def on_side(self):
+        return self.runtime.stream(self.side) if self.side is not None else contextlib.nullcontext()
+
+    # -- the bad-verdict fill
+    def invert(self, verdict: torch.Tensor) -> torch.Tensor:
+        """A word that is 0 exactly when ``verdict`` is not: a copy gated by it runs only
+        for a bad list (written on the caller's stream, where the verdict was)."""
+        torch.logical_not(verdict, out=self.inverted)
+        return self.inverted
+
+    def host_slots_of(self, chunk: Chunk, unit: int) -> torch.Tensor:
+        """The host slots of ``chunk`` in staging order, on the device (uploaded once per
+        kept chunk plan on this lane's stream, so only this lane reads them)."""
+        hit = self.host_slots.get(id(chunk))
+        if hit is not None and hit[0] is chunk:
+            self.host_slots.move_to_end(id(chunk))
+            return hit[1]
+        u = chunk.host_units
+        slots = (u[:, None] * unit + torch.arange(unit)).reshape(-1) if unit > 1 else u
+        if self.device.type != "cpu":
+            slots = slots.pin_memory().to(self.device, non_blocking=True)
+        self.host_slots[id(chunk)] = (chunk, slots)
+        while len(self.host_slots) > 64:
+            self.host_slots.popitem(last=False)
+        return slots
+
+
+ALIGN = 256                     # bytes: staging slots start at this alignment
+_LANES: "OrderedDict[tuple, Lane]" = OrderedDict()
+_MAX_LANES = 16
+
+
+def lane(device: torch.device) -> Lane:
+    """The lane of ``device`` and its current stream."""
+    stream = platforms.current_stream(device) if device.type != "cpu" else None
+    key = (device, stream)
+    ln = _LANES.get(key)
+    if ln is None:
+        ln = _LANES[key] = Lane(device)
+        while len(_LANES) > _MAX_LANES:         # the allocator keeps an evicted ring until its streams finish
+            _LANES.popitem(last=False)
+    return ln
+
+
+# ------------------------------------------------------------------ transfers
 def backup(op, dev_map, didx, host_buf, layout, page_size, dev_layer, host_layer, num_layers,
            run_list, by_page, config, verdict=None) -> None:
     """Device rows ``didx`` of layers dev_layer.. -> host layers host_layer.. at the runs."""
-    st = Staging(host_buf, layout, page_size, didx.numel(), num_layers, didx.device)
-    launch(op, dev_map, didx, st.map, st.index.to(didx.dtype), src_layer=dev_layer, dst_layer=0,
-           num_layers=num_layers, by_page=by_page, config=config, strategy="dma",
-           verdict=verdict)
-    st.copy_runs(host_buf, host_layer, run_list, to_host=True)
+    t = _Transfer(op, dev_map, didx, host_buf, layout, page_size, dev_layer, host_layer, num_layers,
+                  run_list, by_page, config, verdict)
+    if t.chunks:
+        t.backup()
 
 
 def load(op, dev_map, didx, host_buf, layout, page_size, dev_layer, host_layer, num_layers,
          run_list, by_page, config, verdict=None) -> None:
     """Host layers host_layer.. at the runs -> device rows ``didx`` of layers dev_layer.."""
-    st = Staging(host_buf, layout, page_size, didx.numel(), num_layers, didx.device)
-    st.copy_runs(host_buf, host_layer, run_list, to_host=False)
-    launch(op, st.map, st.index.to(didx.dtype), dev_map, didx, src_layer=0, dst_layer=dev_layer,
-           num_layers=num_layers, by_page=by_page, config=config, strategy="dma",
-           verdict=verdict)
+    t = _Transfer(op, dev_map, didx, host_buf, layout, page_size, dev_layer, host_layer, num_layers,
+                  run_list, by_page, config, verdict)
+    if t.chunks:
+        t.load()
+
+
+def verdict_now(verdict: Optional[torch.Tensor]) -> Optional[int]:
+    """The verdict's value where the host reads it for free (no verdict: 0; a CPU word),
+    or None where it lives on a device (known only to the copies)."""
+    if verdict is None:
+        return 0
+    if verdict.device.type == "cpu":
+        return int(verdict[0])
+    return None
+
+
+class _Transfer:
+    """One backup or load of one host component group through a lane."""
+
+    def __init__(self, op, dev_map, didx, host_buf, layout, page_size, dev_layer, host_layer, num_layers,
+                 run_list, by_page, config, verdict):
+        self.chunks: List[Chunk] = []
+        known = verdict_now(verdict)
+        if known:
+            return          # a bad list the host already knows of: the guard raises, nothing moves
+        lay = host_layout(layout)
+        self.op, self.dev_map, self.didx, self.host_buf = op, dev_map, didx, host_buf
+        self.layout, self.page_size, self.num_layers, self.by_page = layout, page_size, num_layers, by_page
+        self.dev_layer, self.host_layer, self.config, self.verdict = dev_layer, host_layer, config, verdict
+        self.unknown_verdict = known is None
+        self.unit = page_size if lay.paged else 1
+        cfg = settings()
+        # A unit (a slot, or a page in page-major layouts) of every layer and component.
+        unit_bytes = (host_buf.element_size() * host_buf.shape[0] * num_layers
+                      * prod(lay.row_shape(host_buf.shape[1:])) * self.unit)
+        self.cap = max(1, cfg.chunk_bytes // unit_bytes)
+        self.lane = lane(didx.device)
+        self.ring = self.lane.ring(host_buf, layout, page_size, num_layers, self.cap, cfg.slots)
+        ld, ud = 1 + lay.layer_dim, 1 + lay.unit_dim
+        shape = _shape(host_buf, layout, host_layer, num_layers, self.ring[0].tensor, ld, ud)
+        base = host_layer * host_buf.stride(ld) * host_buf.element_size()
+        self.chunks = chunk_plans(run_list, shape, self.cap, base)
+        self.stage_op = Op("gather" if op.from_device else "scatter", op.scope)
+        self.stream = platforms.current_stream(didx.device) if didx.device.type != "cpu" else None
+
+    # -- pieces of a chunk
+    def _slot(self, k: int) -> Slot:
+        return self.ring[k % len(self.ring)]
+
+    def _dev_indices(self, ch: Chunk) -> torch.Tensor:
+        return self.didx[ch.first * self.unit:(ch.first + ch.count) * self.unit]
+
+    def _stage_config(self, rows: int):
+        # The gather's own configuration (device-local, many programs), not the link's,
+        # and not a configuration `launch.forced` imposes on link copies.
+        return config_for(self.stage_op, self.didx.device, row_bytes=self.dev_map.row_bytes,
+                          page_size=self.dev_map.page_size, num_rows=rows, num_layers=self.num_layers)
+
+    def _stage_launch(self, ch: Chunk, slot: Slot, to_stage: bool) -> None:
+        di = self._dev_indices(ch)
+        si = iota(di.numel(), di.dtype, di.device)
+        cfg = self._stage_config(di.numel())
+        if to_stage:
+            launch(self.stage_op, self.dev_map, di, slot.map, si, src_layer=self.dev_layer, dst_layer=0,
+                   num_layers=self.num_layers, by_page=self.by_page, config=cfg, strategy="dma",
+                   verdict=self.verdict)
+        else:
+            launch(self.stage_op, slot.map, si, self.dev_map, di, src_layer=0, dst_layer=self.dev_layer,
+                   num_layers=self.num_layers, by_page=self.by_page, config=cfg, strategy="dma",
+                   verdict=self.verdict)
+
+    def _copies(self, ch: Chunk, slot: Slot, to_host: bool) -> None:
+        with self.lane.on_side():
+            link_copy.issue(ch.plan, self.host_buf, slot.tensor, to_host)
+
+    # -- the bad-verdict fill (see the module doc)
+    def _fill_mode(self) -> Optional[str]:
+        if not self.unknown_verdict:
+            return None
+        host_map = self._host_map()
+        return "kernel" if host_map.reachable_by(platforms.of(self.didx.device)) else "copies"
+
+    def _host_map(self) -> RowMap:
+        buf, layout, unit = self.host_buf, self.layout, self.unit
+        return kept(("dma-host", layout, unit, *tensor_key(buf)), lambda: RowMap.stack(
+            [RowMap.from_host_layout(buf[c], layout, unit) for c in range(buf.shape[0])]))
+
+    def _fill_from_host(self, ch: Chunk, slot: Slot, inverted: torch.Tensor) -> None:
+        """Staging slot <- the chunk's host rows, only where the verdict is bad."""
+        hs = self.lane.host_slots_of(ch, self.unit)
+        launch(self.op, self._host_map(), hs, slot.map, iota(hs.numel(), hs.dtype, hs.device),
+               src_layer=self.host_layer, dst_layer=0, num_layers=self.num_layers, by_page=self.by_page,
+               config=self.config, strategy="dma", verdict=inverted)
+
+    # -- the pipelines
+    def backup(self) -> None:
+        ln, S, side = self.lane, self.stream, self.lane.side
+        n = len(self.ring)
+        mode = self._fill_mode()
+        inverted = ln.invert(self.verdict) if mode == "kernel" else None
+        if mode == "copies":
+            ln.signal("started", S)
+            ln.wait(side, "started")                # fills after the caller's earlier work
+        for k, ch in enumerate(self.chunks):
+            s = k % n
+            slot = self._slot(k)
+            if k >= n:
+                ln.wait(S, f"drained{s}")           # chunk k - n's copies have left this slot
+            if mode == "kernel":
+                self._fill_from_host(ch, slot, inverted)
+            elif mode == "copies":
+                self._copies(ch, slot, to_host=False)
+                ln.signal(f"filled{s}", side)
+                ln.wait(S, f"filled{s}")
+            self._stage_launch(ch, slot, to_stage=True)
+            ln.signal(f"gathered{s}", S)
+            ln.wait(side, f"gathered{s}")
+            self._copies(ch, slot, to_host=True)
+            ln.signal(f"drained{s}", side)
+        ln.signal("joined", side)
+        ln.wait(S, "joined")                        # the caller's stream after every copy
+
+    def load(self) -> None:
+        ln, S, side = self.lane, self.stream, self.lane.side
+        n = len(self.ring)
+        ln.signal("started", S)
+        ln.wait(side, "started")                    # uploads after the caller's earlier work
+        for k, ch in enumerate(self.chunks):
+            s = k % n
+            slot = self._slot(k)
+            if k >= n:
+                ln.wait(side, f"drained{s}")        # chunk k - n's scatter has left this slot
+            self._copies(ch, slot, to_host=False)
+            ln.signal(f"uploaded{s}", side)
+            ln.wait(S, f"uploaded{s}")
+            self._stage_launch(ch, slot, to_stage=False)
+            ln.signal(f"drained{s}", S)
+
+
+_SHAPES: "OrderedDict[tuple, object]" = OrderedDict()
+
+
+def _shape(host_buf, layout, host_layer, num_layers, stage, ld, ud):
+    """`shape_2d` of the host layer range against a staging slot (kept per buffers)."""
+    key = (tensor_key(host_buf), layout, host_layer, num_layers, tuple(stage.shape), stage.stride())
+    hit = _SHAPES.get(key)
+    if hit is None:
+        hit = _SHAPES[key] = shape_2d(host_buf.narrow(ld, host_layer, num_layers), stage, ud)
+        while len(_SHAPES) > 256:
+            _SHAPES.popitem(last=False)
+    return hit

@@ -10,12 +10,21 @@ the copy engines move in one call (cudaMemcpy2DAsync, aclrtMemcpy2dAsync).
 The shape of the copies is found once per (layout, layer range) from the strides, not per
 run: the dense tail of both views gives the width, the innermost remaining dim the height,
 and the dims left over are looped. All runs then become copies with a few tensor ops.
+
+A transfer moves through a bounded staging ring in chunks of at most ``cap`` units
+(`chunk_plans`): runs are split at chunk boundaries and each chunk gets its own plan.
+Runs and chunk plans depend only on host index values, which live on the CPU, so both are
+kept and found again by value (`runs_of`, `chunk_plans`): HiCache passes the same host
+indices to every per-layer load of a batch.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Dict, List, Optional, Tuple
 
+import numpy as np
 import torch
 
 
@@ -34,17 +43,47 @@ class CopyPlan:
     def __len__(self) -> int:
         return self.host_off.numel()
 
+    # Worked out once per plan: a kept plan is issued again without tensor work.
+    _kept: Dict[tuple, object] = field(default_factory=dict, init=False, repr=False, compare=False)
+
     def rows(self) -> List[Tuple[int, int, int, int]]:
         """(host_off, stage_off, width, height) per copy, as Python ints."""
+        return self._rows
+
+    @cached_property
+    def _rows(self) -> List[Tuple[int, int, int, int]]:
         return torch.stack([self.host_off, self.stage_off, self.width, self.height], 1).tolist()
 
     def pieces(self) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Every row of every copy as a 1-D piece: (host offsets, staging offsets, sizes)."""
+        return self._pieces
+
+    @cached_property
+    def _pieces(self) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         r, step = _expand(self.height)
         return (self.host_off[r] + step * self.host_pitch, self.stage_off[r] + step * self.stage_pitch,
                 self.width[r])
 
-    @property
+    def addresses(self, host0: int, stage0: int, to_host: bool):
+        """(destination addresses, source addresses, sizes) of every piece as int64 CPU
+        tensors (the batch call's three arrays), kept per pair of buffer addresses."""
+        key = (host0, stage0, to_host)
+        hit = self._kept.get(key)
+        if hit is None:
+            h, s, w = self.pieces()
+            h, s = h + host0, s + stage0
+            hit = (h, s, w) if to_host else (s, h, w)
+            if len(self._kept) >= 8:          # a plan meets a few staging slots only
+                self._kept.clear()
+            self._kept[key] = hit
+        return hit
+
+    @cached_property
+    def mean_height(self) -> float:
+        """Rows per copy, on average (the runtimes' batch call wins for short copies)."""
+        return int(self.height.sum()) / max(len(self), 1)
+
+    @cached_property
     def nbytes(self) -> int:
         return int((self.width * self.height).sum())
 
@@ -160,3 +199,88 @@ def runs(units: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]
                         torch.nonzero(units[1:] - units[:-1] != 1).flatten() + 1])
     lengths = torch.diff(starts, append=torch.tensor([n]))
     return units[starts], starts, lengths
+
+
+def split_runs(runs_: Tuple[torch.Tensor, torch.Tensor, torch.Tensor], cap: int):
+    """Runs (host unit, staging unit, length) cut at every multiple of ``cap`` staging
+    units, grouped by chunk: a list with one (host units, staging units within the chunk,
+    lengths) triple per chunk of ``cap`` units."""
+    hu, su, k = runs_
+    if k.numel() == 0:
+        return []
+    n = int(su[-1] + k[-1])
+    starts = torch.unique(torch.cat([su, torch.arange(0, n, cap, dtype=torch.int64)]))   # sorted
+    r = torch.searchsorted(su, starts, right=True) - 1
+    host = hu[r] + (starts - su[r])
+    lengths = torch.diff(starts, append=torch.tensor([n]))
+    bounds = torch.searchsorted(starts, torch.arange(0, n, cap, dtype=torch.int64)).tolist() + [starts.numel()]
+    out = []
+    for c in range(len(bounds) - 1):
+        a, b = bounds[c], bounds[c + 1]
+        out.append((host[a:b], starts[a:b] - c * cap, lengths[a:b]))
+    return out
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One chunk of a transfer: staging units ``first .. first + count`` of the transfer
+    (so index positions ``first * unit ..``), its copies, and its host units."""
+
+    first: int
+    count: int
+    plan: CopyPlan
+    host_units: torch.Tensor
+
+
+def chunk_plans(runs_: Tuple[torch.Tensor, torch.Tensor, torch.Tensor], shape: Shape2D, cap: int,
+                host_base: int) -> List[Chunk]:
+    """The transfer's chunks of at most ``cap`` units with their plans, kept and found
+    again for equal runs (compared by value) and the same copy shape."""
+    key = (shape, cap, host_base, runs_[0].numel())
+    for entry_runs, chunks in _CHUNKS.get(key, ()):
+        if entry_runs is runs_ or all(_same(a, b) for a, b in zip(entry_runs, runs_)):
+            return chunks
+    chunks = []
+    for c, (hu, su, k) in enumerate(split_runs(runs_, cap)):
+        count = int(su[-1] + k[-1])
+        units = torch.repeat_interleave(hu - su, k) + torch.arange(count)
+        chunks.append(Chunk(c * cap, count, plan(shape, hu, su, k, host_base), units))
+    entries = _CHUNKS.setdefault(key, [])
+    entries.insert(0, (tuple(t.clone() for t in runs_), chunks))
+    del entries[_PER_KEY:]
+    _CHUNKS.move_to_end(key)
+    while len(_CHUNKS) > _KEYS:
+        _CHUNKS.popitem(last=False)
+    return chunks
+
+
+def runs_of(host_indices: torch.Tensor, unit: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`runs` of the host units of ``host_indices`` (slots; ``unit`` slots per unit, a page
+    in page-major layouts), kept and found again for equal indices (compared by value, so
+    an index tensor changed in place is never mistaken for its old values). Indices on a
+    device are read back first, which waits for it: HiCache's host indices are CPU tensors."""
+    idx = host_indices.to("cpu", torch.int64)
+    n = idx.numel()
+    key = (n, unit, int(idx[0]) if n else 0, int(idx[-1]) if n else 0)
+    arr = idx.numpy()
+    for kept_idx, result in _RUNS.get(key, ()):
+        if np.array_equal(kept_idx, arr):
+            return result
+    result = runs(idx[::unit] // unit if unit > 1 else idx)
+    entries = _RUNS.setdefault(key, [])
+    entries.insert(0, (arr.copy(), result))
+    del entries[_PER_KEY:]
+    _RUNS.move_to_end(key)
+    while len(_RUNS) > _KEYS:
+        _RUNS.popitem(last=False)
+    return result
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.numel() == b.numel() and np.array_equal(a.numpy(), b.numpy())
+
+
+# Kept runs and chunk plans: a few entries per key, a bounded number of keys.
+_RUNS: "OrderedDict[tuple, list]" = OrderedDict()
+_CHUNKS: "OrderedDict[tuple, list]" = OrderedDict()
+_PER_KEY, _KEYS = 4, 64
