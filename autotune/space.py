@@ -9,6 +9,7 @@ default is always a candidate, so tuning can only keep it or find better.
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from typing import List, Optional
 
 import kvtier.platforms as platforms
@@ -74,24 +75,34 @@ def candidates(device: DeviceId, *, chunk_bytes: int, crosses_link: bool,
 
 def _clamped(default: CopyConfig, strategy: str, cap: Optional[int], widest: int) -> CopyConfig:
     """The shipped default as the launcher would run it (block clamped to the row), within
-    a user's program cap."""
+    a user's program cap; its stages and tile bytes as shipped."""
     programs = min(default.num_programs, cap) if cap else default.num_programs
-    return CopyConfig(num_programs=programs, rows=default.rows, block_bytes=min(default.block_bytes, widest),
-                      num_warps=default.num_warps, strategy=strategy)
+    return replace(default, num_programs=programs, block_bytes=min(default.block_bytes, widest),
+                   strategy=strategy)
 
 
 def _tiles(space: Space, widest: int, strategy: str, default: CopyConfig):
-    """(rows, block_bytes, num_warps) choices. The dma strategy's kernel is a device-local
-    gather into staging; its tile is the platform default (programs are still searched)."""
+    """(rows, block_bytes, num_warps, stages, tile_bytes) choices. A tile is ``rows`` rows
+    (tile_bytes 0) or sized in bytes (rows the space's fewest, raised by the launcher to
+    fill tile_bytes); stages - 1 tiles wait in shared memory, within the space's
+    stage_limit. The dma strategy's kernel is a device-local gather into staging; its
+    tile is the platform default (programs are still searched)."""
     if strategy == "dma":
-        yield dict(rows=default.rows, block_bytes=min(default.block_bytes, widest), num_warps=default.num_warps)
+        yield dict(rows=default.rows, block_bytes=min(default.block_bytes, widest), num_warps=default.num_warps,
+                   stages=default.stages, tile_bytes=default.tile_bytes)
         return
-    for rows in space.rows:
+    shapes = [(rows, 0) for rows in space.rows] + [(space.rows[0], t) for t in space.tile_bytes if t]
+    for rows, tile_bytes in shapes:
         for block in sorted({min(b, widest) for b in space.block_bytes}):
-            if rows * block > space.tile_limit:
+            tile = max(rows * block, tile_bytes)
+            if tile > space.tile_limit:
                 continue
             for warps in space.num_warps:
                 # More warps than the tile feeds with 16 bytes per thread only idle threads.
-                if space.warp and warps > space.num_warps[0] and rows * block < warps * space.warp * 16:
+                if space.warp and warps > space.num_warps[0] and tile < warps * space.warp * 16:
                     continue
-                yield dict(rows=rows, block_bytes=block, num_warps=warps)
+                for stages in space.stages:
+                    if space.stage_limit and (stages - 1) * tile > space.stage_limit:
+                        continue
+                    yield dict(rows=rows, block_bytes=block, num_warps=warps, stages=stages,
+                               tile_bytes=tile_bytes)

@@ -1,9 +1,11 @@
 """Codegen report: compile the row-copy kernel for a named GPU target without a GPU
 and report, per configuration, the global access widths and register use.
 
-- sm90 (CUDA, H100/H200): PTX is parsed for ``ld.global``/``st.global`` widths; the
-  cubin is read by the cuobjdump that ships with Triton (``--dump-resource-usage``)
-  for registers and spill stores/loads.
+- sm90 (CUDA, H100/H200): PTX is parsed for ``ld.global``/``st.global`` widths and the
+  pipelined structure: ``cp.async`` copies (global -> shared, issued stages ahead) with
+  their widths, commit groups and the ``cp.async.wait_group`` depths; the cubin is read
+  by the cuobjdump that ships with Triton (``--dump-resource-usage``) for registers and
+  spill stores/loads.
 - gfx942 (ROCm, MI300): the AMDGCN assembly gives ``global_load/store`` widths and its
   metadata ``.vgpr_count`` / ``.vgpr_spill_count`` / ``.sgpr_spill_count``.
 
@@ -29,6 +31,8 @@ TARGETS = {
 }
 
 _PTX_ACCESS = re.compile(r"\b(ld|st)\.global(?:\.[a-z0-9_]+)*?(?:\.v(\d))?\.[bsuf](\d+)\b")
+_CP_ASYNC = re.compile(r"\bcp\.async\.c[ag]\.shared\.global(?:\.[a-zA-Z0-9_:]+)*\s+\[[^]]*\],\s*\[[^]]*\],\s*(0x[0-9a-fA-F]+|\d+)")
+_WAIT_GROUP = re.compile(r"\bcp\.async\.wait_group\s+(\d+)")
 _GCN_ACCESS = re.compile(r"\bglobal_(load|store)_(dwordx4|dwordx3|dwordx2|dword|short|ushort|sshort|byte|ubyte|sbyte|b128|b96|b64|b32|b16|b8|u8|u16|i8|i16)\b")
 _GCN_BYTES = {"dwordx4": 16, "b128": 16, "dwordx3": 12, "b96": 12, "dwordx2": 8, "b64": 8,
               "dword": 4, "b32": 4, "short": 2, "ushort": 2, "sshort": 2, "b16": 2, "u16": 2,
@@ -43,8 +47,12 @@ class KernelReport:
     shape: dict
     load_widths: dict = field(default_factory=dict)    # bytes per access -> count in the code
     store_widths: dict = field(default_factory=dict)
+    cp_async: int = 0                                  # cp.async.* instructions in the PTX
+    cp_async_widths: dict = field(default_factory=dict)  # bytes per cp.async -> count
     registers: Optional[int] = None
     spills: Optional[int] = None                       # bytes (CUDA) or registers (AMD) spilled
+    shared: Optional[int] = None                       # shared memory bytes (pipeline buffers)
+    pipeline: dict = field(default_factory=dict)       # stages, constants, commit/wait groups
     error: Optional[str] = None
 
     def to_dict(self) -> dict:
@@ -56,28 +64,34 @@ class KernelReport:
         fmt = lambda d: ",".join(f"{w}Bx{n}" for w, n in sorted(d.items(), reverse=True)) or "-"
         return (f"{self.target:7s} {_cfg(self.config):34s} {_shape(self.shape):44s} "
                 f"ld {fmt(self.load_widths):22s} st {fmt(self.store_widths):14s} "
+                f"cp.async {fmt(self.cp_async_widths):10s} "
                 f"regs {self.registers if self.registers is not None else '?':>3} "
-                f"spills {self.spills if self.spills is not None else '?'}")
+                f"spills {self.spills if self.spills is not None else '?'} "
+                f"smem {self.shared if self.shared is not None else '?'}")
 
 
 def _cfg(c: dict) -> str:
-    return f"progs={c['num_programs']} rows={c['rows']} block={c['block_bytes']} warps={c['num_warps']}"
+    return (f"progs={c['num_programs']} rows={c['rows']} block={c['block_bytes']} warps={c['num_warps']} "
+            f"stages={c.get('stages', 1)} tile={c.get('tile_bytes', 0)}")
 
 
 def _shape(s: dict) -> str:
     modes = ("T" if s["src_table"] else "S") + "->" + ("T" if s["dst_table"] else "S")
-    return f"{modes} row={s['row_bytes']}B chunks={s['n_chunks']} P={s['page_size']} C={s['num_components']}"
+    return (f"{modes} row={s['row_bytes']}B chunks={s['n_chunks']} P={s['page_size']} C={s['num_components']} "
+            f"off{s.get('offset_bits', 64)}")
 
 
 def compile_report(target: str = "sm90", *, config: Optional[CopyConfig] = None, row_bytes: int = 1024,
                    src_table: bool = True, dst_table: bool = False, page_size: int = 1,
                    n_chunks: int = 1, num_components: int = 1, align: int = 16,
-                   index_bits: int = 64) -> KernelReport:
+                   index_bits: int = 64, offset_bits: int = 32) -> KernelReport:
     """Compile one kernel configuration for ``target`` and report on it (never raises
-    for a compile failure: the report's ``error`` says what went wrong)."""
+    for a compile failure: the report's ``error`` says what went wrong). ``offset_bits``:
+    32 describes layers spanning under 2 GiB (row offsets in 32 bits), 64 larger ones."""
     config = config or CopyConfig()
     shape = dict(row_bytes=row_bytes, src_table=src_table, dst_table=dst_table, page_size=page_size,
-                 n_chunks=n_chunks, num_components=num_components, align=align, index_bits=index_bits)
+                 n_chunks=n_chunks, num_components=num_components, align=align, index_bits=index_bits,
+                 offset_bits=offset_bits)
     rep = KernelReport(target=target, config=config.to_dict(), shape=shape)
     if target not in TARGETS:
         rep.error = f"unknown target {target!r}; choose from {sorted(TARGETS)}"
@@ -87,6 +101,10 @@ def compile_report(target: str = "sm90", *, config: Optional[CopyConfig] = None,
     except Exception as e:  # report, don't crash: a sweep wants every row
         rep.error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200]
         return rep
+    const = kernel_constants(config, dict(shape, target=target))
+    rep.pipeline = dict(stages=const["STAGES"], rows=const["ROWS"], block_words=const["BLOCK"],
+                        word=const["WORD"], split=const["SPLIT"], offsets_32bit=const["SRC_I32"])
+    rep.shared = getattr(compiled.metadata, "shared", None)
     if TARGETS[target][0] == "cuda":
         _fill_cuda(rep, compiled)
     else:
@@ -99,7 +117,7 @@ def kernel_constants(config: CopyConfig, shape: dict) -> dict:
     from .plan import Geometry, kernel_constants as constants
     side = dict(page_size=shape["page_size"], num_components=shape["num_components"],
                 n_chunks=shape["n_chunks"], chunk_bytes=shape["row_bytes"] // shape["n_chunks"],
-                align=shape["align"])
+                align=shape["align"], span=1 << (30 if shape.get("offset_bits", 64) == 32 else 34))
     warp = TARGETS[shape.get("target", "sm90")][2]
     const = constants(Geometry(shape["src_table"], **side), Geometry(shape["dst_table"], **side), 1 << 20,
                       config, threads=config.num_warps * warp)
@@ -117,8 +135,10 @@ def _compile(target: str, config: CopyConfig, shape: dict):
     idx = f"*i{shape['index_bits']}"
     ptrs = {"src_ptr": word_type, "dst_ptr": word_type, "src_table": "*i64", "dst_table": "*i64",
             "src_idx": idx, "dst_idx": idx, "verdict": "*i32"}
+    # Counts are i32 as Triton types them at launch; strides stay i64 (the widest case).
+    counts = ("n_rows", "n_layers", "src_layer0", "dst_layer0", "src_table_layers", "dst_table_layers")
     names = _copy_rows_kernel.arg_names
-    sig = {n: ptrs.get(n, "constexpr" if n in const else "i64") for n in names}
+    sig = {n: ptrs.get(n, "constexpr" if n in const else "i32" if n in counts else "i64") for n in names}
     # Pointer arguments from torch allocations are 16-byte aligned; Triton specializes them so.
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n in ptrs}
     src = ASTSource(fn=_compilable(_copy_rows_kernel), signature=sig, constexprs=const, attrs=attrs)
@@ -136,9 +156,14 @@ def _compilable(kernel):
 
 def _fill_cuda(rep: KernelReport, compiled) -> None:
     loads, stores = Counter(), Counter()
-    for op, vec, bits in _PTX_ACCESS.findall(compiled.asm["ptx"]):
+    ptx = compiled.asm["ptx"]
+    for op, vec, bits in _PTX_ACCESS.findall(ptx):
         (loads if op == "ld" else stores)[int(vec or 1) * int(bits) // 8] += 1
     rep.load_widths, rep.store_widths = dict(loads), dict(stores)
+    rep.cp_async_widths = dict(Counter(int(n, 0) for n in _CP_ASYNC.findall(ptx)))
+    rep.cp_async = len(re.findall(r"\bcp\.async\.", ptx))
+    rep.pipeline.update(commit_groups=len(re.findall(r"\bcp\.async\.commit_group\b", ptx)),
+                        wait_groups=sorted({int(n) for n in _WAIT_GROUP.findall(ptx)}))
     cubin = compiled.asm.get("cubin")
     if cubin is None:
         return

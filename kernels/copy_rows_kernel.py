@@ -19,51 +19,86 @@ def _copy_rows_kernel(
     N_COMP: tl.constexpr, N_CHUNKS: tl.constexpr, CHUNK_WORDS: tl.constexpr,
     ROWS: tl.constexpr, BLOCK: tl.constexpr, LOG_BLOCK: tl.constexpr, ALIGN: tl.constexpr,
     MIN_PIECE: tl.constexpr, CHECKED: tl.constexpr, SKIP_NEG: tl.constexpr,
+    STAGES: tl.constexpr, SPLIT: tl.constexpr, SRC_I32: tl.constexpr, DST_I32: tl.constexpr,
 ):
-    """Persistent copy of ``ROWS x CHUNK_WORDS`` word tiles.
+    """Persistent copy of ``[ROWS, BLOCK]`` word tiles.
 
-    Work items are (component, layer, tile of ROWS indices); program p takes items
-    p, p + grid, p + 2 * grid, ... Each item loads ROWS source and destination
-    indices (a tail tile repeats its last row, which rewrites the same bytes, so no
-    row mask is needed), turns them into word offsets by the row-map formula, then
-    copies every chunk of the rows in [ROWS, BLOCK] tiles. The row tail that does not
-    fill a BLOCK is copied as power-of-two pieces, so no copy carries a mask. Pieces
-    narrower than MIN_PIECE words (a power of two, at most CHUNK_WORDS) are replaced by
-    one MIN_PIECE-word window ending at the chunk's end: it rewrites bytes of the same
-    row already copied, with the same values, and keeps every copy at least MIN_PIECE
-    wide (triton-ascend lowers a piece under 32 bytes element by element); MIN_PIECE = 1
-    compiles the window out. Strides arrive in units of ALIGN words, so the compiler
-    sees the alignment of every offset and may use 16-byte accesses, even through
-    pointers loaded from a table. With CHECKED, every program first reads the verdict
-    word an index check wrote on the same stream and copies nothing unless it is 0.
-    With SKIP_NEG (the engines' convention) a row whose source or destination index is
-    negative is skipped: the copies are masked by row, which only these calls pay for.
+    Work items: program p takes items p, p + grid, p + 2 * grid, ... of a loop that
+    Triton software-pipelines over STAGES stages (on sm_90 the loads of the next
+    STAGES - 1 items are issued as cp.async into shared memory while this item stores):
+    several tiles are in flight per program, and an item's index loads are issued a stage
+    before its data loads.
+
+    With SPLIT (GPUs), an item is (component, layer, tile of ROWS indices, chunk, column
+    block of BLOCK words): one load and one store, no branch, so the loop pipelines. A
+    chunk that BLOCK does not divide ends in a block masked by ``column < CHUNK_WORDS``;
+    since every chunk is a multiple of 16 bytes where the rows allow it, the mask is
+    constant over 16 bytes and every access stays a 16-byte vector (576 B, 656 B rows).
+
+    Without SPLIT (Ascend, which lowers a masked or narrow column as element copies), an
+    item is (component, layer, tile): it copies every chunk in BLOCK-word columns, the
+    row tail that does not fill a BLOCK as power-of-two pieces, no copy carrying a mask.
+    Pieces narrower than MIN_PIECE words (a power of two, at most CHUNK_WORDS) are
+    replaced by one MIN_PIECE-word window ending at the chunk's end: it rewrites bytes of
+    the same row already copied, with the same values, and keeps every copy at least
+    MIN_PIECE wide (triton-ascend lowers a piece under 32 bytes element by element);
+    MIN_PIECE = 1 compiles the window out.
+
+    A tail tile of rows repeats its last row, which rewrites the same bytes, so no row
+    mask is needed. Row offsets follow the row-map formula; SRC_I32 / DST_I32 compute a
+    side's offsets within a layer in 32 bits (the plan sets them where a layer spans
+    under 2 GiB), layer and component bases stay 64-bit. Strides arrive in units of ALIGN
+    words, so the compiler sees the alignment of every offset and may use 16-byte
+    accesses, even through pointers loaded from a table. With CHECKED, every program
+    first reads the verdict word an index check wrote on the same stream and copies
+    nothing unless it is 0. With SKIP_NEG (the engines' convention) a row whose source or
+    destination index is negative is skipped: the copies are masked by row, which only
+    these calls pay for.
     """
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
     tiles = (n_rows + ROWS - 1) // ROWS
-    total = N_COMP * n_layers * tiles
-    if CHECKED:
-        total = tl.where(tl.load(verdict) == 0, total, 0)
     MAIN: tl.constexpr = (CHUNK_WORDS // BLOCK) * BLOCK
     TAIL: tl.constexpr = CHUNK_WORDS - MAIN
     WINDOW: tl.constexpr = (TAIL % MIN_PIECE) != 0      # tail words below MIN_PIECE remain
-    for w in range(pid, total, grid):
-        tile = w % tiles
-        cl = w // tiles
+    # Column blocks per chunk when they are work items (the last one masked if partial).
+    COLS: tl.constexpr = (CHUNK_WORDS + BLOCK - 1) // BLOCK
+    PER_TILE: tl.constexpr = N_CHUNKS * COLS if SPLIT else 1
+    total = N_COMP * n_layers * tiles * PER_TILE
+    if CHECKED:
+        total = tl.where(tl.load(verdict) == 0, total, 0)
+    for w in tl.range(pid, total, grid, num_stages=STAGES):
+        part = w % PER_TILE
+        item = w // PER_TILE
+        tile = item % tiles
+        cl = item // tiles
         layer = (cl % n_layers).to(tl.int64)
         comp = (cl // n_layers).to(tl.int64)
         r = tile * ROWS + tl.arange(0, ROWS)
         r = tl.minimum(r, n_rows - 1)
-        si = tl.load(src_idx + r).to(tl.int64)
-        di = tl.load(dst_idx + r).to(tl.int64)
+        if SRC_I32:
+            si = tl.load(src_idx + r).to(tl.int32)
+        else:
+            si = tl.load(src_idx + r).to(tl.int64)
+        if DST_I32:
+            di = tl.load(dst_idx + r).to(tl.int32)
+        else:
+            di = tl.load(dst_idx + r).to(tl.int64)
         # Rows the copy writes: all, or (SKIP_NEG) those whose two indices are not negative.
         keep = ((si >= 0) & (di >= 0))[:, None] if SKIP_NEG else None
         # Strides arrive in units of ALIGN words; multiplying by the constant ALIGN
         # tells the compiler every offset's alignment (a multiple_of hint on a sum can
         # be folded away with the sum).
-        s_off = ((si // SRC_PAGE) * src_page_stride + (si % SRC_PAGE) * src_token_stride) * ALIGN
-        d_off = ((di // DST_PAGE) * dst_page_stride + (di % DST_PAGE) * dst_token_stride) * ALIGN
+        if SRC_I32:
+            s_off = ((si // SRC_PAGE) * tl.cast(src_page_stride, tl.int32)
+                     + (si % SRC_PAGE) * tl.cast(src_token_stride, tl.int32)) * ALIGN
+        else:
+            s_off = ((si // SRC_PAGE) * src_page_stride + (si % SRC_PAGE) * src_token_stride) * ALIGN
+        if DST_I32:
+            d_off = ((di // DST_PAGE) * tl.cast(dst_page_stride, tl.int32)
+                     + (di % DST_PAGE) * tl.cast(dst_token_stride, tl.int32)) * ALIGN
+        else:
+            d_off = ((di // DST_PAGE) * dst_page_stride + (di % DST_PAGE) * dst_token_stride) * ALIGN
         if SRC_TABLE:
             s_addr = tl.load(src_table + comp * src_table_layers + src_layer0 + layer)
             s_base = tl.multiple_of(s_addr.to(tl.pointer_type(src_ptr.dtype.element_ty)), ALIGN * WORD)
@@ -74,16 +109,29 @@ def _copy_rows_kernel(
             d_base = tl.multiple_of(d_addr.to(tl.pointer_type(dst_ptr.dtype.element_ty)), ALIGN * WORD)
         else:
             d_base = dst_ptr + (comp * dst_comp_stride + (dst_layer0 + layer) * dst_layer_stride) * ALIGN
-        for ch in range(N_CHUNKS):
-            sp = s_base + (s_off + ch * src_chunk_stride * ALIGN)[:, None]
-            dp = d_base + (d_off + ch * dst_chunk_stride * ALIGN)[:, None]
-            for b in range(0, MAIN, BLOCK):
-                cols = b + tl.arange(0, BLOCK)[None, :]
-                tl.store(dp + cols, tl.load(sp + cols, mask=keep), mask=keep)
-            for k in tl.static_range(LOG_BLOCK):
-                if ((TAIL >> k) & 1) and (1 << k) >= MIN_PIECE:
-                    cols = (MAIN + ((TAIL >> (k + 1)) << (k + 1))) + tl.arange(0, 1 << k)[None, :]
+        if SPLIT:
+            ch = part // COLS
+            cols = (part % COLS) * BLOCK + tl.arange(0, BLOCK)[None, :]
+            # The chunk's offset joins the 64-bit base: row offsets keep their width.
+            sp = (s_base + ch * src_chunk_stride * ALIGN) + s_off[:, None] + cols
+            dp = (d_base + ch * dst_chunk_stride * ALIGN) + d_off[:, None] + cols
+            if TAIL:
+                # Constant over 16 bytes: CHUNK_WORDS is a multiple of 16 // WORD where rows allow.
+                m = (cols < CHUNK_WORDS) & keep if SKIP_NEG else cols < CHUNK_WORDS
+            else:
+                m = keep
+            tl.store(dp, tl.load(sp, mask=m), mask=m)
+        else:
+            for ch in range(N_CHUNKS):
+                sp = (s_base + ch * src_chunk_stride * ALIGN) + s_off[:, None]
+                dp = (d_base + ch * dst_chunk_stride * ALIGN) + d_off[:, None]
+                for b in range(0, MAIN, BLOCK):
+                    cols = b + tl.arange(0, BLOCK)[None, :]
                     tl.store(dp + cols, tl.load(sp + cols, mask=keep), mask=keep)
-            if WINDOW:
-                cols = (CHUNK_WORDS - MIN_PIECE) + tl.arange(0, MIN_PIECE)[None, :]
-                tl.store(dp + cols, tl.load(sp + cols, mask=keep), mask=keep)
+                for k in tl.static_range(LOG_BLOCK):
+                    if ((TAIL >> k) & 1) and (1 << k) >= MIN_PIECE:
+                        cols = (MAIN + ((TAIL >> (k + 1)) << (k + 1))) + tl.arange(0, 1 << k)[None, :]
+                        tl.store(dp + cols, tl.load(sp + cols, mask=keep), mask=keep)
+                if WINDOW:
+                    cols = (CHUNK_WORDS - MIN_PIECE) + tl.arange(0, MIN_PIECE)[None, :]
+                    tl.store(dp + cols, tl.load(sp + cols, mask=keep), mask=keep)

@@ -305,8 +305,9 @@ DEFAULT = CopyConfig(num_programs=40, rows=2, block_bytes=16384, num_warps=1)
 
 NPU = Platform(
     name="npu", device_type="npu", link_config=DEFAULT, device_config=DEFAULT,
-    space=Space((2, 4, 8), (4096, 8192, 16384, 32768), (1,), 96 * 1024, 0),
-    quick_space=Space((2, 4), (8192, 16384), (1,), 96 * 1024, 0),
+    # One stage: no cp.async; the tile already fills half the Unified Buffer.
+    space=Space((2, 4, 8), (4096, 8192, 16384, 32768), (1,), 96 * 1024, 0, stages=(1,)),
+    quick_space=Space((2, 4), (8192, 16384), (1,), 96 * 1024, 0, stages=(1,)),
     max_programs=lambda units, crosses_link: units or DEFAULT.num_programs,
     timer=npu_timer, min_rows=NPU_MIN_ROWS, min_piece_bytes=NPU_MIN_PIECE_BYTES,
     dma_runtime=_dma_runtime, kernel_reaches=npu_reachable, kernel_view=device_addressed,

@@ -24,11 +24,20 @@ from .runtime_libs import ARGS_2D, Runtime
 # 49.6 GB/s host->device against a 55.2 GB/s pinned copy; 4-row tiles reach only 10-26
 # GB/s (too few bytes in flight across PCIe). On the device, 2112 programs (16 per SM) of
 # 16-row tiles gather at 1166 GB/s. ROCm takes the CUDA values (not yet measured on AMD).
-LINK = CopyConfig(num_programs=4, rows=64, block_bytes=1024, num_warps=8)
-DEVICE = CopyConfig(num_programs=2112, rows=16, block_bytes=1024, num_warps=16)
-# A tile is held in registers: up to 64 rows x 1 KiB (the link default) per program.
+# Pipelining (stages) and tiles sized in bytes (tile_bytes) are set from the sm_90 code
+# generation (`kvtier codegen`: cp.async, 16-byte accesses, no spills), not yet measured:
+# across the link three 64 KiB tiles per program are in flight (two ahead, 128 KiB of
+# shared memory), whatever the row size; on the device two 16 KiB tiles, so that four
+# programs of 16 warps still fit an SM.
+LINK = CopyConfig(num_programs=4, rows=64, block_bytes=1024, num_warps=8, stages=3, tile_bytes=65536)
+DEVICE = CopyConfig(num_programs=2112, rows=16, block_bytes=1024, num_warps=16, stages=2, tile_bytes=16384)
+# A tile is held in registers: up to 64 rows x 1 KiB (the link default) per program;
+# stages - 1 tiles wait in shared memory (at most 160 KiB of sm_90's 227).
 _ROWS, _BLOCKS = (1, 2, 4, 8, 16, 32, 64), (256, 512, 1024, 2048, 4096)
 _QUICK_ROWS, _QUICK_BLOCKS = (1, 4, 16, 64), (512, 2048)
+_STAGES, _TILE_BYTES = (1, 2, 3, 4), (0, 16384, 65536)
+_QUICK_STAGES, _QUICK_TILE_BYTES = (1, 3), (0, 65536)
+_STAGE_LIMIT = 160 << 10
 
 
 def _max_programs(units: int, crosses_link: bool) -> int:
@@ -117,8 +126,9 @@ def _codegen_target(arch: str) -> Optional[str]:
 def _record(name: str, warp: int, arch_of: Callable) -> Platform:
     return Platform(
         name=name, device_type="cuda", link_config=LINK, device_config=DEVICE,
-        space=Space(_ROWS, _BLOCKS, (1, 2, 4, 8, 16), 64 << 10, warp),
-        quick_space=Space(_QUICK_ROWS, _QUICK_BLOCKS, (4, 8, 16), 64 << 10, warp),
+        space=Space(_ROWS, _BLOCKS, (1, 2, 4, 8, 16), 64 << 10, warp, _STAGES, _TILE_BYTES, _STAGE_LIMIT),
+        quick_space=Space(_QUICK_ROWS, _QUICK_BLOCKS, (4, 8, 16), 64 << 10, warp, _QUICK_STAGES,
+                          _QUICK_TILE_BYTES, _STAGE_LIMIT),
         max_programs=_max_programs, timer=cuda_timer, warp_threads=warp,
         dma_runtime=_dma_runtime(hip=name == "rocm"), codegen_target=_codegen_target,
         properties=lambda device, p: {"arch": arch_of(p), "compute_units": p.multi_processor_count})

@@ -46,15 +46,19 @@ def test_gpu_candidates_respect_cap_clamp_and_tile_limit(device, chunk):
     kernel = [c for c in cfgs if c.strategy == "kernel"]
     # the shipped default (within the cap, block clamped to the row) is always timed
     assert kernel[0] == CopyConfig(num_programs=min(default.num_programs, 12), rows=default.rows,
-                                   block_bytes=min(default.block_bytes, widest), num_warps=default.num_warps)
+                                   block_bytes=min(default.block_bytes, widest), num_warps=default.num_warps,
+                                   stages=default.stages, tile_bytes=default.tile_bytes)
     kernel = kernel[1:]
     assert max(c.block_bytes for c in kernel) == min(4096, widest)   # clamped like the launcher
-    assert all(c.rows * c.block_bytes <= space.tile_limit for c in kernel)
+    tile = lambda c: max(c.rows * c.block_bytes, c.tile_bytes)
+    assert all(tile(c) <= space.tile_limit for c in kernel)
     # more warps than the tile feeds 16 bytes each are dropped, the fewest warps stay
-    assert all(c.num_warps == 1 or c.rows * c.block_bytes >= c.num_warps * space.warp * 16 for c in kernel)
+    assert all(c.num_warps == 1 or tile(c) >= c.num_warps * space.warp * 16 for c in kernel)
     assert any(c.num_warps == 1 for c in kernel)
-    # 16 warps only where some tile feeds them: 64 rows x 64 B does not
-    assert any(c.num_warps == 16 for c in kernel) == (chunk >= 656)
+    # 16 warps only where some tile feeds them: 64 rows x 64 B does not, a tile of
+    # 64 KiB (sized in bytes) does
+    assert any(c.num_warps == 16 and not c.tile_bytes for c in kernel) == (chunk >= 656)
+    assert any(c.num_warps == 16 and c.tile_bytes == 65536 for c in kernel)
 
 
 def test_device_local_copies_time_kernels_only():
@@ -91,3 +95,48 @@ def test_quick_space_is_smaller():
 def test_cpu_space_is_tiny():
     cfgs = candidates(CPU, chunk_bytes=64, crosses_link=True)
     assert 0 < len(cfgs) <= 8
+
+
+@pytest.mark.parametrize("device", [H200, MI300])
+def test_gpu_space_searches_stages_and_tile_bytes_within_shared_memory(device):
+    space = space_for(device)
+    cfgs = [c for c in candidates(device, chunk_bytes=1024, crosses_link=True) if c.strategy == "kernel"]
+    assert {c.stages for c in cfgs} == set(space.stages) and max(space.stages) >= 3
+    assert {c.tile_bytes for c in cfgs} == set(space.tile_bytes) and 65536 in space.tile_bytes
+    # tiles waiting in shared memory (stages - 1 of them) stay within the space's bound
+    assert all((c.stages - 1) * max(c.rows * c.block_bytes, c.tile_bytes) <= space.stage_limit for c in cfgs)
+    assert any(c.stages == 4 for c in cfgs) and not any(
+        c.stages == 4 and c.rows * c.block_bytes == 65536 for c in cfgs)   # 3 x 64 KiB > 160 KiB
+    # the shipped defaults pipeline (and are timed: test_every_shipped_default_is_a_candidate)
+    assert default_config(device.platform).stages > 1 and default_config(device.platform, False).stages > 1
+
+
+def test_npu_and_cpu_search_one_stage():
+    for device in (NPU, CPU):
+        assert {c.stages for c in candidates(device, chunk_bytes=1024, crosses_link=True)} == {1}
+
+
+def test_configs_written_before_stages_and_tile_bytes_still_load(tmp_path, monkeypatch, recwarn):
+    """A cache entry without the pipelining fields reads as the kernel it was measured
+    with (one stage, tiles of ``rows`` rows); a bad value in them is a malformed entry."""
+    import json
+    from kvtier.autotune.cache import CACHE_ENV, cache_path, load, store
+    from kvtier.autotune.key import TuneKey
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    old = CopyConfig(num_programs=8, rows=4, block_bytes=2048, num_warps=8)
+    new = CopyConfig(num_programs=8, rows=4, block_bytes=2048, num_warps=8, stages=3, tile_bytes=65536)
+    k = [TuneKey.of("backup", row_bytes=1024, page_size=16, num_rows=n, num_layers=32, crosses_link=True)
+         for n in (256, 512, 1024, 2048)]
+    store(H200, {k[0]: {"config": old.to_dict()}, k[1]: {"config": new.to_dict()}})
+    doc = json.loads(cache_path(H200).read_text())
+    entries = doc["entries"]
+    legacy = {f: v for f, v in old.to_dict().items() if f not in ("stages", "tile_bytes")}
+    entries[k[0].to_str()]["config"] = legacy
+    entries[k[2].to_str()] = dict(entries[k[0].to_str()], config=dict(legacy, stages=0))
+    entries[k[3].to_str()] = dict(entries[k[0].to_str()], config=dict(legacy, tile_bytes=3000))
+    cache_path(H200).write_text(json.dumps(doc))
+    with pytest.warns(RuntimeWarning, match="2 malformed entries"):
+        assert load(H200) == {k[0]: old, k[1]: new}
+    assert CopyConfig.from_dict(new.to_dict()) == new
+    with pytest.raises(ValueError):
+        CopyConfig.from_dict(dict(legacy, stages=True))
