@@ -22,6 +22,7 @@ import kvtier.platforms as platforms
 from .config import CopyConfig
 from .errors import KvtierError, fail
 from .index_check import IndexGuard, checks_on
+from .index_memo import dense, page_starts
 from .plan import kernel_constants, plan_copy  # noqa: F401  (plan_copy: tests and tools)
 from .rowmap import RowMap
 from .validate import check_copy
@@ -142,25 +143,21 @@ def copy_rows(src: RowMap, src_indices: torch.Tensor, dst: RowMap, dst_indices: 
                    config, device, verdict, skip_negative)
 
 
-def copy_validated(src: RowMap, src_indices, dst: RowMap, dst_indices, src_layer: int, dst_layer: int,
-                   num_layers: int, by_page: bool, config: Optional[CopyConfig], device: torch.device,
-                   verdict: Optional[torch.Tensor] = None, skip_negative: bool = False) -> None:
+def copy_validated(src: RowMap, src_indices, dst: RowMap, dst_indices, src_layer: int = 0, dst_layer: int = 0,
+                   num_layers: int = 1, by_page: bool = False, config: Optional[CopyConfig] = None,
+                   device: Optional[torch.device] = None, verdict: Optional[torch.Tensor] = None,
+                   skip_negative: bool = False, bound: Optional["BoundCopy"] = None) -> None:
     """`copy_rows` after its checks: the pools' and adapters' hot path, for arguments they
-    have validated themselves (shapes here are not checked again)."""
-    if src_indices.numel() == 0 or num_layers == 0:
-        return
-    if config is None:
-        config = platforms.of(device).default_config(crosses_link=src.device.type != dst.device.type)
-    if by_page and src.page_size > 1 and src.page_contiguous and dst.page_contiguous:
-        p = src.page_size
-        src, dst = src.pages_as_rows(), dst.pages_as_rows()
-        src_indices, dst_indices = src_indices[::p] // p, dst_indices[::p] // p
-    runner = _runner(device.type)
-    if runner != "kernel":
-        _warn_once(runner, _FALLBACK[runner])
-        return _reference(src, src_indices, dst, dst_indices, src_layer, dst_layer, num_layers, skip_negative)
-    launch(src, src_indices, dst, dst_indices, src_layer, dst_layer, num_layers, config, device, verdict,
-           skip_negative)
+    have validated themselves (shapes here are not checked again). ``bound``: the
+    `BoundCopy` these arguments make, where the caller keeps it (then only the indices
+    and the verdict are read from the call)."""
+    if bound is None:
+        if src_indices.numel() == 0 or num_layers == 0:
+            return
+        bound = bind(src, dst, src_layer=src_layer, dst_layer=dst_layer, num_layers=num_layers,
+                     by_page=by_page, config=config, device=device, n_rows=src_indices.numel(),
+                     skip_negative=skip_negative)
+    bound(src_indices, dst_indices, verdict)
 
 
 _FALLBACK = {
@@ -231,29 +228,10 @@ def _reference(src, si, dst, di, src_layer, dst_layer, num_layers, skip_negative
                         num_layers=num_layers, check=False)
 
 
-def launch(src: RowMap, src_indices, dst: RowMap, dst_indices, src_layer: int, dst_layer: int,
-           num_layers: int, config: CopyConfig, device: torch.device,
-           verdict: Optional[torch.Tensor] = None, skip_negative: bool = False) -> None:
-    """Launch the kernel on already-validated arguments (the pools' hot path); with a
-    ``verdict`` word, its programs copy nothing unless it is 0."""
-    # The kernel reads indices as dense arrays: a strided view would address other rows.
-    src_indices, dst_indices = src_indices.contiguous(), dst_indices.contiguous()
-    n = src_indices.numel()
-    p = _launch_plan(src, dst, n, config, device)
-    grid = max(1, min(config.num_programs, p.n_comp * num_layers * -(-n // p.rows)))
-    _kernel()[(grid,)](
-        p.sp, p.st, src_indices, p.dp, p.dt, dst_indices,
-        n, num_layers, src_layer, dst_layer, p.src_layers, p.dst_layers,
-        *p.strides, src_indices if verdict is None else verdict,
-        **p.const, CHECKED=verdict is not None, SKIP_NEG=skip_negative, num_warps=config.num_warps,
-    )
-
-
 @dataclass(frozen=True)
 class LaunchPlan:
-    """Everything a launch between two maps passes that does not depend on the indices:
-    worked out once per (destination map, rows bucket, configuration, device) and kept in
-    the source map's derived record."""
+    """Everything a launch between two maps passes that does not depend on the indices or
+    the layer range (a `BoundCopy` holds one)."""
 
     sp: torch.Tensor
     st: torch.Tensor
@@ -267,12 +245,89 @@ class LaunchPlan:
     dst_layers: int
 
 
-def _launch_plan(src: RowMap, dst: RowMap, n: int, config: CopyConfig, device: torch.device) -> LaunchPlan:
-    key = (dst, 1 << (max(n, 1) - 1).bit_length(), config, device)
-    plan = src.derived.plans.get(key)
-    if plan is None:
-        plan = src.derived.plans[key] = _make_plan(src, dst, key[1], config, device)
-    return plan
+def bind(src: RowMap, dst: RowMap, *, src_layer: int, dst_layer: int, num_layers: int, by_page: bool,
+         config: Optional[CopyConfig], device: torch.device, n_rows: int,
+         skip_negative: bool = False) -> "BoundCopy":
+    """The `BoundCopy` for copying about ``n_rows`` index pairs (its power-of-two bucket)
+    between validated maps: made once and kept in the source map's derived record."""
+    if config is None:
+        config = platforms.of(device).default_config(crosses_link=src.device.type != dst.device.type)
+    key = (dst, src_layer, dst_layer, num_layers, by_page, config, device,
+           1 << (max(n_rows, 1) - 1).bit_length(), skip_negative)
+    b = src.derived.plans.get(key)
+    if b is None:
+        b = src.derived.plans[key] = BoundCopy(src, dst, src_layer, dst_layer, num_layers, by_page, config,
+                                               device, key[7], skip_negative)
+    return b
+
+
+class BoundCopy:
+    """One row copy between two validated maps over a layer range, with everything but
+    the indices and the verdict worked out once: the launch plan (kernel constants,
+    pointer and table arguments, strides in units), the page view, and the tensors to
+    watch. Calling it with (source indices, destination indices, verdict) enqueues the
+    copy: the pools' and adapters' hot path.
+
+    Before each launch it checks, on the host, that every tensor the maps were built on
+    still has, in the layers it touches, the storage it had then (after ``resize_``,
+    ``set_`` or a freed storage the map's addresses point at memory the tensor no longer
+    owns): a `KvtierError` names the tensor instead of a write into freed memory.
+    """
+
+    __slots__ = ("config", "num_layers", "skip_negative", "page", "runner", "plan", "maps",
+                 "scalars", "constants", "checked_constants", "items", "watch", "layers")
+
+    def __init__(self, src: RowMap, dst: RowMap, src_layer: int, dst_layer: int, num_layers: int,
+                 by_page: bool, config: CopyConfig, device: torch.device, n_bucket: int, skip_negative: bool):
+        self.config, self.num_layers = config, num_layers
+        self.skip_negative, self.layers = skip_negative, (src_layer, dst_layer)
+        self.watch = src.watch(src_layer, num_layers) + dst.watch(dst_layer, num_layers)
+        self.page = 0
+        if by_page and src.page_size > 1 and src.page_contiguous and dst.page_contiguous:
+            self.page = src.page_size
+            src, dst = src.pages_as_rows(), dst.pages_as_rows()
+            n_bucket = max(n_bucket // self.page, 1)
+        self.maps = (src, dst)
+        self.runner = _runner(device.type)
+        if self.runner != "kernel":
+            return
+        p = self.plan = _make_plan(src, dst, n_bucket, config, device)
+        self.scalars = (num_layers, src_layer, dst_layer, p.src_layers, p.dst_layers, *p.strides)
+        base = dict(p.const, SKIP_NEG=skip_negative, num_warps=config.num_warps)
+        self.constants, self.checked_constants = dict(base, CHECKED=False), dict(base, CHECKED=True)
+        self.items = p.n_comp * num_layers          # work items per tile of rows
+
+    def __call__(self, si: torch.Tensor, di: torch.Tensor, verdict: Optional[torch.Tensor] = None) -> None:
+        for t, ptr, arg in self.watch:
+            if t.data_ptr() != ptr:
+                raise fail(arg, tuple(t.shape), "no longer has the storage its map was built on (the "
+                           "tensor was resized, set_ to other memory or its storage freed): build the "
+                           "map, pool or call's buffers again")
+        if self.page:
+            si, di = page_starts(si, self.page), page_starts(di, self.page)
+        else:
+            si, di = dense(si), dense(di)
+        src, dst = self.maps
+        if self.runner != "kernel":
+            _warn_once(self.runner, _FALLBACK[self.runner])
+            return _reference(src, si, dst, di, *self.layers, self.num_layers, self.skip_negative)
+        launch(src, si, dst, di, self, verdict)
+
+
+def launch(src: RowMap, si: torch.Tensor, dst: RowMap, di: torch.Tensor, bound: BoundCopy,
+           verdict: Optional[torch.Tensor]) -> None:
+    """Enqueue ``bound``'s copy between ``src`` and ``dst`` (the maps as launched: whole
+    pages as rows where the copy moves pages) at dense indices; with a ``verdict`` word,
+    its programs copy nothing unless it is 0."""
+    p, n = bound.plan, si.numel()
+    if not n:
+        return
+    grid = min(bound.config.num_programs, bound.items * -(-n // p.rows))
+    if verdict is None:
+        _kernel()[(grid,)](p.sp, p.st, si, p.dp, p.dt, di, n, *bound.scalars, si, **bound.constants)
+    else:
+        _kernel()[(grid,)](p.sp, p.st, si, p.dp, p.dt, di, n, *bound.scalars, verdict,
+                           **bound.checked_constants)
 
 
 def _make_plan(src: RowMap, dst: RowMap, n_bucket: int, config: CopyConfig, device: torch.device) -> LaunchPlan:

@@ -72,8 +72,8 @@ class Derived:
     reachable: platform names whose kernels reach this host map (`RowMap.reachable_by`);
         only a yes is kept, since memory may be registered later.
     views: the map as a kernel on each device addresses it (`RowMap.kernel_view`).
-    plans: launch plans from this map (`kvtier.kernels.copy_rows.LaunchPlan`), keyed by
-        destination map, rows bucket, configuration and device.
+    plans: bound copies from this map (`kvtier.kernels.copy_rows.BoundCopy`), keyed by
+        destination map, layer range, page mode, configuration, device and rows bucket.
     """
 
     anchors: dict = field(default_factory=dict)
@@ -111,10 +111,15 @@ class RowMap:
     align: int             # power of two (<= 16) dividing every address and stride
     # (tensor, first byte address used) per layer base, for the reference and the checks
     segments: tuple = field(repr=False, default=())
+    # data_ptr() of each segment's tensor when the map was first built (kept by the maps
+    # derived from it): a launch compares it with the tensor's own (`watch`).
+    born: Optional[tuple] = field(repr=False, default=None)
     derived: Derived = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         object.__setattr__(self, "derived", Derived())
+        if self.born is None:
+            object.__setattr__(self, "born", tuple(t.data_ptr() for t, _ in self.segments))
 
     # ------------------------------------------------------------------ properties
     @property
@@ -212,10 +217,28 @@ class RowMap:
         if self.is_table:
             rows = [self.table[c * self.num_layers + start:c * self.num_layers + start + count]
                     for c in range(self.num_components)]
-            segs = tuple(s for c in range(self.num_components)
-                         for s in self.segments[c * self.num_layers + start:c * self.num_layers + start + count])
-            return replace(self, num_layers=count, table=torch.cat(rows), segments=segs)
+            keep = [i for c in range(self.num_components)
+                    for i in range(c * self.num_layers + start, c * self.num_layers + start + count)
+                    if i < len(self.segments)]
+            return replace(self, num_layers=count, table=torch.cat(rows),
+                           segments=tuple(self.segments[i] for i in keep),
+                           born=tuple(self.born[i] for i in keep))
         return replace(self, num_layers=count, base=self.base + start * self.layer_stride)
+
+    def watch(self, start: int, count: int) -> tuple:
+        """(tensor, its data_ptr() when the map was built, name) for every tensor that
+        layers start .. start+count-1 of this map rest on: what a launch compares, so
+        that a tensor resized, ``set_`` to other memory or whose storage was freed since
+        is named instead of written through a stale address. A table built from bare
+        addresses (no owners) has nothing to watch."""
+        if self.is_table and len(self.segments) == self.num_components * self.num_layers:
+            picked = [c * self.num_layers + layer for c in range(self.num_components)
+                      for layer in range(start, start + count)]
+            name = "layers[{}]"
+        else:
+            picked = range(len(self.segments))
+            name = "layers[{}]" if self.is_table else "component {} buffer"
+        return tuple((self.segments[i][0], self.born[i], name.format(i)) for i in picked)
 
     # ------------------------------------------------------------ constructors
     @classmethod
@@ -370,16 +393,17 @@ class RowMap:
         if any(geometry(m) != geometry(m0) or m.num_components != 1 for m in maps):
             return None
         segs = tuple(s for m in maps for s in m.segments)
+        born = tuple(b for m in maps for b in m.born)
         if m0.is_table:
             return replace(m0, num_components=len(maps), table=torch.cat([m.table for m in maps]),
-                           segments=segs, align=min(m.align for m in maps))
+                           segments=segs, born=born, align=min(m.align for m in maps))
         # Stacked: equal distance between consecutive bases inside one allocation.
         storages = {_storage_span(m.segments[0][0]) for m in maps}
         steps = {maps[i + 1].base - maps[i].base for i in range(len(maps) - 1)}
         if len(storages) != 1 or len(steps) != 1 or next(iter(steps)) <= 0:
             return None
         step = steps.pop()
-        out = replace(m0, num_components=len(maps), comp_stride=step, segments=segs,
+        out = replace(m0, num_components=len(maps), comp_stride=step, segments=segs, born=born,
                       align=min(_pow2_align(step), *(m.align for m in maps)))
         out._check_bounds()
         return out
