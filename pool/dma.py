@@ -53,7 +53,7 @@ from kvtier.kernels.ops import Op
 from kvtier.kernels.rowmap import kept, tensor_key
 
 from . import link_copy
-from .dma_plan import Chunk, chunk_plans, runs, runs_of, shape_2d  # noqa: F401  (runs: host.py)
+from .dma_plan import Chunk, chunk_plans, runs_of, shape_2d
 from .gather import iota
 from .launch import launch
 
@@ -233,6 +233,12 @@ def lane(device: torch.device) -> Lane:
 
 
 # ------------------------------------------------------------------ transfers
+def runs(units: torch.Tensor) -> Runs:
+    """`dma_plan.runs` of host units (CPU), kept by value: a call with the indices of an
+    earlier one (HiCache's per-layer loads) finds its runs, and with them its chunk plans."""
+    return runs_of(units, 1)
+
+
 def backup(op, dev_map, didx, host_buf, layout, page_size, dev_layer, host_layer, num_layers,
            run_list, by_page, config, verdict=None) -> None:
     """Device rows ``didx`` of layers dev_layer.. -> host layers host_layer.. at the runs."""
