@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import sys
 import xml.etree.ElementTree as ET
+from collections import Counter
 from pathlib import Path
 from typing import Optional
 
@@ -41,22 +42,22 @@ def _row(cells) -> str:
 
 
 def best_per_op(run: dict) -> list:
-    """Per operation, at its largest measured transfer of the run's most common shape:
-    every series' GB/s, in legend order."""
-    pts = [p for p in run["points"] if "gbps" in p]
+    """Per operation, at the largest transfer of its most common row and page size
+    (``layer_first``): every series' (GB/s, %ceil, kernel-only), in legend order."""
+    pts = [p for p in run["points"] if "gbps" in p and p["layout"] == "layer_first"]
     out = []
     for op in ("backup", "load_layer", "load", "gather", "scatter"):
-        mine = [p for p in pts if p["op"] == op and p["layout"] == "layer_first"]
+        mine = [p for p in pts if p["op"] == op]
         if not mine:
             continue
-        top = max(p["bytes"] for p in mine)
-        at = [p for p in mine if p["bytes"] == top]
-        shape = at[0]
-        rates = {}
-        for p in at:
-            if (p["row_bytes"], p["page_size"]) == (shape["row_bytes"], shape["page_size"]):
-                rates[series(p)] = (p["gbps"], p["pct_ceiling"], p.get("kernel_only"))
-        out.append((op, shape, dict(sorted(rates.items(), key=lambda kv: series_key(kv[0])))))
+        counts = Counter((p["row_bytes"], p["page_size"]) for p in mine)
+        shape = max(counts, key=counts.get)
+        same = [p for p in mine if (p["row_bytes"], p["page_size"]) == shape]
+        top = max(p["bytes"] for p in same)
+        at = [p for p in same if p["bytes"] == top]
+        rates = {series(p): (p["gbps"], p["pct_ceiling"],
+                             None if p.get("timing") == "wall clock" else p.get("kernel_only")) for p in at}
+        out.append((op, at[0], dict(sorted(rates.items(), key=lambda kv: series_key(kv[0])))))
     return out
 
 
@@ -95,7 +96,7 @@ def readme(folder: Path) -> str:
         for op, shape, rates in best_per_op(run):
             lines.append(f"- **{op}** row {shape['row_bytes']} B, P {shape['page_size']}, n {shape['tokens']}, "
                          f"{shape['bytes'] / (1 << 20):.1f} MiB: " + "; ".join(
-                             f"{name} {g:.1f} ({pct:.0f}%){'' if ko in (True, None) else ' (not kernel-only)'}"
+                             f"{name} {g:.3g} ({pct:.0f}%){'' if ko in (True, None) else ' (not kernel-only)'}"
                              for name, (g, pct, ko) in rates.items()))
         lines += ["", "Baselines: " + "; ".join(f"{k}: {v}" for k, v in run.get("baselines", {}).items()), ""]
     if inter and "rows" in inter:
@@ -109,8 +110,9 @@ def readme(folder: Path) -> str:
                                    f"{r['gbps_concurrent']:.1f}", f"{r['gemm_slowdown_pct']:+.1f}%",
                                    f"{100 * r['overlap']:.0f}%"]))
         lines.append("")
-    elif inter:
-        lines += ["## Compute interference", "", inter.get("skipped", "not measured"), ""]
+    else:
+        lines += ["## Compute interference", "", (inter or {}).get(
+            "skipped", "not measured (no interference.json: `kvtier bench --interference` runs on CUDA only)"), ""]
     if overhead:
         lines += ["## Host overhead (`overhead.json`)", "", str(overhead.get("summary", "")), ""]
     lines += ["## Files", "", "`bench.txt` / `bench.json` / `bench.png` / `points.jsonl` (the sweep), "

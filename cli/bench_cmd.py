@@ -35,7 +35,8 @@ def register(sub) -> None:
         p.add_argument(flag, metavar="LIST", help=f"comma list: only these {field.replace('_', ' ')}{names}")
     p.add_argument("--out", help="directory for bench.json, bench.png, bench.txt, points.jsonl "
                                  "(default ./kvtier-bench-DATE)")
-    p.add_argument("--iters", metavar="N", help="timed calls per point (at most; slow points take fewer)")
+    p.add_argument("--iters", metavar="N", help="timed calls per point, at most (default 50 on an accelerator; slow points take fewer, "
+                        "at least 20 or N)")
     p.add_argument("--time-budget", metavar="S", help="stop measuring new points after this many seconds")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG (no matplotlib needed)")
     p.add_argument("--overhead", action="store_true",
@@ -151,7 +152,7 @@ def _sweep(args, bench, on_cpu: bool):
                 raise BadFlag(f"{flag}={text!r}: expected a comma list of {parse.__name__}") from None
     sweep = bench.sweep.with_overrides(base, **dims)
     iters = _number(args, "--iters", int, 1)
-    return replace(sweep, iters=iters) if iters else sweep
+    return replace(sweep, iters=iters, min_iters=min(sweep.min_iters, iters)) if iters else sweep
 
 
 def run(args) -> int:

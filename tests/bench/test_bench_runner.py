@@ -9,7 +9,7 @@ import torch
 from bench_support import bench, guarded_workload
 from kvtier.bench import Grid, Sweep, run_sweep
 from kvtier.bench import report, sgl_baseline
-from kvtier.bench.goals import evaluate
+from kvtier.bench.goals import evaluate, grade
 from kvtier.bench.probe import LaunchProbe
 from kvtier.autotune.workload import POISON
 from kvtier.bench.workload import Shape, Unsupported
@@ -17,7 +17,7 @@ from kvtier.kernels import copy_rows
 
 TINY = Sweep(grids=(Grid(ops=("backup", "load_layer", "gather"), row_bytes=(128,), page_sizes=(4,),
                          tokens=(8, 16), program_caps=(1,)),),
-             max_layers=2, max_bytes=1 << 20, ceiling_bytes=1 << 20, warmup=0, iters=2,
+             max_layers=2, max_bytes=1 << 20, ceiling_bytes=1 << 20, warmup=0, iters=2, min_iters=2,
              baselines=("torch", "sgl_kernel"), hardware=False)
 
 
@@ -62,11 +62,38 @@ def test_a_failing_engine_is_recorded_not_fatal(monkeypatch):
     monkeypatch.setattr(torch_baseline, "prepare", broken)
     sweep = Sweep(grids=(Grid(ops=("load",), row_bytes=(128,), page_sizes=(1,), tokens=(8,),
                               strategies=("kernel",)),), max_layers=1, warmup=0, iters=2,
-                  ceiling_bytes=1 << 20, baselines=("torch",), hardware=False)
+                  ceiling_bytes=1 << 20, min_iters=2, baselines=("torch",), hardware=False)
     pts = run_sweep(sweep, torch.device("cpu"), log=None)["points"]
     by = {p["engine"]: p for p in pts}
     assert "gbps" in by["pool"]
     assert by["torch"]["error"].startswith("wrong bytes")
+
+
+def test_kernel_only_and_host_time_are_separate_fields(run):
+    for p in run["points"]:
+        assert {"device_us", "device_p10_us", "device_p90_us", "device_min_us", "host_us", "host_p10_us",
+                "host_p90_us", "iters", "timing", "kernel_only"} <= set(p)
+        assert p["device_p10_us"] <= p["device_us"] <= p["device_p90_us"]
+        assert p["timing"] == "wall clock" and p["kernel_only"] is False      # CPU: no device stream
+        assert p["iters"] >= TINY.min_iters
+    m = run["method"]
+    assert m["min_iters"] == TINY.min_iters and m["warmup_calls"] == TINY.warmup and "separately" in m["host_time"]
+    assert run["baselines"]["sgl_kernel"] == sgl_baseline.ABSENT
+    table = report.format_table(run).splitlines()[0].split()
+    assert {"dev", "host", "p10-p90", "n"} <= set(table)
+
+
+def test_configured_iterations_are_at_least_twenty():
+    sweep = Sweep(grids=(Grid(ops=("load_layer", "gather"), row_bytes=(128,), page_sizes=(4,), tokens=(8,),
+                              strategies=("kernel",)),), max_layers=1, ceiling_bytes=1 << 16, warmup=1,
+                  iters=25, min_iters=20, baselines=("torch", "torch copy_", "vllm"), hardware=False)
+    out = run_sweep(sweep, torch.device("cpu"), log=None)
+    pts = out["points"]
+    assert {p["engine"] for p in pts} == {"pool", "torch", "torch copy_"}   # vllm: CUDA only
+    assert all(20 <= p["iters"] <= 25 for p in pts) and not [p for p in pts if "error" in p]
+    assert "CUDA only" in out["baselines"]["vllm"] and out["baselines"]["torch copy_"] == "runs"
+    copy = [p for p in pts if p["engine"] == "torch copy_"]
+    assert all(p["programs"] is None and p["bytes"] > 0 for p in copy)
 
 
 def test_time_budget_truncates():
@@ -83,8 +110,11 @@ def test_goals_graded_on_hardware_figures():
     goals = dict(evaluate(run))
     assert goals["link >= 95% of pinned copy with <= 4 programs"].startswith("1/1")
     pages = [v for k, v in goals.items() if k.startswith("4-24 KiB")][0]
-    assert pages.startswith("1/1") and "10.0x" in pages          # 50 / 5 (same-run dma)
-    assert goals["never slower than plain torch"] == "1/1 points"
+    assert pages.startswith("1/1") and "10.00x" in pages         # 50 / 5 (same-run dma)
+    assert goals["never slower than plain torch"].startswith("1/1 points; worst 2.50x")
+    met = {g["goal"]: g["met"] for g in grade(run)}
+    assert met["link >= 95% of pinned copy with <= 4 programs"] is True
+    assert met["dma strategy >= 85% of pinned copy (pages >= 16 tokens)"] is False
     run["points"][0].update(gbps=10.0, pct_ceiling=19.0)
     goals = dict(evaluate(run))
     assert goals["never slower than plain torch"].startswith("0/1")
@@ -117,7 +147,7 @@ def test_sgl_kernel_baseline_absent_here():
 def test_scatter_is_measured_against_the_device_copy():
     sweep = Sweep(grids=(Grid(ops=("scatter", "gather"), layouts=("layer_first", "page_first"), row_bytes=(128,),
                               page_sizes=(4,), tokens=(16,), program_caps=(2,)),),
-                  max_layers=2, ceiling_bytes=1 << 20, warmup=0, iters=2, baselines=("torch",), hardware=False)
+                  max_layers=2, ceiling_bytes=1 << 20, warmup=0, iters=2, min_iters=2, baselines=("torch",), hardware=False)
     run = run_sweep(sweep, torch.device("cpu"), log=None)
     pts = run["points"]
     assert not [p for p in pts if "error" in p or "skipped" in p]

@@ -30,7 +30,10 @@ def test_default_smoke_run_writes_table_json_and_plot(tmp_path):
     assert run["environment"]["interpreter"] is True
     assert run["points"] and not [p for p in run["points"] if "error" in p]
     assert {p["op"] for p in run["points"]} == {"backup", "load_layer", "load", "gather", "scatter"}
-    assert {p["engine"] for p in run["points"]} >= {"pool", "copy_rows", "torch"}
+    assert {p["engine"] for p in run["points"]} >= {"pool", "copy_rows", "torch", "torch copy_"}
+    assert all({"device_us", "host_us", "device_p10_us", "device_p90_us", "iters", "kernel_only"} <= set(p)
+               for p in run["points"])
+    assert set(run["baselines"]) == {"torch", "torch copy_"} and run["method"]["min_iters"] >= 1
     assert (tmp_path / "bench.png").read_bytes()[:4] == b"\x89PNG"
     assert (tmp_path / "bench.txt").read_text().startswith("op ")
     assert len((tmp_path / "points.jsonl").read_text().splitlines()) == len(run["points"])
@@ -44,7 +47,7 @@ def test_flags_select_the_sweep(tmp_path, capsys):
     assert rc == 0
     pts = json.loads((tmp_path / "bench.json").read_text())["points"]
     assert sorted(p["engine"] + "/" + p["strategy"] + "/" + str(p["cap"]) for p in pts) == \
-        ["copy_rows/kernel/1", "copy_rows/kernel/2", "pool/dma/0", "torch/-/0"]
+        ["copy_rows/kernel/1", "copy_rows/kernel/2", "pool/dma/0", "torch copy_/-/0", "torch/-/0"]
     assert all(p["layout"] == "page_first" and p["row_bytes"] == 256 and p["tokens"] == 16 for p in pts)
     assert not (tmp_path / "bench.png").exists()
     assert "overhead" not in json.loads((tmp_path / "bench.json").read_text())
