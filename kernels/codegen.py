@@ -211,16 +211,31 @@ def _fill_amd(rep: KernelReport, compiled) -> None:
     rep.spills = sum(spills) if spills else None
 
 
-def default_sweep(target: str = "sm90"):
-    """The configurations `kvtier codegen` reports: the platform default and a few
-    neighbours, for the row sizes engines use, in all four addressing-mode pairs."""
+SWEEP_ROWS = (128, 256, 576, 656, 1024, 4096)
+
+
+def shipped_configs(target: str = "sm90") -> list:
+    """The configurations the platform ships for ``target`` (across the link, on the device)."""
     from kvtier.platforms import default_config
     platform = "rocm" if target.startswith("gfx") else "cuda"
-    configs = [default_config(platform), default_config(platform, crosses_link=False),
-               CopyConfig(num_programs=4, rows=16, block_bytes=2048, num_warps=8),
-               CopyConfig(num_programs=4, rows=64, block_bytes=1024, num_warps=4)]
+    out = []
+    for c in (default_config(platform), default_config(platform, crosses_link=False)):
+        if c not in out:
+            out.append(c)
+    return out
+
+
+def default_sweep(target: str = "sm90"):
+    """The configurations `kvtier codegen` reports: the shipped defaults and a few
+    neighbours (one stage, deeper pipelines), for the row sizes engines use, in all four
+    addressing-mode pairs; the link default also with 64-bit row offsets."""
+    link = shipped_configs(target)[0]
+    configs = shipped_configs(target) + [
+        CopyConfig(num_programs=4, rows=64, block_bytes=1024, num_warps=8),
+        CopyConfig(num_programs=4, rows=16, block_bytes=2048, num_warps=8, stages=4, tile_bytes=32768),
+        CopyConfig(num_programs=4, rows=64, block_bytes=1024, num_warps=4, stages=2)]
     shapes = []
-    for row in (256, 576, 656, 1024, 4096):
+    for row in SWEEP_ROWS:
         for st, dt in ((True, False), (False, True), (False, False), (True, True)):
             shapes.append(dict(row_bytes=row, src_table=st, dst_table=dt))
     seen = set()
@@ -230,3 +245,5 @@ def default_sweep(target: str = "sm90"):
         seen.add(c)
         for s in shapes:
             yield c, s
+            if c == link and s["src_table"] != s["dst_table"]:
+                yield c, dict(s, offset_bits=64)

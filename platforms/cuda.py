@@ -8,6 +8,7 @@ at their host addresses; the dma strategy copies through ``cudaMemcpy2DAsync`` /
 from __future__ import annotations
 
 import ctypes
+from dataclasses import replace
 from functools import lru_cache
 from typing import Callable, Optional
 
@@ -135,4 +136,7 @@ def _record(name: str, warp: int, arch_of: Callable) -> Platform:
 
 
 CUDA = _record("cuda", 32, lambda p: f"sm_{p.major}{p.minor}")
-ROCM = _record("rocm", 64, lambda p: getattr(p, "gcnArchName", ""))
+# gfx942 has no cp.async: a pipelined loop holds the tiles ahead in registers, and the
+# link default's three 64 KiB tiles spill (kvtier codegen --target gfx942); one stage.
+ROCM = replace(_record("rocm", 64, lambda p: getattr(p, "gcnArchName", "")),
+               link_config=replace(LINK, stages=1), device_config=replace(DEVICE, stages=1))

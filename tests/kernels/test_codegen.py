@@ -1,4 +1,10 @@
 """Codegen report: compiled for sm_90 and gfx942 without a GPU (community Triton only)."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
 import pytest
 
 triton = pytest.importorskip("triton")
@@ -11,47 +17,127 @@ if not hasattr(triton, "knobs"):  # triton-ascend 3.2 has no GPU backends to com
 MODES = [(True, False), (False, True), (True, True), (False, False)]
 
 
-def _assert_all_16_bytes(r):
+# Every shipped configuration, every row size `kvtier codegen` reports, all four
+# addressing-mode pairs, plus one pipelined neighbour, compiled for sm_90 in a process of
+# its own without TRITON_INTERPRET (as `kvtier codegen` runs); the reports come back as
+# JSON. int32 indices, so that every 8-byte load left is an address-table entry.
+SWEEP = textwrap.dedent("""
+    import json, sys
+    from kvtier.kernels import CopyConfig
+    from kvtier.kernels.codegen import SWEEP_ROWS, compile_report, shipped_configs
+    MODES = [(False, False), (True, False), (False, True), (True, True)]
+    configs = shipped_configs("sm90") + [CopyConfig(num_programs=4, rows=8, block_bytes=512, num_warps=4, stages=2)]
+    out = []
+    for cfg in configs:
+        for row in SWEEP_ROWS:
+            for st, dt in MODES:
+                r = compile_report("sm90", config=cfg, row_bytes=row, src_table=st, dst_table=dt, index_bits=32)
+                out.append(r.to_dict())
+    json.dump(out, sys.stdout)
+""")
+
+
+@pytest.fixture(scope="module")
+def sm90_sweep():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", SWEEP], env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-2000:]
+    reports = json.loads(r.stdout)
+    assert all(rep["error"] is None for rep in reports), [rep["error"] for rep in reports if rep["error"]]
+    return reports
+
+
+def _keyed(reports):
+    return {(json.dumps(r["config"], sort_keys=True), r["shape"]["row_bytes"],
+             r["shape"]["src_table"], r["shape"]["dst_table"]): r for r in reports}
+
+
+def test_sweep_covers_shipped_configs_rows_and_modes(sm90_sweep):
+    shipped = [c.to_dict() for c in (default_config("cuda"), default_config("cuda", crosses_link=False))]
+    seen = {(json.dumps(r["config"], sort_keys=True), r["shape"]["row_bytes"]) for r in sm90_sweep}
+    for c in shipped:
+        for row in (128, 256, 576, 656, 1024, 4096):
+            assert (json.dumps(c, sort_keys=True), row) in seen
+
+
+def test_sm90_every_16_byte_aligned_row_moves_in_16_byte_accesses(sm90_sweep):
+    """Stores are all 16-byte vectors, and so is every data load: ld.global.v4 with one
+    stage, 16-byte cp.async with several. The data loads do not depend on how a side is
+    addressed, so every mode has the stacked pair's count of 16-byte loads, and a stacked
+    pair (no table entries to read) loads nothing else wider than its 4-byte indices."""
+    by = _keyed(sm90_sweep)
+    for r in sm90_sweep:
+        what = f"{r['config']} {r['shape']}"
+        stores = {int(k): v for k, v in r["store_widths"].items()}
+        loads = {int(k): v for k, v in r["load_widths"].items()}
+        cp = {int(k): v for k, v in r["cp_async_widths"].items()}
+        n = sum(stores.values())
+        assert n and stores == {16: n}, f"stores not all 16 B: {what}"
+        data = loads.get(16, 0) + cp.get(16, 0)
+        assert data >= n, f"data loads not all 16 B: {what}"
+        plain = by[(json.dumps(r["config"], sort_keys=True), r["shape"]["row_bytes"], False, False)]
+        plain_data = plain["load_widths"].get("16", 0) + plain["cp_async_widths"].get("16", 0)
+        assert data == plain_data, what
+        if not (r["shape"]["src_table"] or r["shape"]["dst_table"]):
+            assert max(list(loads) + list(cp)) == 16 and not loads.get(8) and not cp.get(8), what
+
+
+def test_sm90_shipped_configs_do_not_spill_and_fit_shared_memory(sm90_sweep):
+    for r in sm90_sweep:
+        assert r["registers"] is not None and r["registers"] > 0
+        assert r["spills"] == 0, f"{r['config']} {r['shape']} spills {r['spills']}"
+        assert r["shared"] is not None and r["shared"] <= 227 * 1024   # sm_90's per-block limit
+
+
+def test_sm90_pipelined_configs_issue_cp_async(sm90_sweep):
+    """With stages > 1 the persistent loop is software-pipelined: its loads are cp.async
+    into shared memory, committed in groups and waited on with a depth; one stage has
+    none."""
+    assert any(r["config"]["stages"] > 1 for r in sm90_sweep)
+    for r in sm90_sweep:
+        stages = r["config"]["stages"]
+        assert r["pipeline"]["stages"] == stages
+        if stages > 1:
+            assert r["cp_async"] > 0 and r["cp_async_widths"].get("16", 0) > 0, r["shape"]
+            assert r["pipeline"]["commit_groups"] > 0 and r["pipeline"]["wait_groups"]
+            assert r["shared"] > 0
+        else:
+            assert r["cp_async"] == 0
+
+
+@pytest.mark.parametrize("row_bytes", [256, 656, 1024])
+def test_default_configs_do_not_spill_on_gfx942(row_bytes):
+    for cfg in (default_config("rocm"), default_config("rocm", crosses_link=False)):
+        for st, dt in MODES[:2]:
+            r = compile_report("gfx942", config=cfg, row_bytes=row_bytes, src_table=st, dst_table=dt)
+            assert r.error is None, r.error
+            assert r.registers is not None and r.registers > 0
+            assert r.spills == 0, r.row()
+
+
+def test_one_stage_config_uses_16_byte_loads_in_process():
+    """Also compiled here, under the interpreter's process: 656-byte rows in one stage."""
+    cfg = CopyConfig(num_programs=4, rows=4, block_bytes=1024, num_warps=1)
+    r = compile_report("sm90", config=cfg, row_bytes=656)
     assert r.error is None, r.error
     stores = sum(r.store_widths.values())
-    assert stores and r.store_widths == {16: stores}, f"stores not all 16 B: {r.row()}"
-    # The kernel stores only row data, and each stored vector was loaded as one: every
-    # data load is 16 B too; narrower loads are the index and address-table loads.
-    assert r.load_widths.get(16, 0) == stores, f"data loads not all 16 B: {r.row()}"
+    assert stores and r.store_widths == {16: stores} and r.load_widths.get(16, 0) == stores, r.row()
+    assert r.cp_async == 0
 
 
-@pytest.mark.parametrize("src_table,dst_table", MODES)
-@pytest.mark.parametrize("row_bytes", [256, 576, 1024, 1152, 4096])
-def test_sm90_hot_accesses_are_16_bytes(row_bytes, src_table, dst_table):
-    r = compile_report("sm90", config=default_config("cuda"), row_bytes=row_bytes,
-                       src_table=src_table, dst_table=dst_table)
-    _assert_all_16_bytes(r)
-
-
-@pytest.mark.parametrize("src_table,dst_table", MODES)
-def test_sm90_656_byte_rows_16_bytes_with_one_warp(src_table, dst_table):
-    # 656 = 512 + 128 + 16 bytes: the 16-byte piece fills 16-byte accesses only when a
-    # tile has 16 bytes per thread, which a single warp reaches within the 16 KiB tile.
-    cfg = CopyConfig(num_programs=4, rows=4, block_bytes=1024, num_warps=1)
-    _assert_all_16_bytes(compile_report("sm90", config=cfg, row_bytes=656,
-                                        src_table=src_table, dst_table=dst_table))
+def test_offsets_64_bit_compile_too():
+    cfg = default_config("cuda")
+    r32 = compile_report("sm90", config=cfg, row_bytes=576, offset_bits=32)
+    r64 = compile_report("sm90", config=cfg, row_bytes=576, offset_bits=64)
+    assert r32.pipeline["offsets_32bit"] and not r64.pipeline["offsets_32bit"]
+    assert r64.error is None and r64.spills == 0
+    assert r64.store_widths == r32.store_widths
 
 
 def test_unaligned_rows_fall_back_to_narrow_accesses():
     r = compile_report("sm90", config=default_config("cuda"), row_bytes=40, align=8)
     assert r.error is None
     assert max(r.store_widths) <= 8
-
-
-@pytest.mark.parametrize("target,platform", [("sm90", "cuda"), ("gfx942", "rocm")])
-@pytest.mark.parametrize("row_bytes", [256, 576, 656, 1024, 4096])
-def test_default_configs_do_not_spill(target, platform, row_bytes):
-    for cfg in (default_config(platform), default_config(platform, crosses_link=False)):
-        for st, dt in MODES[:2]:
-            r = compile_report(target, config=cfg, row_bytes=row_bytes, src_table=st, dst_table=dt)
-            assert r.error is None, r.error
-            assert r.registers is not None and r.registers > 0
-            assert r.spills == 0, r.row()
 
 
 def test_spilling_config_is_reported():
@@ -68,5 +154,6 @@ def test_unknown_target_is_an_error_not_a_crash():
 def test_sweep_covers_modes_and_rows():
     items = list(default_sweep("sm90"))
     rows = {s["row_bytes"] for _, s in items}
-    assert {576, 656, 1024}.issubset(rows)
+    assert {128, 256, 576, 656, 1024, 4096}.issubset(rows)
+    assert {s.get("offset_bits", 32) for _, s in items} == {32, 64}
     assert {(s["src_table"], s["dst_table"]) for _, s in items} == set(MODES)
