@@ -114,11 +114,12 @@ def time_calls(fn: Callable[[], None], device: torch.device, *, warmup: int = 2,
     """Run ``fn`` ``warmup`` times (compilation and first-touch costs land there), then
     time ``iters`` back-to-back calls: kernel-only device time and host time per call."""
     device = torch.device(device)
-    host_est = 0.0
+    host_est = None
     for _ in range(warmup):
         t0 = time.perf_counter()
         fn()
-        host_est = max(host_est, time.perf_counter() - t0)
+        took = time.perf_counter() - t0
+        host_est = took if host_est is None else min(host_est, took)
     platforms.synchronize(device)
     mod = device_module(device)
     if mod is None or not hasattr(mod, "Event"):
@@ -127,11 +128,13 @@ def time_calls(fn: Callable[[], None], device: torch.device, *, warmup: int = 2,
     if keeper is None:
         dev, host = _event_loop(fn, mod, iters, None, 0.0)
         return _timing(dev, host, IDLE_EVENTS, False)
-    sleep = min(MAX_BUSY_S, max(MIN_BUSY_S, 2.0 * iters * host_est))
+    sleep = min(MAX_BUSY_S, max(MIN_BUSY_S, 2.0 * iters * (host_est or 0.0)))
     for _ in range(BUSY_TRIES):
         dev, host = _event_loop(fn, mod, iters, keeper, sleep)
         if dev is not None:
             return _timing(dev, host, BUSY_EVENTS, True)
+        if max(host) >= 0.5 * sleep:
+            break            # a call waited for the device: no sleep keeps this loop ahead
         sleep = min(MAX_BUSY_S, max(sleep * 4, 2.0 * sum(host)))
     dev, host = _event_loop(fn, mod, iters, None, 0.0)   # the call waits for the device itself
     return _timing(dev, host, IDLE_EVENTS, False)

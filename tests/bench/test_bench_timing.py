@@ -4,6 +4,7 @@ behind a device sleep, is retried with a longer one when the sleep ran out befor
 call was queued, and is reported as not kernel-only when it never held. Driven here with
 stand-in events and a stand-in sleep (no timed assertions)."""
 import itertools
+import time
 
 import pytest
 import torch
@@ -90,11 +91,21 @@ def test_sleep_that_runs_out_is_retried_longer(monkeypatch):
     assert t.kernel_only is True and len(keeper.sleeps) == 2 and keeper.sleeps[1] > keeper.sleeps[0]
 
 
-def test_a_call_that_waits_for_the_device_is_not_kernel_only(monkeypatch):
+def test_a_host_that_never_keeps_ahead_is_not_kernel_only(monkeypatch):
     call, keeper = _fake_device(monkeypatch, itertools.repeat(False))
     t = timing.time_calls(call, torch.device("cuda"), warmup=0, iters=20)
     assert len(keeper.sleeps) == timing.BUSY_TRIES
     assert t.method == timing.IDLE_EVENTS and t.kernel_only is False and t.iters == 20
+
+
+def test_a_call_that_synchronizes_is_not_retried(monkeypatch):
+    call, keeper = _fake_device(monkeypatch, itertools.repeat(False))
+
+    def waits():            # blocks the host for longer than any sleep queued
+        call()
+        time.sleep(2 * timing.MIN_BUSY_S)
+    t = timing.time_calls(waits, torch.device("cuda"), warmup=0, iters=20)
+    assert len(keeper.sleeps) == 1 and t.kernel_only is False
 
 
 def test_public_names_kept_for_the_autotuner():
