@@ -30,7 +30,7 @@ dev = torch.device("cuda")
 def timed(fn, stream):
     """(device seconds, host seconds) per call on ``stream``."""
     with torch.cuda.stream(stream):
-        t = time_calls(fn, dev, warmup=1, iters=5)
+        t = time_calls(fn, dev, warmup=2, iters=20)
     return t.device_s, t.host_s
 
 
