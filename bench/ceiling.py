@@ -27,9 +27,10 @@ class Ceilings:
         return asdict(self)
 
 
-def measure_ceilings(device: torch.device, nbytes: int, *, warmup: int = 2, iters: int = 5) -> Ceilings:
+def measure_ceilings(device: torch.device, nbytes: int, *, warmup: int = 2, iters: int = 20) -> Ceilings:
     """Bulk-copy bandwidth each way with ``nbytes`` buffers (pinned host memory where the
-    device has a link; on the CPU every copy is a memcpy)."""
+    device has a link; on the CPU every copy is a memcpy), timed as every point is
+    (`time_calls`: kernel-only median of ``iters`` calls after ``warmup``)."""
     pin = device.type != "cpu"
     host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin)
     host.random_(0, 256)
