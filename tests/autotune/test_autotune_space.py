@@ -107,8 +107,10 @@ def test_gpu_space_searches_stages_and_tile_bytes_within_shared_memory(device):
     assert all((c.stages - 1) * max(c.rows * c.block_bytes, c.tile_bytes) <= space.stage_limit for c in cfgs)
     assert any(c.stages == 4 for c in cfgs) and not any(
         c.stages == 4 and c.rows * c.block_bytes == 65536 for c in cfgs)   # 3 x 64 KiB > 160 KiB
-    # the shipped defaults pipeline (and are timed: test_every_shipped_default_is_a_candidate)
-    assert default_config(device.platform).stages > 1 and default_config(device.platform, False).stages > 1
+    # CUDA's shipped defaults pipeline (cp.async); ROCm's keep one stage (they would spill)
+    pipelined = device.platform == "cuda"
+    assert (default_config(device.platform).stages > 1) == pipelined
+    assert (default_config(device.platform, False).stages > 1) == pipelined
 
 
 def test_npu_and_cpu_search_one_stage():
