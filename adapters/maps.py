@@ -17,6 +17,7 @@ import torch
 
 from kvtier.kernels.copy_rows import GUARD, interpreter_active, triton_available
 from kvtier.kernels.index_check import checks_on
+from kvtier.kernels.index_memo import facts
 from kvtier.kernels.ops import BACKUP, LOAD, Op
 from kvtier.kernels.errors import KvtierError, fail
 from kvtier.kernels.rowmap import RowMap, kept as _kept, tensor_key as _tensor_key
@@ -143,15 +144,18 @@ def layer_table(arg: str, layers, item_size: int, num_layers: int, exact: bool =
 
 
 def _table_map(table: torch.Tensor, item_size: int) -> RowMap:
-    """`RowMap.from_table`, remembered on the table tensor itself: reading a table costs a
-    device sync, and an engine passes the same tables on every call. Rebuilt when the
-    table has been written since (its version changed) or the row size differs."""
-    key = (table._version, item_size)
-    hit = getattr(table, "_kvtier_row_map", None)
-    if hit is not None and hit[0] == key:
-        return hit[1]
-    m = RowMap.from_table(table, row_bytes=item_size, num_rows=UNSIZED_ROWS)
-    table._kvtier_row_map = (key, m)
+    """`RowMap.from_table`, kept for the table tensor (`kvtier.kernels.index_memo`):
+    reading a table costs a device sync, and an engine passes the same tables on every
+    call. Built again when the table has been written through torch since (its version
+    changed). A table made in inference mode has no version counter: it is kept by
+    address and trusted not to be rewritten in place (pass a new table instead)."""
+    known = facts(table)
+    if known is None:
+        return _kept(("table", item_size, *_tensor_key(table)),
+                     lambda: RowMap.from_table(table, row_bytes=item_size, num_rows=UNSIZED_ROWS))
+    m = known.get(("table", item_size))
+    if m is None:
+        m = known[("table", item_size)] = RowMap.from_table(table, row_bytes=item_size, num_rows=UNSIZED_ROWS)
     return m
 
 

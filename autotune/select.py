@@ -23,6 +23,13 @@ from .key import DeviceId, TuneKey, device_identity, rows_bucket
 _RESOLVED: Dict[tuple, CopyConfig] = {}
 _BY_DEVICE: Dict[tuple, CopyConfig] = {}       # config_for's answers, by op and torch device
 _TABLES: Dict[DeviceId, "Table"] = {}
+_GENERATION = [0]
+
+
+def generation() -> int:
+    """Bumped by `invalidate`: callers that keep a looked-up configuration (the pools'
+    routes) look it up again when it changed."""
+    return _GENERATION[0]
 
 
 class Table:
@@ -127,6 +134,7 @@ def _device(platform: str, device_name: str) -> Optional[DeviceId]:
 
 def invalidate() -> None:
     """Forget what was read and resolved (after tuning, or when the cache dir changes)."""
+    _GENERATION[0] += 1
     _RESOLVED.clear()
     _BY_DEVICE.clear()
     _TABLES.clear()

@@ -15,18 +15,21 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import torch
 
 import kvtier.platforms as platforms
+from kvtier.autotune.key import rows_bucket
 from kvtier.kernels import RowMap
 from kvtier.kernels.config import STRATEGIES as LINK_STRATEGIES
 from kvtier.kernels.errors import KvtierError, fail
 from kvtier.kernels.layouts import host_layout
 from kvtier.kernels.ops import BACKUP, LOAD, LOAD_LAYER, Op
 from kvtier.kernels.index_check import IndexGuard, checks_on
+from kvtier.kernels.index_memo import facts
 from kvtier.kernels.validate import check_index, is_int
 
 from . import dma
 from .allocator import PageAllocator
 from .device import DevicePool
-from .launch import launch, lookup
+from . import launch as launcher
+from .launch import bind_launch, lookup, lookup_state
 from .spec import Component
 
 STRATEGIES = ("auto",) + LINK_STRATEGIES   # "auto": the tuned configuration decides
@@ -42,6 +45,23 @@ class Move:
     host_buf: torch.Tensor      # (C, ...) in the host layout, the components of this move
     num_layers: int             # the device pool's layers of these components
     host_layer: int             # where the device pool's layer 0 sits in the host buffer
+
+
+@dataclass(frozen=True)
+class Step:
+    """One launch of a kept route: a move over a layer range, with its configuration and
+    strategy; ``bound`` is the kernel strategy's bound copy (None for dma)."""
+
+    move: Move
+    dev_layer: int
+    host_layer: int
+    count: int
+    config: object
+    strategy: str
+    bound: object
+
+
+_ROUTES = 256       # call shapes kept per pool (cleared, not evicted one by one, past it)
 
 
 class HostPool:
@@ -124,6 +144,8 @@ class HostPool:
         self._kernel_reaches = all(m.reachable_by(self._platform) for _, m, _ in self.groups)
         self.allocator = PageAllocator(self.size, self.page_size)
         self._moves: Dict[int, List[Move]] = {}
+        self._routes: Dict[tuple, List[Step]] = {}
+        self._by_page = self._layout.paged and self.page_size > 1   # page layouts move whole pages
         self.guard = IndexGuard()
 
     # ------------------------------------------------------------------ construction
@@ -212,17 +234,40 @@ class HostPool:
     def _transfer(self, op: Op, device_pool, host_indices, device_indices, layer_id) -> None:
         whole = op.scope == "all"
         slots = self._resolve(device_pool, whole=whole)
-        if not whole:      # checks the layer id (an int of the pool's layers) before anything moves
-            local = slots[0][1].local_layer(layer_id)
-        hidx, verdict = self._check_indices(slots, host_indices, device_indices)
+        local = None if whole else slots[0][1].local_layer(layer_id)   # checked before anything moves
+        verdict = self._check_indices(slots, host_indices, device_indices)
         n = device_indices.numel()
         if n == 0:
             return
-        by_page = self._layout.paged and self.page_size > 1
-        run_list = h = None
+        key = (op, device_pool, local, rows_bucket(n))
+        kept = self._routes.get(key)
+        route = kept[1] if kept is not None and kept[0] == lookup_state() else self._route(key, slots)
+        h = run_list = None
+        for step in route:
+            if step.bound is not None:
+                if h is None:
+                    h = _on_device(host_indices, self.device)
+                si, di = (device_indices, h) if op.from_device else (h, device_indices)
+                launcher.run_bound(op, step.bound, si, di, verdict, step.strategy)   # (a test seam)
+                continue
+            if run_list is None:
+                hc = host_indices.cpu()
+                run_list = dma.runs(hc[::self.page_size] // self.page_size if self._layout.paged else hc)
+            move = dma.backup if op.from_device else dma.load
+            mv = step.move
+            move(op, mv.dev_map, device_indices, mv.host_buf, self.layout, self.page_size, step.dev_layer,
+                 step.host_layer, step.count, run_list, self._by_page, step.config, verdict)
+
+    def _route(self, key: tuple, slots) -> List["Step"]:
+        """The launches of one call shape (op, device pool, layer, rows bucket), worked out
+        once and kept: each move's layer range, tuned configuration and strategy, and for
+        the kernel strategy its bound copy. Worked out again after tuning or under `forced`
+        (`lookup_state`)."""
+        op, _, local, n = key
+        route = []
         for slot, pool in slots:
             for mv in self._moves_for(slot, pool):
-                if whole:
+                if local is None:
                     dev_layer, count = 0, mv.num_layers
                 elif local < mv.num_layers:
                     dev_layer, count = local, 1
@@ -231,25 +276,17 @@ class HostPool:
                 host_layer = mv.host_layer + dev_layer
                 config = lookup(op, mv.dev_map, mv.host_map, n, count)
                 strategy = self._strategy(config)
+                bound = None
                 if strategy == "kernel":
-                    if h is None:
-                        h = _on_device(hidx, pool.device)
-                    if op.from_device:
-                        launch(op, mv.dev_map, device_indices, mv.host_map, h, src_layer=dev_layer,
-                               dst_layer=host_layer, num_layers=count, by_page=by_page, config=config,
-                               strategy=strategy, verdict=verdict)
-                    else:
-                        launch(op, mv.host_map, h, mv.dev_map, device_indices, src_layer=host_layer,
-                               dst_layer=dev_layer, num_layers=count, by_page=by_page, config=config,
-                               strategy=strategy, verdict=verdict)
-                    continue
-                if run_list is None:
-                    hc = hidx.cpu()
-                    run_list = dma.runs(hc[::self.page_size] // self.page_size
-                                        if self._layout.paged else hc)
-                move = dma.backup if op.from_device else dma.load
-                move(op, mv.dev_map, device_indices, mv.host_buf, self.layout, self.page_size,
-                     dev_layer, host_layer, count, run_list, by_page, config, verdict)
+                    src, dst = (mv.dev_map, mv.host_map) if op.from_device else (mv.host_map, mv.dev_map)
+                    sl, dl = (dev_layer, host_layer) if op.from_device else (host_layer, dev_layer)
+                    bound = bind_launch(op, src, dst, src_layer=sl, dst_layer=dl, num_layers=count, n_rows=n,
+                                        by_page=self._by_page, config=config)
+                route.append(Step(mv, dev_layer, host_layer, count, config, strategy, bound))
+        if len(self._routes) >= _ROUTES:
+            self._routes.clear()
+        self._routes[key] = (lookup_state(), route)
+        return route
 
     def _strategy(self, config) -> str:
         if self.strategy != "auto":
@@ -268,7 +305,8 @@ class HostPool:
         _check_rows("device_pool", device_pool, self.pools[0], layers=True)
         return [(0, device_pool)]
 
-    def _check_indices(self, slots, host_indices, device_indices) -> torch.Tensor:
+    def _check_indices(self, slots, host_indices, device_indices) -> Optional[torch.Tensor]:
+        """Shapes checked at once; values by the pool's guard: the verdict word, or None."""
         if not isinstance(host_indices, torch.Tensor):
             raise fail("host_indices", type(host_indices).__name__, "must be a torch.Tensor of int32 or int64")
         hdev = host_indices.device if host_indices.device.type == "cpu" else self.device
@@ -278,13 +316,12 @@ class HostPool:
         if host_indices.numel() != device_indices.numel():
             raise fail("device_indices", f"{device_indices.numel()} indices",
                        f"host_indices has {host_indices.numel()}; counts must match")
-        verdict = None
-        if checks_on(self.check):
-            page = self.page_size if self._layout.paged else 1   # page layouts move whole pages
-            limit = min(pool.size for _, pool in slots)
-            verdict = self.guard.check(self.device, [("host_indices", host_indices, self.size, page),
-                                                     ("device_indices", device_indices, limit, page)])
-        return host_indices, verdict
+        if not checks_on(self.check):
+            return None
+        page = self.page_size if self._layout.paged else 1   # page layouts move whole pages
+        limit = slots[0][1].size if len(slots) == 1 else min(pool.size for _, pool in slots)
+        return self.guard.check(self.device, [("host_indices", host_indices, self.size, page),
+                                              ("device_indices", device_indices, limit, page)])
 
     def synchronize(self) -> None:
         """Wait for the device and raise the first index failure a device-side check of
@@ -337,12 +374,19 @@ class HostPool:
 def _on_device(idx: torch.Tensor, device: torch.device) -> torch.Tensor:
     """Host indices on the device without waiting: staged through page-locked memory
     (torch's caching host allocator keeps the block until the copy has read it), so the
-    copy is asynchronous."""
+    copy is asynchronous. Kept per index tensor and stream while the tensor is unchanged
+    (`kvtier.kernels.index_memo`): a per-layer loop copies its indices once."""
     if idx.device == device:
         return idx
-    if device.type != "cpu" and not idx.is_pinned():
-        idx = idx.pin_memory()
-    return idx.to(device, non_blocking=True)
+    known = facts(idx)
+    key = ("on", device, platforms.current_stream(device))
+    staged = known.get(key) if known is not None else None
+    if staged is None:
+        staged = idx if device.type == "cpu" or idx.is_pinned() else idx.pin_memory()
+        staged = staged.to(device, non_blocking=True)
+        if known is not None:
+            known[key] = staged
+    return staged
 
 
 def _first_map(pool: DevicePool) -> RowMap:

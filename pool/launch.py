@@ -1,7 +1,9 @@
 """Every pool and adapter copy launches here: the configuration that
 `kvtier.autotune.config_for` picks for the operation, device and transfer size (or the
-caller's), one `copy_rows` on indices the caller has already validated, and one DEBUG
-line on the ``kvtier`` logger saying what ran (op, scope, strategy, config, rows, bytes)."""
+caller's), one bound row copy (`kvtier.kernels.copy_rows.BoundCopy`) on indices the
+caller has already validated, and one DEBUG line on the ``kvtier`` logger saying what ran
+(op, scope, strategy, config, rows, bytes). `run_bound` is the one place every launch
+passes; callers that keep a bound copy across calls (`bind_launch`) call it directly."""
 from __future__ import annotations
 
 import logging
@@ -11,8 +13,9 @@ from typing import Optional
 import torch
 
 from kvtier.autotune import config_for
+from kvtier.autotune.select import generation
 from kvtier.kernels import CopyConfig, RowMap
-from kvtier.kernels.copy_rows import copy_validated
+from kvtier.kernels.copy_rows import BoundCopy, bind
 from kvtier.kernels.ops import Op
 from kvtier.kernels.validate import compute_device
 
@@ -54,14 +57,39 @@ def launch(op: Op, src: RowMap, si: torch.Tensor, dst: RowMap, di: torch.Tensor,
     ``strategy`` names the pool strategy the copy is part of (the dma path's gather);
     ``verdict`` is the word the caller's device-side index check wrote (the copy moves
     nothing unless it is 0); ``skip_negative`` skips pairs holding a negative index."""
+    if si.numel() == 0 or num_layers == 0:
+        return
+    bound = bind_launch(op, src, dst, src_layer=src_layer, dst_layer=dst_layer, num_layers=num_layers,
+                        n_rows=si.numel(), by_page=by_page, config=config, skip_negative=skip_negative)
+    run_bound(op, bound, si, di, verdict, strategy)
+
+
+def lookup_state() -> tuple:
+    """What every `lookup` answer depends on besides its arguments (the forced
+    configuration, the tuned results' generation): part of the key of anything that keeps
+    an answer."""
+    return (_FORCED.get(), generation())
+
+
+def bind_launch(op: Op, src: RowMap, dst: RowMap, *, src_layer: int = 0, dst_layer: int = 0,
+                num_layers: int, n_rows: int, by_page: bool = False, config: Optional[CopyConfig] = None,
+                skip_negative: bool = False) -> BoundCopy:
+    """The `BoundCopy` a `launch` with these arguments (about ``n_rows`` indices) makes,
+    for a caller that keeps it and runs it with `run_bound`."""
     if config is None:
-        config = lookup(op, src, dst, si.numel(), num_layers)
+        config = lookup(op, src, dst, n_rows, num_layers)
+    return bind(src, dst, src_layer=src_layer, dst_layer=dst_layer, num_layers=num_layers, by_page=by_page,
+                config=config, device=compute_device(src, dst), n_rows=n_rows, skip_negative=skip_negative)
+
+
+def run_bound(op: Op, bound: BoundCopy, si: torch.Tensor, di: torch.Tensor,
+              verdict: Optional[torch.Tensor] = None, strategy: Optional[str] = None) -> None:
+    """`launch` for a kept `BoundCopy` (only the indices and the verdict are new)."""
     if log.isEnabledFor(logging.DEBUG):
-        log_launch(op, strategy or config.strategy, config, si.numel(),
-                   si.numel() * src.row_bytes * num_layers * src.num_components)
-    copy_validated(src, si, dst, di, src_layer=src_layer, dst_layer=dst_layer, num_layers=num_layers,
-                   by_page=by_page, config=config, device=compute_device(src, dst), verdict=verdict,
-                   skip_negative=skip_negative)
+        src = bound.origin[0]
+        log_launch(op, strategy or bound.config.strategy, bound.config, si.numel(),
+                   si.numel() * src.row_bytes * bound.num_layers * src.num_components)
+    bound(si, di, verdict)
 
 
 def log_launch(op: Op, strategy: str, config: CopyConfig, rows: int, nbytes: int) -> None:

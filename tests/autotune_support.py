@@ -9,8 +9,9 @@ def spy_launches(monkeypatch):
     """Every configuration `kvtier.pool.launch` hands to ``copy_rows`` from now on, in order
     (the copies still run)."""
     launched = []
-    real = launch.copy_validated
-    monkeypatch.setattr(launch, "copy_validated", lambda *a, **k: launched.append(k["config"]) or real(*a, **k))
+    real = launch.run_bound
+    monkeypatch.setattr(launch, "run_bound",
+                        lambda op, bound, *a, **k: launched.append(bound.config) or real(op, bound, *a, **k))
     return launched
 
 

@@ -63,13 +63,14 @@ def test_from_table_checks_rows_against_owners():
 def launches(monkeypatch):
     """Records (row_bytes, num_components, config) of every copy_rows the adapters run."""
     seen = []
-    real = launch_module.copy_validated
+    real = launch_module.run_bound
 
-    def spy(src, si, dst, di, **kw):
-        seen.append((src.row_bytes, src.num_components, kw["config"]))
-        return real(src, si, dst, di, **kw)
+    def spy(op, bound, *args, **kw):
+        src = bound.origin[0]
+        seen.append((src.row_bytes, src.num_components, bound.config))
+        return real(op, bound, *args, **kw)
 
-    monkeypatch.setattr(launch_module, "copy_validated", spy)
+    monkeypatch.setattr(launch_module, "run_bound", spy)
     return seen
 
 

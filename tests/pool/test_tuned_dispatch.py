@@ -7,7 +7,7 @@ program count names the operation, the tile rows the layer count), under keys co
 the transfers below (row bytes, page sizes, row buckets, layer counts). Each public call
 (HostPool backup / loads with the kernel and dma strategies, DevicePool gather / scatter
 and CPU copies, the SGLang and Ascend adapter calls) is then checked launch by launch:
-the configuration ``copy_rows`` received (a spy on ``kvtier.pool.launch.copy_validated``) and
+the configuration ``copy_rows`` received (a spy on ``kvtier.pool.launch.run_bound``) and
 the one in the DEBUG line (op, scope, strategy, config, rows, bytes) are the tuned ones,
 and the bytes moved match plain torch indexing. With the lookup replaced by the default,
 the same checks fail: the tests depend on the lookup, not on luck.
@@ -110,13 +110,13 @@ class Recorder:
 
     def __init__(self, monkeypatch, caplog):
         self.caplog, self.calls = caplog, []
-        real = launch_mod.copy_validated
+        real = launch_mod.run_bound
 
-        def spy(src, si, dst, di, **kw):
-            self.calls.append((kw["config"], si.numel(), kw["num_layers"]))
-            return real(src, si, dst, di, **kw)
+        def spy(op, bound, si, di, verdict=None, strategy=None):
+            self.calls.append((bound.config, si.numel(), bound.num_layers))
+            return real(op, bound, si, di, verdict, strategy)
 
-        monkeypatch.setattr(launch_mod, "copy_validated", spy)
+        monkeypatch.setattr(launch_mod, "run_bound", spy)
         caplog.set_level(logging.DEBUG, logger="kvtier")
 
     def take(self):
