@@ -8,6 +8,10 @@ Every call of the core, a pool or an adapter still validates, plans, looks up it
 configuration and builds its launch arguments, then records each launch grid instead of
 launching. This gives the programs a transfer uses and the host time a call spends up to
 its launches, with no GPU and no interpreter run.
+
+What calls inside the probe learn about their index tensors (`kvtier.kernels.index_memo`:
+"these values passed the range check") is kept in a table of the probe's own and dropped
+when it ends: no check ran there, so a later real call must check again.
 """
 from __future__ import annotations
 
@@ -45,9 +49,11 @@ class LaunchProbe:
         # Imported here: both need Triton, which is present from this point on.
         self._check_mod = importlib.import_module("kvtier.kernels.index_check_kernel")
         self._maps = importlib.import_module("kvtier.adapters.maps")
+        self._memo = importlib.import_module("kvtier.kernels.index_memo")
         self._rec, self._check_rec = _Recorder(), _Recorder()
         self._saved = (_core._kernel, _core.interpreter_active, self._check_mod._check_indices_kernel,
-                       self._maps.interpreter_active, _core._RUNNERS)
+                       self._maps.interpreter_active, _core._RUNNERS, self._memo._MEMO)
+        self._memo._MEMO = {}
         _core._kernel = lambda: self._rec
         self._check_mod._check_indices_kernel = self._check_rec
         # The CPU falls back to the reference without the interpreter; the probe never
@@ -60,7 +66,7 @@ class LaunchProbe:
 
     def __exit__(self, *exc) -> None:
         (_core._kernel, _core.interpreter_active, self._check_mod._check_indices_kernel,
-         self._maps.interpreter_active, _core._RUNNERS) = self._saved
+         self._maps.interpreter_active, _core._RUNNERS, self._memo._MEMO) = self._saved
 
     @property
     def grids(self):

@@ -136,6 +136,20 @@ def test_probe_records_the_grid_and_moves_nothing():
     alloc.check()
 
 
+def test_indices_seen_inside_the_probe_are_checked_again_after_it():
+    from kvtier.kernels import KvtierError
+    s = Shape(components=2, layers=1, row_bytes=128, page_size=1, tokens=16, layout="layer_first")
+    w, alloc = guarded_workload(s)
+    t = w.copy("load")
+    bad = t.dst_indices.clone()
+    bad[5] = 10 ** 6
+    with LaunchProbe():
+        copy_rows(t.src, t.src_indices, t.dst, bad)       # recorded: no check ran
+    with pytest.raises(KvtierError, match="dst_indices"):
+        copy_rows(t.src, t.src_indices, t.dst, bad)       # so the real call checks
+    alloc.check()
+
+
 def test_sgl_kernel_baseline_absent_here():
     assert sgl_baseline.load_kvcacheio() is None
     s = Shape(components=2, layers=1, row_bytes=128, page_size=1, tokens=8, layout="layer_first")
