@@ -1,7 +1,9 @@
-"""`kvtier bench`: GB/s of kvtier's transfers against the same-run link ceiling and
-the baselines (plain torch; sgl_kernel when importable), the host time per call of the
-pools' and adapters' hot-path calls beside torch's index ops, and a table, JSON and PNG
-of it all.
+"""`kvtier bench`: GB/s of kvtier's transfers (kernel-only device time, host time per
+call beside it) against the same-run link ceiling and the baselines (plain torch, a
+same-size copy_; sgl_kernel and vLLM's swap kernel where they can run), the host time per
+call of the pools' and adapters' hot-path calls beside torch's index ops, and a table,
+JSON and PNG of it all. `--interference` runs only a transfer's GB/s beside a concurrent
+GEMM's slowdown (CUDA; `--smoke` gives its structure on the CPU).
 
 On a machine without an accelerator it runs a small smoke sweep under Triton's
 interpreter and says that its figures are not hardware figures. `--overhead` runs only
