@@ -125,7 +125,15 @@ def layer_table(arg: str, layers, item_size: int, num_layers: int, exact: bool =
     """Per-layer bases: a uint64/int64 address table (rows packed, ``item_size`` apart, no
     size known) or, as an extension, a list of per-layer tensors (sizes checked). The
     source table must list exactly ``num_layers`` layers (SGLang checks that too); a
-    destination (``exact=False``) may list more."""
+    destination (``exact=False``) may list more.
+
+    What a table is trusted with (docs/adapters.md, "What kvtier trusts about pointer
+    tables"): every address stays a live buffer of at least (largest index + 1) x
+    ``item_size`` bytes until the call's copies have run (kvtier holds the table, not the
+    buffers). A table is read once per version of its tensor (`_table_map`): a write
+    through torch is seen at the next call; a write that bypasses torch's version counter
+    (a numpy view, DLPack, a raw pointer; any write to an inference-mode table) is not,
+    and the map kept from the earlier read is used as it was."""
     _positive("item_size", item_size)
     _positive("num_layers", num_layers)
     count = layers.numel() if isinstance(layers, torch.Tensor) and layers.dim() == 1 else (
