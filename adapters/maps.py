@@ -22,7 +22,9 @@ from kvtier.kernels.ops import BACKUP, LOAD, Op
 from kvtier.kernels.errors import KvtierError, fail
 from kvtier.kernels.rowmap import RowMap, kept as _kept, tensor_key as _tensor_key
 from kvtier.kernels.validate import check_copy, check_index, compute_device
-from kvtier.pool.launch import launch, lookup
+from kvtier.autotune.key import rows_bucket
+from kvtier.pool import launch as launcher
+from kvtier.pool.launch import bind_launch, lookup, lookup_state
 
 # Rows assumed behind a raw address table: it carries no size, so indices into a table
 # side are checked for sign only (as the engines' own kernels do not check them at all).
@@ -224,39 +226,84 @@ def run_jobs(jobs: Sequence[Job], src_indices, dst_indices, *, op: Op, by_page: 
     sync (`kvtier.kernels.index_check`: at once for host indices; for device indices
     the copies read the check's verdict and the error comes at the next call or at
     `kvtier.kernels.synchronize()`). ``skip_negative``: pairs holding a negative index
-    are skipped, as SGLang's kernels skip them."""
-    maps = [m for pairs, *_ in jobs for p in pairs for m in p]
-    device = compute_device(*maps)
+    are skipped, as SGLang's kernels skip them. What depends only on the maps and the
+    call's shape (stacking, layer checks, configurations, bound copies) is worked out
+    once per call shape and kept (`_Route`)."""
+    key = (tuple((tuple(pairs), sl, dl, nl) for pairs, sl, dl, nl in jobs), op, by_page, skip_negative,
+           config, block_quota)
     try:
-        si, di = indices(src_indices, dst_indices, device)
-        plans = []
-        for pairs, src_layer, dst_layer, num_layers in jobs:
-            for s, d in _stacked(list(pairs)):
-                _, n_layers = check_copy(s, si, d, di, src_layer, dst_layer, num_layers, by_page,
-                                         check_values=False)
-                plans.append((s, d, src_layer, dst_layer, n_layers))
+        route = _ROUTES.get(key)
+        if route is None:
+            route = _Route(jobs, src_indices, dst_indices, op, by_page, config, block_quota)
+            if len(_ROUTES) >= _KEEP_ROUTES:
+                _ROUTES.clear()
+            _ROUTES[key] = route
+        si, di = indices(src_indices, dst_indices, route.device)
+        n = si.numel()
         verdict = None
-        if checks_on(check) and si.numel():
-            srcs, dsts = [p[0] for p in plans], [p[1] for p in plans]
-            verdict = GUARD.check(device, [
-                ("src_indices", si, min(m.num_rows for m in srcs), _whole_pages(srcs[0], by_page)),
-                ("dst_indices", di, min(m.num_rows for m in dsts), _whole_pages(dsts[0], by_page))],
-                negatives_skip=skip_negative)
+        if n and checks_on(check):
+            verdict = GUARD.check(route.device, [("src_indices", si, *route.src_limit),
+                                                 ("dst_indices", di, *route.dst_limit)],
+                                  negatives_skip=skip_negative)
     except KvtierError as e:
         names = dict(zip(("src_indices", "dst_indices"), index_names))
         if names == {"src_indices": "src_indices", "dst_indices": "dst_indices"}:
             raise
         raise KvtierError(re.sub(r"\b(src|dst)_indices\b", lambda m: names[m.group(0)], str(e))) from None
-    if si.numel() == 0:
+    if n == 0:
         return
-    _require_runnable(maps, device)
-    quota = None if block_quota is None else _positive("block_quota", block_quota)
-    for s, d, sl, dl, nl in plans:
-        cfg = config or lookup(op, s, d, si.numel(), nl)
-        if quota is not None:
-            cfg = replace(cfg, num_programs=quota)
-        launch(op, s, si, d, di, src_layer=sl, dst_layer=dl, num_layers=nl, by_page=by_page, config=cfg,
-               verdict=verdict, skip_negative=skip_negative)
+    for bound in route.bound(n, skip_negative):
+        launcher.run_bound(op, bound, si, di, verdict)
+
+
+class _Route:
+    """One adapter call shape: its jobs' component pairs stacked into launches and
+    validated (layers, rows, reachability), the index limits, and per rows bucket the
+    bound copies with their tuned configurations. Built on the first call of the shape
+    (whose indices validate the pairs), kept in `_ROUTES`."""
+
+    def __init__(self, jobs, src_indices, dst_indices, op: Op, by_page: bool, config, block_quota):
+        maps = [m for pairs, *_ in jobs for p in pairs for m in p]
+        self.device = compute_device(*maps)
+        si, di = indices(src_indices, dst_indices, self.device)
+        self.plans = []
+        for pairs, src_layer, dst_layer, num_layers in jobs:
+            for s, d in _stacked(list(pairs)):
+                _, n_layers = check_copy(s, si, d, di, src_layer, dst_layer, num_layers, by_page,
+                                         check_values=False)
+                self.plans.append((s, d, src_layer, dst_layer, n_layers))
+        srcs, dsts = [p[0] for p in self.plans], [p[1] for p in self.plans]
+        self.src_limit = (min(m.num_rows for m in srcs), _whole_pages(srcs[0], by_page))
+        self.dst_limit = (min(m.num_rows for m in dsts), _whole_pages(dsts[0], by_page))
+        self.quota = None if block_quota is None else _positive("block_quota", block_quota)
+        _require_runnable(maps, self.device)
+        self.op, self.by_page, self.config = op, by_page, config
+        self.bounds = {}
+        self.state = None
+
+    def bound(self, n: int, skip_negative: bool) -> list:
+        """The bound copies for ``n`` index pairs (per rows bucket, under the current
+        lookup state)."""
+        key = (rows_bucket(n), lookup_state())
+        found = self.bounds.get(key)
+        if found is None:
+            found = []
+            for s, d, sl, dl, nl in self.plans:
+                cfg = self.config or lookup(self.op, s, d, n, nl)
+                if self.quota is not None:
+                    cfg = replace(cfg, num_programs=self.quota)
+                found.append(bind_launch(self.op, s, d, src_layer=sl, dst_layer=dl, num_layers=nl, n_rows=n,
+                                         by_page=self.by_page, config=cfg, skip_negative=skip_negative))
+            if len(self.bounds) >= _KEEP_ROUTES:
+                self.bounds.clear()
+            self.bounds[key] = found
+        return found
+
+
+# Adapter call shapes kept (cleared, not evicted one by one, past the bound): each holds
+# its maps, so their tensors stay alive while kept (as kept maps do).
+_ROUTES = {}
+_KEEP_ROUTES = 256
 
 
 def _stacked(pairs: List[Pair]) -> List[Pair]:
@@ -267,8 +314,15 @@ def _stacked(pairs: List[Pair]) -> List[Pair]:
 
 
 def _stack(pairs: List[Pair]) -> List[Pair]:
-    src, dst = RowMap.stack([s for s, _ in pairs]), RowMap.stack([d for _, d in pairs])
+    """One pair of maps for all components where both sides can be joined: in one
+    allocation by a component stride, else (separate allocations, as SGLang's per-layer
+    device tensors) by a table of their bases."""
+    src, dst = (_join([p[i] for p in pairs]) for i in (0, 1))
     return [(src, dst)] if src is not None and dst is not None else pairs
+
+
+def _join(maps: List[RowMap]) -> Optional[RowMap]:
+    return RowMap.stack(maps) or RowMap.stack_as_table(maps)
 
 
 def _whole_pages(m: RowMap, by_page: bool) -> int:

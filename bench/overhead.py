@@ -5,7 +5,7 @@ Calls (each with its defaults: value checks on, ``check=None``, which check with
 device sync):
 
 - ``HostPool.backup_from_device_all_layer``, ``load_to_device_all_layer`` and
-  ``load_to_device_per_layer`` (the last layer), ``strategy="kernel"``;
+  ``load_to_device_per_layer`` (every layer in turn), ``strategy="kernel"``;
 - ``DevicePool.gather`` (page indices, all layers);
 - the SGLang adapter's ``transfer_kv_per_layer`` (a load: one layer of SGLang's
   ``layer_first`` host buffer into the device layer tensors) and ``transfer_kv_all_layer``
@@ -13,6 +13,11 @@ device sync):
   uint64 tensors of per-layer ``data_ptr()``s on the device, indices on the device;
 - baselines: one ``torch.index_select`` and one ``Tensor.index_copy_`` of the same rows
   (count and bytes) of one device layer.
+
+Index lists: every all-layer call, gather and torch op takes the next of 8 distinct lists
+(an engine's batches bring new ones); a per-layer call takes one list for every layer in
+turn, as HiCache's layer loop does. So what kvtier keeps per index tensor (its checks, its
+copy on the device) is reused exactly where an engine would reuse it.
 
 Shape: K and V, 16 layers, 1 KiB rows (8 heads x 64 bf16), 16-token pages, 256 tokens in
 scattered page order, ``layer_first`` host layout (`autotune/workload.py`'s `Pools`).
@@ -35,6 +40,7 @@ Printed as "meets" / "misses", never asserted.
 from __future__ import annotations
 
 import datetime
+import itertools
 import json
 import math
 import statistics
@@ -46,6 +52,8 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 
 import kvtier.platforms as platforms
+
+from kvtier.autotune.timing import busy_keeper
 
 from .probe import LaunchProbe
 
@@ -65,6 +73,7 @@ SHAPE = dict(layers=16, heads=8, head_dim=64, dtype=torch.bfloat16, page_size=16
 # Timed calls per series, warm-up calls, calls per batch; by mode.
 COUNTS = {"cpu": dict(calls=400, warmup=20, batch=50), "gpu": dict(calls=1000, warmup=20, batch=50)}
 MIN_BUSY_S, MAX_BUSY_S = 2e-3, 0.5
+ROTATE = 8              # distinct index lists per series (see build_calls)
 
 
 # ------------------------------------------------------------------ the calls
@@ -80,7 +89,6 @@ def build_calls(device: torch.device, shape: Optional[dict] = None) -> Tuple[Dic
     hp, dp = pools.host_pool, pools.device_pool
     hi, di = pools.host_slots, pools.device_slots          # int64, on the device
     P, L = ps.page_size, ps.num_layers
-    last = dp.start_layer + L - 1
     pages = di[::P] // P
     k, v = dp.buffers["k"], dp.buffers["v"]                 # per-layer device tensors
     host_k, host_v = pools.host[0], pools.host[1]           # SGLang's layer_first (L, size, H, D)
@@ -92,23 +100,47 @@ def build_calls(device: torch.device, shape: Optional[dict] = None) -> Tuple[Dic
     item = ps.row_bytes
     src, dst = k[L - 1], v[L - 1]                           # one device layer
     rows = torch.index_select(src, 0, di)
+    # Index lists as an engine hands them over: every all-layer call (and gather) gets the
+    # next of ROTATE distinct lists (each batch brings new ones), and a per-layer call
+    # takes one list for every layer in turn (HiCache's layer loop), so nothing kvtier
+    # keeps per index tensor is reused where an engine would not reuse it.
+    sets = [(hi.clone(), di.clone()) for _ in range(ROTATE)]
+    page_sets = [d[::P] // P for _, d in sets]
+    def per_layer(fn):              # each series walks the lists on its own
+        walk = itertools.cycle([(h, d, layer) for h, d in sets for layer in range(L)]).__next__
+
+        def call():
+            h, d, layer = walk()
+            fn(h, d, layer)
+        return call
+
+    def all_layer(fn):
+        walk = itertools.cycle(sets).__next__
+
+        def call():
+            fn(*walk())
+        return call
+
+    pages_walk = itertools.cycle(page_sets).__next__
     fns = {
-        "HostPool.backup_from_device_all_layer": lambda: hp.backup_from_device_all_layer(dp, hi, di),
-        "HostPool.load_to_device_all_layer": lambda: hp.load_to_device_all_layer(dp, hi, di),
-        "HostPool.load_to_device_per_layer": lambda: hp.load_to_device_per_layer(dp, hi, di, last),
-        "DevicePool.gather": lambda: dp.gather(pages, pages=True),
-        "sglang.transfer_kv_per_layer": lambda: transfer_kv_per_layer(
-            host_k[L - 1], k[L - 1], host_v[L - 1], v[L - 1], hi, di, item),
-        "sglang.transfer_kv_all_layer": lambda: transfer_kv_all_layer(
-            dev_k, host_kt, dev_v, host_vt, di, hi, item, L),
-        "torch.index_select": lambda: torch.index_select(src, 0, di),
-        "Tensor.index_copy_": lambda: dst.index_copy_(0, di, rows),
+        "HostPool.backup_from_device_all_layer": all_layer(lambda h, d: hp.backup_from_device_all_layer(dp, h, d)),
+        "HostPool.load_to_device_all_layer": all_layer(lambda h, d: hp.load_to_device_all_layer(dp, h, d)),
+        "HostPool.load_to_device_per_layer": per_layer(
+            lambda h, d, layer: hp.load_to_device_per_layer(dp, h, d, dp.start_layer + layer)),
+        "DevicePool.gather": lambda: dp.gather(pages_walk(), pages=True),
+        "sglang.transfer_kv_per_layer": per_layer(lambda h, d, layer: transfer_kv_per_layer(
+            host_k[layer], k[layer], host_v[layer], v[layer], h, d, item)),
+        "sglang.transfer_kv_all_layer": all_layer(lambda h, d: transfer_kv_all_layer(
+            dev_k, host_kt, dev_v, host_vt, d, h, item, L)),
+        "torch.index_select": all_layer(lambda h, d: torch.index_select(src, 0, d)),
+        "Tensor.index_copy_": all_layer(lambda h, d: dst.index_copy_(0, d, rows)),
     }
     what = {"components": 2, "layers": L, "row_bytes": item, "row": [s["heads"], s["head_dim"]],
             "dtype": str(s["dtype"]).replace("torch.", ""), "page_size": P, "tokens": pools.tokens,
             "host_layout": s["host_layout"], "device_pool_slots": dp.size, "host_pool_slots": hp.size,
-            "indices": "int64 on the device, whole pages in scattered order",
-            "per_layer_calls": f"layer {last} (the last)",
+            "indices": f"int64 on the device, whole pages in scattered order; all-layer calls, gather "
+                       f"and the torch ops take the next of {ROTATE} distinct lists per call",
+            "per_layer_calls": f"each list for layers 0..{L - 1} in turn (HiCache's layer loop)",
             "torch_ops": f"one device layer: {pools.tokens} rows of {item} B",
             "sglang": "transfer_kv_per_layer: load, host layer_first buffer -> device layer tensors; "
                       "transfer_kv_all_layer: backup, uint64 pointer tables on the device"}
@@ -116,39 +148,6 @@ def build_calls(device: torch.device, shape: Optional[dict] = None) -> Tuple[Dic
 
 
 # ------------------------------------------------------------------ timing
-class _Busy:
-    """Keeps a CUDA/ROCm device busy with ``torch.cuda._sleep`` so calls queue behind it."""
-
-    def __init__(self, device: torch.device):
-        self.device = device
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        cycles = 10_000_000
-        with torch.cuda.device(device):
-            torch.cuda._sleep(1000)                         # loaded before it is timed
-            start.record()
-            torch.cuda._sleep(cycles)
-            end.record()
-        end.synchronize()
-        self.cycles_per_s = cycles / max(start.elapsed_time(end) / 1e3, 1e-6)
-        self._end = None
-
-    def start(self, seconds: float) -> None:
-        with torch.cuda.device(self.device):
-            torch.cuda._sleep(int(self.cycles_per_s * seconds))
-            self._end = torch.cuda.Event()
-            self._end.record()
-
-    def still_busy(self) -> bool:
-        return not self._end.query()
-
-
-def busy_keeper(device: torch.device):
-    """A `_Busy` for ``device``, or None where no device sleep op exists (the CPU, Ascend)."""
-    if device.type == "cuda" and hasattr(torch.cuda, "_sleep"):
-        return _Busy(device)
-    return None
-
-
 def time_series(fns: Dict[str, Callable], device: torch.device, *, calls: int, warmup: int, batch: int,
                 keeper=None, probe: Optional[LaunchProbe] = None) -> Dict[str, dict]:
     """Per series: nanoseconds of each timed call, launches recorded per call (under a

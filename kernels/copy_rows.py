@@ -274,12 +274,12 @@ class BoundCopy:
     owns): a `KvtierError` names the tensor instead of a write into freed memory.
     """
 
-    __slots__ = ("config", "num_layers", "skip_negative", "page", "runner", "plan", "maps",
+    __slots__ = ("config", "num_layers", "skip_negative", "page", "runner", "plan", "maps", "origin",
                  "scalars", "constants", "checked_constants", "items", "watch", "layers")
 
     def __init__(self, src: RowMap, dst: RowMap, src_layer: int, dst_layer: int, num_layers: int,
                  by_page: bool, config: CopyConfig, device: torch.device, n_bucket: int, skip_negative: bool):
-        self.config, self.num_layers = config, num_layers
+        self.config, self.num_layers, self.origin = config, num_layers, (src, dst)
         self.skip_negative, self.layers = skip_negative, (src_layer, dst_layer)
         self.watch = src.watch(src_layer, num_layers) + dst.watch(dst_layer, num_layers)
         self.page = 0
@@ -295,7 +295,9 @@ class BoundCopy:
         self.scalars = (num_layers, src_layer, dst_layer, p.src_layers, p.dst_layers, *p.strides)
         base = dict(p.const, SKIP_NEG=skip_negative, num_warps=config.num_warps)
         self.constants, self.checked_constants = dict(base, CHECKED=False), dict(base, CHECKED=True)
-        self.items = p.n_comp * num_layers          # work items per tile of rows
+        c = p.const   # work items per tile of rows: one per (component, layer), and with SPLIT
+        blocks = c["N_CHUNKS"] * -(-c["CHUNK_WORDS"] // c["BLOCK"]) if c.get("SPLIT") else 1
+        self.items = p.n_comp * num_layers * blocks          # per chunk and column block
 
     def __call__(self, si: torch.Tensor, di: torch.Tensor, verdict: Optional[torch.Tensor] = None) -> None:
         for t, ptr, arg in self.watch:

@@ -35,10 +35,25 @@ _REASONS = {1: "negative index", 2: "index out of range for {limit} rows",
 
 
 def checks_on(check: Optional[bool] = None) -> bool:
-    """``check`` where the caller gave it, else the process-wide ``KVTIER_CHECK`` (on)."""
+    """``check`` where the caller gave it, else the process-wide ``KVTIER_CHECK`` (on),
+    read on every call (so a change of the environment applies at once)."""
     if check is not None:
         return bool(check)
-    return os.environ.get(CHECK_ENV, "1") != "0"
+    return _env_value() != _OFF
+
+
+def _environ_reader():
+    """A reader of ``KVTIER_CHECK`` for the hot path: ``os.environ``'s own mapping read by
+    its encoded key (what ``os.environ.get`` does, without re-encoding the key per call),
+    falling back to ``os.environ.get`` where that mapping is not there."""
+    data, encode = getattr(os.environ, "_data", None), getattr(os.environ, "encodekey", None)
+    if isinstance(data, dict) and encode is not None:
+        key, off = encode(CHECK_ENV), os.environ.encodevalue("0")
+        return (lambda: data.get(key)), off
+    return (lambda: os.environ.get(CHECK_ENV)), "0"
+
+
+_env_value, _OFF = _environ_reader()
 
 
 # One index list to check: (argument name, indices, exclusive limit, page size or 1).
@@ -74,13 +89,14 @@ class IndexGuard:
         the device per call."""
         self.raise_pending()
         on_device = []
+        kernel_runs = _runner()(device.type) == "kernel"
         for arg, idx, limit, page in lists:
             n = idx.numel()
             if page > 1 and n % page:        # a count is metadata: checked here
                 raise fail(f"len({arg})", n, f"page-granular copy needs a multiple of page_size={page}")
             if n == 0:
                 continue
-            if _device_checkable(idx, device):
+            if kernel_runs and idx.device.type == device.type:   # lives where the check kernel runs
                 on_device.append((arg, idx, limit, page))
                 continue
             known = facts(idx)
@@ -162,14 +178,6 @@ class IndexGuard:
                 record = torch.zeros(4, dtype=torch.int64, device=device)
             slot = self._slots[key] = _Slot(verdict, record, visible, record.numpy() if visible else None)
         return slot
-
-
-def _device_checkable(idx: torch.Tensor, device: torch.device) -> bool:
-    """Whether ``idx`` is checked by the device kernel: it lives where the copy runs and
-    the kernel runs there (on the CPU: under Triton's interpreter)."""
-    if idx.device.type != device.type:
-        return False
-    return _runner()(device.type) == "kernel"
 
 
 def _runner():

@@ -408,6 +408,30 @@ class RowMap:
         out._check_bounds()
         return out
 
+    @classmethod
+    def stack_as_table(cls, maps: Sequence["RowMap"]) -> Optional["RowMap"]:
+        """Single-component stacked maps with equal rows in separate allocations (which
+        `stack` cannot join) as one table map: entry ``c * L + l`` is map c's layer l base,
+        so one launch moves them all. The table is made on the maps' device once (a
+        host map's is copied to the device that reads it at its first launch). None where
+        the maps' geometry differs or a map is a table already."""
+        maps = list(maps)
+        m0 = maps[0]
+        geometry = lambda m: (m.num_layers, m.num_rows, m.page_size, m.row_bytes, m.chunk_bytes,  # noqa: E731
+                              m.n_chunks, m.chunk_stride, m.token_stride, m.page_stride, m.device)
+        if len(maps) < 2 or any(m.is_table or m.num_components != 1 or geometry(m) != geometry(m0)
+                                for m in maps):
+            return None
+        addrs = [m.base + layer * m.layer_stride for m in maps for layer in range(m.num_layers)]
+        segments = tuple((m.segments[0][0], a) for m, a in
+                         zip((m for m in maps for _ in range(m.num_layers)), addrs))
+        born = tuple(m.born[0] for m in maps for _ in range(m.num_layers))
+        out = replace(m0, num_components=len(maps), table=torch.tensor(addrs, dtype=torch.int64, device=m0.device),
+                      base=0, layer_stride=0, comp_stride=0, segments=segments, born=born,
+                      align=min(_pow2_align(*addrs), *(m.align for m in maps)))
+        out._check_bounds()
+        return out
+
     # ------------------------------------------------------------ checks
     def _check_bounds(self) -> None:
         """Every row of every layer stays inside the tensor(s) the map came from."""

@@ -90,13 +90,15 @@ def test_k_and_v_tables_share_one_launch(launches):
     mem.check()
 
 
-def test_separate_allocations_take_one_launch_each(launches):
+def test_separate_allocations_share_one_launch_through_a_table(launches):
+    """K and V in separate allocations (SGLang's per-layer device tensors) are joined by
+    a table of their bases: one launch moves both."""
     mem = Memory(3)
     k, v = mem.buffer("k", (8, 16)), mem.buffer("v", (8, 16))
     dk, dv = mem.buffer("dk", (8, 16), fill="poison"), mem.buffer("dv", (8, 16), fill="poison")
     idx = torch.tensor([2, 5])
     adapters.transfer_kv_per_layer(k, dk, v, dv, idx, idx, 32)
-    assert [(r, c) for r, c, _ in launches] == [(32, 1), (32, 1)]
+    assert [(r, c) for r, c, _ in launches] == [(32, 2)]
     kernel_copy(mem, [(lambda l, s, a=a: lf(a.data_ptr(), s, 32), lambda l, d, b=b: lf(b.data_ptr(), d, 32))
                       for a, b in ((k, dk), (v, dv))], idx, idx, [0], 32)
     mem.check()

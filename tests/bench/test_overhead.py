@@ -77,13 +77,21 @@ def test_cpu_note_in_json_text_and_summary(measured):
 def test_the_probe_recorded_every_launch(measured):
     per = {n: r["launches_per_call"] for n, r in {**measured["calls"], **measured["torch"]}.items()}
     for n in CALLS:
-        assert per[n]["check"] == 1.0, n          # default checks: one index-check launch per call
+        # Default checks: one index-check launch per new index list: every all-layer call
+        # and gather; a per-layer loop checks its list once for all its layers.
+        if "per_layer" in n:
+            # 16 layers: a new list every 16 calls (at most 3 in 30), and once per batch of
+            # 10 again, after another series' checks on the same pool and stream
+            assert 0 < per[n]["check"] <= 5 / 30, (n, per[n])
+        else:
+            assert per[n]["check"] == 1.0, (n, per[n])
         assert per[n]["copy"] >= 1.0, n
-    # SGLang's per-layer K and V device tensors are separate allocations: one launch each.
-    assert per["sglang.transfer_kv_per_layer"]["copy"] == 2.0
+    # SGLang's per-layer K and V device tensors are separate allocations: joined by a
+    # table of their bases, one launch moves both.
+    assert per["sglang.transfer_kv_per_layer"]["copy"] == 1.0
     assert all(per[n] == {"copy": 0.0, "check": 0.0} for n in TORCH_OPS)
     rec = measured["launches_recorded"]
-    assert rec["copy"] >= rec["check"] >= len(CALLS) * (30 + 3 + 10)   # timed + warm-up + estimate
+    assert rec["copy"] >= rec["check"] >= (len(CALLS) - 2) * (30 + 3 + 10)   # timed + warm-up + estimate
 
 
 def test_no_kernel_runs(real_kernels):
