@@ -15,6 +15,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
+from kvtier.kernels.config import CopyConfig
 from kvtier.kernels.copy_rows import GUARD, interpreter_active, triton_available
 from kvtier.kernels.index_check import checks_on
 from kvtier.kernels.index_memo import facts
@@ -229,6 +230,8 @@ def run_jobs(jobs: Sequence[Job], src_indices, dst_indices, *, op: Op, by_page: 
     are skipped, as SGLang's kernels skip them. What depends only on the maps and the
     call's shape (stacking, layer checks, configurations, bound copies) is worked out
     once per call shape and kept (`_Route`)."""
+    if config is not None and not isinstance(config, CopyConfig):
+        raise fail("config", type(config).__name__, "must be a kvtier CopyConfig (or None for the tuned one)")
     key = (tuple((tuple(pairs), sl, dl, nl) for pairs, sl, dl, nl in jobs), op, by_page, skip_negative,
            config, block_quota)
     try:

@@ -40,6 +40,7 @@ from .maps import (direction, layer_table, lf_buffer, page_count, per_layer_list
                    ph_buffer, run_copy)
 from kvtier.kernels.errors import KvtierError, fail
 from kvtier.kernels.rowmap import RowMap
+from kvtier.kernels.validate import is_int
 
 __all__ = [
     "transfer_kv_per_layer", "transfer_kv_per_layer_pf_lf", "transfer_kv_per_layer_ph_lf",
@@ -227,6 +228,9 @@ def transfer_kv_direct(src_layers: Sequence[torch.Tensor], dst_layers: Sequence[
         groups.setdefault((_signature(s), _signature(d)), []).append((s, d))
     pairs = [(per_layer_list("src_layers", [s for s, _ in g]),
               per_layer_list("dst_layers", [d for _, d in g])) for g in groups.values()]
+    for s, d in pairs:
+        if s.row_bytes != d.row_bytes:
+            raise fail("dst_layers", f"rows of {d.row_bytes} bytes", f"the src_layers rows are {s.row_bytes} bytes")
     run_copy(pairs, src_indices, dst_indices, op=direction(pairs), config=config, check=check)
 
 
@@ -266,7 +270,7 @@ def transfer_kv_per_layer_direct_pf_lf(src_ptrs, dst_ptrs, src_indices, dst_indi
               per_layer_list("dst_ptrs", group, page_size))
              for c, group in enumerate(_split("dst_ptrs", dst_ptrs, parts))]
     n = pairs[0][1].num_layers
-    if not isinstance(layer_id, int) or layer_id < 0 or layer_id + n > pairs[0][0].num_layers:
+    if not is_int(layer_id) or layer_id < 0 or layer_id + n > pairs[0][0].num_layers:
         raise fail("layer_id", layer_id, f"layers {layer_id}..+{n} are outside the host buffer's "
                    f"{pairs[0][0].num_layers}")
     run_copy(pairs, src_indices, dst_indices, src_layer=layer_id, num_layers=n, by_page=True,
@@ -284,5 +288,8 @@ def transfer_kv_all_layer_direct_lf_pf(src_ptrs, dst_ptrs, src_indices, dst_indi
     pairs = [(per_layer_list("src_ptrs", group, page_size),
               _host_pages(f"dst_ptrs[{c}]", dst_ptrs[c], page_size))
              for c, group in enumerate(_split("src_ptrs", src_ptrs, parts))]
+    if pairs[0][1].num_layers < pairs[0][0].num_layers:
+        raise fail("dst_ptrs", f"{pairs[0][1].num_layers} host layers",
+                   f"src_ptrs lists {pairs[0][0].num_layers} layers per component")
     run_copy(pairs, src_indices, dst_indices, num_layers=pairs[0][0].num_layers, by_page=True,
              op=BACKUP, config=config, check=check)

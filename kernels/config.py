@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, asdict
 
+from .errors import KvtierError
+
 STRATEGIES = ("kernel", "dma")   # how a transfer crosses the link (docs/design.md)
 
 
@@ -41,16 +43,16 @@ class CopyConfig:
         for name in ("num_programs", "rows", "block_bytes", "num_warps", "stages"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"CopyConfig.{name}={v!r}: must be a positive int")
+                raise KvtierError(f"CopyConfig.{name}={v!r}: must be a positive int")
         t = self.tile_bytes
         if not isinstance(t, int) or isinstance(t, bool) or t < 0 or t & (t - 1):
-            raise ValueError(f"CopyConfig.tile_bytes={t!r}: must be 0 or a power of two")
+            raise KvtierError(f"CopyConfig.tile_bytes={t!r}: must be 0 or a power of two")
         for name in ("rows", "block_bytes", "num_warps"):
             v = getattr(self, name)
             if v & (v - 1):
-                raise ValueError(f"CopyConfig.{name}={v!r}: must be a power of two")
+                raise KvtierError(f"CopyConfig.{name}={v!r}: must be a power of two")
         if self.strategy not in STRATEGIES:
-            raise ValueError(f"CopyConfig.strategy={self.strategy!r}: must be one of {STRATEGIES}")
+            raise KvtierError(f"CopyConfig.strategy={self.strategy!r}: must be one of {STRATEGIES}")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -63,10 +65,10 @@ class CopyConfig:
         the kernel that entries written without them were measured with."""
         fields = ("num_programs", "rows", "block_bytes", "num_warps", "strategy")
         if not isinstance(d, dict) or any(k not in d for k in fields):
-            raise ValueError(f"CopyConfig.from_dict({d!r}): needs every field of {fields}")
+            raise KvtierError(f"CopyConfig.from_dict({d!r}): needs every field of {fields}")
         known = fields + ("stages", "tile_bytes")
         if any(isinstance(d[k], bool) for k in known if k in d):
-            raise ValueError(f"CopyConfig.from_dict({d!r}): a bool is not a count")
+            raise KvtierError(f"CopyConfig.from_dict({d!r}): a bool is not a count")
         return cls(**{k: d[k] for k in known if k in d})
 
 

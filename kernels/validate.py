@@ -30,6 +30,10 @@ def compute_device(*maps: RowMap) -> torch.device:
 def check_index(arg: str, idx, device: torch.device) -> None:
     if not isinstance(idx, torch.Tensor):
         raise fail(arg, type(idx).__name__, "must be a torch.Tensor of int32 or int64")
+    if idx.layout != torch.strided:
+        raise fail(f"{arg}.layout", idx.layout, "must be a dense (strided) tensor")
+    if idx.is_meta:
+        raise fail(f"{arg}.device", str(idx.device), "a meta tensor holds no indices")
     if idx.dtype not in INDEX_DTYPES:
         raise fail(f"{arg}.dtype", idx.dtype, "must be torch.int32 or torch.int64")
     if idx.dim() != 1:
@@ -77,7 +81,9 @@ def is_int(v) -> bool:
 def check_layers(arg: str, start: int, count: int, m: RowMap) -> None:
     """Layers start .. start+count-1 exist in ``m``; with count 0 (the default count),
     the start layer itself must exist, or the copy would silently move nothing."""
-    if not is_int(start) or start < 0 or start + max(count, 1) > m.num_layers:
+    if not is_int(start):
+        raise fail(arg, start, "must be an int layer number")
+    if start < 0 or start + max(count, 1) > m.num_layers:
         what = f"layers {start}..{start + count - 1} are" if count else f"start layer {start} is"
         raise fail(arg, start, f"{what} outside the map's {m.num_layers} layers")
 

@@ -16,8 +16,8 @@ direction and flags, layer ranges).
   where the call passes one on), and moves no byte; the valid call on the same buffers
   afterwards still matches the model.
 
-Inputs that fail in a way this file knows about are not drawn here; each has its own
-strict xfail test at the end (move its values into the catalog once it is fixed).
+Inputs that once failed (an unchecked ``config=``, meta and sparse indices, errors naming
+kvtier's internal arguments) keep a test of their own at the end.
 """
 from __future__ import annotations
 
@@ -214,9 +214,9 @@ def direct(draw, mla):
 
     kw = dict(src_layers=src, dst_layers=dst, src_indices=si, dst_indices=di, page_size=w.page)
     call = Call(adapters.transfer_kv_direct, kw, w.mem, model)
-    # Rows of another size in dst_layers are a known failure (see the xfail below): not drawn.
     breaks = {"page_size": [(v, None) for v in [0, -4] + JUNK] + [(w.page * 2 + 1, ["page_size"])],
               "dst_layers": [(lambda c: c.kw["dst_layers"][:-1], ["len(dst_layers)"]), ([], None), (None, None),
+                             (lambda c: [v[:, :1] for v in c.kw["dst_layers"]], ["dst_layers"]),
                              (lambda c: [None] + c.kw["dst_layers"][1:], None)],
               "src_layers": [(lambda c: c.kw["src_layers"][0], None), ((), None),
                              (lambda c: [t[:, :, ::2] for t in c.kw["src_layers"]], None)]}
@@ -243,8 +243,7 @@ def direct_pages(draw, mla, load):
         kw = dict(src_ptrs=[w.host[c] for c in w.comps], dst_ptrs=dst, src_indices=si, dst_indices=di,
                   layer_id=layer_id, page_size=p)
         fn, n = adapters.transfer_kv_per_layer_direct_pf_lf, (w.host_rows, w.dev_rows)
-        # layer_id=True is a known failure (see the xfail below): not drawn.
-        breaks = {"layer_id": [(v, None) for v in [-1, w.layers, None, 2.5, "0"]],
+        breaks = {"layer_id": [(v, None) for v in [-1, w.layers, None, 2.5, "0", True]],
                   "src_ptrs": [(lambda c: c.kw["src_ptrs"] * 3, None), ([], None), (None, None),
                                (lambda c: [t[:, :, :2] for t in c.kw["src_ptrs"]], ["src_ptrs[0]"])],
                   "dst_ptrs": [([], None), (None, ["len(dst_ptrs)='NoneType'"])] + ([] if mla else [
@@ -264,11 +263,11 @@ def direct_pages(draw, mla, load):
         kw = dict(src_ptrs=[t for c in w.comps for t in w.dev[c]], dst_ptrs=[w.host[c] for c in w.comps],
                   src_indices=si, dst_indices=di, page_size=p)
         fn, n = adapters.transfer_kv_all_layer_direct_lf_pf, (w.dev_rows, w.host_rows)
-        # A host with fewer layers than the device is a known failure (see the xfail below).
         breaks = {"src_ptrs": [([], None), (None, ["len(src_ptrs)='NoneType'"])] + ([] if mla else [
                       (lambda c: c.kw["src_ptrs"][:-1], None)]),
                   "dst_ptrs": [(lambda c: c.kw["dst_ptrs"] * 3, None), ((), None),
-                               (lambda c: [t[:, :, :2] for t in c.kw["dst_ptrs"]], ["dst_ptrs[0]"])]}
+                               (lambda c: [t[:, :, :2] for t in c.kw["dst_ptrs"]], ["dst_ptrs[0]"]),
+                               (lambda c: [t[:, :1] for t in c.kw["dst_ptrs"]], ["dst_ptrs"])]}
     breaks["page_size"] = [(v, None) for v in [0, -4] + JUNK] + [(2 * w.page, ["page_size"])]
     return Call(fn, kw, w.mem, model), breaks, n
 
@@ -443,9 +442,6 @@ def _per_layer_call(w, **kw):
     adapters.transfer_kv_per_layer(**{**a, **kw})
 
 
-@pytest.mark.xfail(strict=True, raises=(AttributeError, TypeError),
-                   reason="the adapters pass config= on unchecked: a str raises AttributeError, a dict "
-                          "TypeError (copy_rows refuses both with KvtierError)")
 @pytest.mark.parametrize("config", ["fast", {"num_programs": 2}], ids=["str", "dict"])
 def test_config_that_is_no_copy_config(config):
     w = World("lf")
@@ -454,9 +450,6 @@ def test_config_that_is_no_copy_config(config):
     w.mem.check()
 
 
-@pytest.mark.xfail(strict=True, raises=NotImplementedError,
-                   reason="adapters.maps.indices checks an index list against its own device and then "
-                          "moves it: meta and sparse tensors raise torch's NotImplementedError")
 @pytest.mark.parametrize("form", ["meta", "sparse"])
 def test_meta_or_sparse_indices(form):
     w = World("lf")
@@ -481,9 +474,6 @@ def _pf_lf_direct_bool_layer(w):
                                                 torch.arange(4), torch.arange(4), True, w.page)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="the error names kvtier's internal dst_layer / dst.row_bytes / src_layer, not the "
-                          "caller's dst_ptrs / dst_layers / layer_id")
 @pytest.mark.parametrize("layout,call,arg", [
     ("pfd", _lf_pf_direct_one_host_layer, "dst_ptrs"),
     ("lf", _direct_other_rows, "dst_layers"),

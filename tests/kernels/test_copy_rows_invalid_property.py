@@ -13,8 +13,8 @@ starts and counts, maps that cannot be paired, configurations that are no CopyCo
   included, as it was; the valid call afterwards still matches the oracle, so a failure
   recorded by a device-side index check does not leak into the next call.
 
-Inputs that fail in a way this file knows about are not drawn here; each has its own
-strict xfail test at the end (move its values into the catalog once it is fixed).
+Inputs that once failed (a start layer that is no number, sparse indices, bad CopyConfig
+fields) keep a test of their own at the end.
 """
 from __future__ import annotations
 
@@ -246,9 +246,6 @@ def pair():
 GOOD = torch.tensor([0, 1])
 
 
-@pytest.mark.xfail(strict=True, raises=TypeError,
-                   reason="validate.check_layers formats start + count - 1 before checking that the start "
-                          "is an int: a None, str or list start with an explicit num_layers raises TypeError")
 @pytest.mark.parametrize("arg", ["src_layer", "dst_layer"])
 @pytest.mark.parametrize("value", [None, "1", [0]])
 def test_start_layer_that_is_no_number_with_a_count(pair, arg, value):
@@ -257,9 +254,6 @@ def test_start_layer_that_is_no_number_with_a_count(pair, arg, value):
         copy_rows(src.map, GOOD, dst.map, GOOD, num_layers=1, **{arg: value})
 
 
-@pytest.mark.xfail(strict=True, raises=NotImplementedError,
-                   reason="validate.check_index does not check the layout: a sparse index tensor "
-                          "raises torch's NotImplementedError")
 @pytest.mark.parametrize("arg", ARGS)
 def test_sparse_indices(pair, arg):
     src, dst = pair
@@ -269,8 +263,6 @@ def test_sparse_indices(pair, arg):
         copy_rows(src.map, idx["src_indices"], dst.map, idx["dst_indices"])
 
 
-@pytest.mark.xfail(strict=True, reason="CopyConfig rejects a bad field with a plain ValueError, "
-                                       "not KvtierError (engine code catching RuntimeError misses it)")
 @pytest.mark.parametrize("field,value", [("num_programs", 0), ("rows", 3), ("block_bytes", -8),
                                          ("num_warps", 1.0), ("strategy", "warp")])
 def test_bad_config_fields(field, value):
