@@ -13,6 +13,7 @@ TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}   # the CPU build; on a GPU machine inst
 .venv/bin/python -m pip install -q "$TORCH_SPEC"
 .venv/bin/python -m pip install -q -e '.[cpu,test,bench]'
 .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+[ "${KVTIER_SKIP_SGLANG:-0}" = 1 ] || bash .ci/sglang.sh   # SGLang's own pools on kvtier
 if [ -f .ci/ascend.sh ] && [ "${KVTIER_SKIP_ASCEND:-0}" != 1 ]; then
   bash .ci/ascend.sh
 fi
