@@ -299,12 +299,12 @@ class BoundCopy:
         blocks = c["N_CHUNKS"] * -(-c["CHUNK_WORDS"] // c["BLOCK"]) if c.get("SPLIT") else 1
         self.items = p.n_comp * num_layers * blocks          # per chunk and column block
 
-    def __call__(self, si: torch.Tensor, di: torch.Tensor, verdict: Optional[torch.Tensor] = None) -> None:
-        for t, ptr, arg in self.watch:
-            if t.data_ptr() != ptr:
-                raise fail(arg, tuple(t.shape), "no longer has the storage its map was built on (the "
-                           "tensor was resized, set_ to other memory or its storage freed): build the "
-                           "map, pool or call's buffers again")
+    def __call__(self, si: torch.Tensor, di: torch.Tensor, verdict: Optional[torch.Tensor] = None,
+                 watched: bool = False) -> None:
+        """Enqueue the copy. ``watched``: the caller has run `check_storage` on this copy's
+        watch already (a call of several launches checks them all before the first)."""
+        if not watched:
+            check_storage(self.watch)
         if self.page:
             si, di = page_starts(si, self.page), page_starts(di, self.page)
         else:
@@ -314,6 +314,16 @@ class BoundCopy:
             _warn_once(self.runner, _FALLBACK[self.runner])
             return _reference(src, si, dst, di, *self.layers, self.num_layers, self.skip_negative)
         launch(src, si, dst, di, self, verdict)
+
+
+def check_storage(watch: tuple) -> None:
+    """Raise `KvtierError` naming the first watched tensor (`RowMap.watch`) whose storage
+    is no longer the one its map was built on (resized, ``set_`` elsewhere, freed)."""
+    for t, ptr, arg in watch:
+        if t.data_ptr() != ptr:
+            raise fail(arg, tuple(t.shape), "no longer has the storage its map was built on (the "
+                       "tensor was resized, set_ to other memory or its storage freed): build the "
+                       "map, pool or call's buffers again")
 
 
 def launch(src: RowMap, si: torch.Tensor, dst: RowMap, di: torch.Tensor, bound: BoundCopy,

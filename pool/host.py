@@ -22,6 +22,7 @@ from kvtier.kernels.errors import KvtierError, fail
 from kvtier.kernels.layouts import host_layout
 from kvtier.kernels.ops import BACKUP, LOAD, LOAD_LAYER, Op
 from kvtier.kernels.index_check import IndexGuard, checks_on
+from kvtier.kernels.copy_rows import check_storage
 from kvtier.kernels.index_memo import facts
 from kvtier.kernels.validate import check_index, is_int
 
@@ -59,6 +60,7 @@ class Step:
     config: object
     strategy: str
     bound: object
+    watch: tuple        # what `check_storage` compares before the call's first launch
 
 
 _ROUTES = 256       # call shapes kept per pool (cleared, not evicted one by one, past it)
@@ -242,13 +244,15 @@ class HostPool:
         key = (op, device_pool, local, rows_bucket(n))
         kept = self._routes.get(key)
         route = kept[1] if kept is not None and kept[0] == lookup_state() else self._route(key, slots)
+        for step in route:          # every tensor the call rests on, before the first byte moves
+            check_storage(step.watch)
         h = run_list = None
         for step in route:
             if step.bound is not None:
                 if h is None:
                     h = _on_device(host_indices, self.device)
                 si, di = (device_indices, h) if op.from_device else (h, device_indices)
-                launcher.run_bound(op, step.bound, si, di, verdict, step.strategy)   # (a test seam)
+                launcher.run_bound(op, step.bound, si, di, verdict, step.strategy, watched=True)  # (a test seam)
                 continue
             if run_list is None:
                 hc = host_indices.cpu()
@@ -282,7 +286,8 @@ class HostPool:
                     sl, dl = (dev_layer, host_layer) if op.from_device else (host_layer, dev_layer)
                     bound = bind_launch(op, src, dst, src_layer=sl, dst_layer=dl, num_layers=count, n_rows=n,
                                         by_page=self._by_page, config=config)
-                route.append(Step(mv, dev_layer, host_layer, count, config, strategy, bound))
+                watch = mv.dev_map.watch(dev_layer, count) + mv.host_map.watch(host_layer, count)
+                route.append(Step(mv, dev_layer, host_layer, count, config, strategy, bound, watch))
         if len(self._routes) >= _ROUTES:
             self._routes.clear()
         self._routes[key] = (lookup_state(), route)

@@ -83,13 +83,15 @@ def bind_launch(op: Op, src: RowMap, dst: RowMap, *, src_layer: int = 0, dst_lay
 
 
 def run_bound(op: Op, bound: BoundCopy, si: torch.Tensor, di: torch.Tensor,
-              verdict: Optional[torch.Tensor] = None, strategy: Optional[str] = None) -> None:
-    """`launch` for a kept `BoundCopy` (only the indices and the verdict are new)."""
+              verdict: Optional[torch.Tensor] = None, strategy: Optional[str] = None,
+              watched: bool = False) -> None:
+    """`launch` for a kept `BoundCopy` (only the indices and the verdict are new);
+    ``watched``: its tensors' storage was checked by the caller (`check_storage`)."""
     if log.isEnabledFor(logging.DEBUG):
         src = bound.origin[0]
         log_launch(op, strategy or bound.config.strategy, bound.config, si.numel(),
                    si.numel() * src.row_bytes * bound.num_layers * src.num_components)
-    bound(si, di, verdict)
+    bound(si, di, verdict, watched)
 
 
 def log_launch(op: Op, strategy: str, config: CopyConfig, rows: int, nbytes: int) -> None:

@@ -112,9 +112,9 @@ class Recorder:
         self.caplog, self.calls = caplog, []
         real = launch_mod.run_bound
 
-        def spy(op, bound, si, di, verdict=None, strategy=None):
+        def spy(op, bound, si, di, *args, **kw):
             self.calls.append((bound.config, si.numel(), bound.num_layers))
-            return real(op, bound, si, di, verdict, strategy)
+            return real(op, bound, si, di, *args, **kw)
 
         monkeypatch.setattr(launch_mod, "run_bound", spy)
         caplog.set_level(logging.DEBUG, logger="kvtier")
