@@ -8,6 +8,7 @@ stream and returns before the bytes have moved. See docs/pools.md, ordering rule
 from __future__ import annotations
 
 import math
+import os
 import weakref
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple, Union
@@ -128,6 +129,7 @@ class HostPool:
                 totals[n] += c.num_layers
         self.components = {n: Component(n, totals[n], c.row_shape, c.dtype) for n, c in target.components.items()}
         self.size = self._size(size_tokens, size_gb)
+        self._size_given = ("size_gb", size_gb) if size_gb is not None else ("size_tokens", size_tokens)
         if pin_memory is None:
             pin_memory = self.device.type != "cpu"
         elif pin_memory and factory is None and not platforms.accelerator_present():
@@ -162,6 +164,7 @@ class HostPool:
                     or not math.isfinite(size_gb) or size_gb <= 0:
                 raise fail("size_gb", size_gb, "must be a finite positive number (10^9 bytes)")
             tokens = int(size_gb * 1e9) // self.bytes_per_token
+            _fits_in_memory("size_gb", size_gb, tokens * self.bytes_per_token)
             if tokens < self.page_size:
                 raise fail("size_gb", size_gb, f"holds {tokens} tokens; one page of {self.page_size} "
                            f"tokens needs {page_bytes} bytes ({page_bytes / 1e9:.3g} GB)")
@@ -169,6 +172,7 @@ class HostPool:
         if not is_int(size_tokens) or size_tokens < self.page_size:
             raise fail("size_tokens", size_tokens, f"must be an int holding at least one page of "
                        f"{self.page_size} tokens")
+        _fits_in_memory("size_tokens", size_tokens, size_tokens * self.bytes_per_token)
         return size_tokens // self.page_size * self.page_size
 
     @property
@@ -189,7 +193,12 @@ class HostPool:
             c = self.components[names[0]]
             shape = (len(names), *self._layout.shape(layers=c.num_layers, slots=self.size,
                                                       page_size=self.page_size, row_shape=row))
-            buf = factory(shape, dtype, self.pin_memory)
+            try:
+                buf = factory(shape, dtype, self.pin_memory)
+            except (RuntimeError, MemoryError) as e:     # the allocator's own refusal, named
+                arg, value = self._size_given
+                raise fail(arg, value, f"allocating {shape} {dtype} host memory failed: "
+                           f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
             if tuple(buf.shape) != shape or buf.dtype != dtype or not buf.is_contiguous():
                 raise fail("factory", (tuple(buf.shape), buf.dtype), f"must return a contiguous {shape} {dtype} tensor")
             maps = [RowMap.from_host_layout(buf[i], self.layout, self.page_size) for i in range(len(names))]
@@ -374,6 +383,19 @@ class HostPool:
         (page-aligned host slots, page_size per page), page by page."""
         from .pages import get_page_buffer_meta
         return get_page_buffer_meta(self, indices)
+
+
+def _fits_in_memory(arg: str, value, nbytes: int) -> None:
+    """Refuse a pool larger than this machine's physical memory before allocating it
+    (pinned memory cannot exceed it, and an overcommitted pageable buffer would fail only
+    when touched)."""
+    try:
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):    # not known here: the allocator decides
+        return
+    if nbytes > total:
+        raise fail(arg, value, f"needs {nbytes / 1e9:.3g} GB of host memory; this machine has "
+                   f"{total / 1e9:.3g} GB")
 
 
 def _on_device(idx: torch.Tensor, device: torch.device) -> torch.Tensor:

@@ -56,6 +56,8 @@ HOST_BAD = [
     ("size_gb", 1e-9, lambda d, kw: HostPool(d, size_gb=1e-9, **kw)),     # < one page: names size_gb
     ("size_gb", "1", lambda d, kw: HostPool(d, size_gb="1", **kw)),
     ("size_gb", 0, lambda d, kw: HostPool(d, size_gb=0, **kw)),
+    ("size_gb", 1e15, lambda d, kw: HostPool(d, size_gb=1e15, **kw)),           # more than this machine has
+    ("size_tokens", 10 ** 15, lambda d, kw: HostPool(d, size_tokens=10 ** 15, **kw)),
     ("size_tokens", True, lambda d, kw: HostPool(d, size_tokens=True, **kw)),
     ("size_tokens", 16.0, lambda d, kw: HostPool(d, size_tokens=16.0, **kw)),
     ("size_tokens", 3, lambda d, kw: HostPool(d, size_tokens=3, **kw)),
@@ -82,6 +84,13 @@ def test_host_pool_constructor_names_the_argument(arg, value, call):
         assert "size_tokens" not in msg       # the caller never passed it
     host = HostPool(dev, size_tokens=16, factory=factory)          # a good call works
     assert factory.calls == 1 and host.size == 16
+
+
+def test_an_allocation_the_allocator_refuses_names_the_size_argument():
+    def refusing(shape, dtype, pin):
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 8 GB\nmore")
+    with pytest.raises(KvtierError, match=r"size_gb=0.01: allocating .* host memory failed: DefaultCPUAllocator"):
+        HostPool(_dev(), size_gb=0.01, factory=refusing)
 
 
 def test_host_pool_nan_size_and_both_sizes():
