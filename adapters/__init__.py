@@ -6,9 +6,14 @@
 - SGLang's Ascend ``sgl_kernel_npu.kvcacheio.transfer_kv_dim_exchange``
   (`kvtier.adapters.sglang_npu`).
 
-A host pool swaps its io backend by importing these names from here instead of from
-sgl_kernel / sgl_kernel_npu (docs/adapters.md). Every call validates its arguments before
-any byte moves and raises `KvtierError` (a ValueError) naming the bad argument.
+- ``kvtier.adapters.sglang_install.install()``: SGLang's HiCache transfers routed through
+  kvtier (docs/engines/sglang.md).
+- ``kvtier.adapters.vllm``: vLLM's CPU offloading worker and handler (docs/engines/vllm.md).
+- ``kvtier.adapters.lmcache``: LMCache's multi-layer KV transfer (docs/engines/lmcache.md).
+
+These three are imported where used (vLLM's and SGLang's own modules are imported only
+when asked for). Every call validates its arguments before any byte moves and raises
+`KvtierError` (a ValueError and a RuntimeError) naming the bad argument.
 """
 from . import sglang, sglang_npu
 from .sglang_npu import *  # noqa: F401,F403  (names listed in sglang_npu.__all__)
