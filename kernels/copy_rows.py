@@ -13,7 +13,7 @@ import logging
 import os
 import warnings
 from dataclasses import dataclass
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -281,7 +281,7 @@ class BoundCopy:
                  by_page: bool, config: CopyConfig, device: torch.device, n_bucket: int, skip_negative: bool):
         self.config, self.num_layers, self.origin = config, num_layers, (src, dst)
         self.skip_negative, self.layers = skip_negative, (src_layer, dst_layer)
-        self.watch = src.watch(src_layer, num_layers) + dst.watch(dst_layer, num_layers)
+        self.watch = watch(src, src_layer, num_layers) + watch(dst, dst_layer, num_layers)
         self.page = 0
         if by_page and src.page_size > 1 and src.page_contiguous and dst.page_contiguous:
             self.page = src.page_size
@@ -316,14 +316,37 @@ class BoundCopy:
         launch(src, si, dst, di, self, verdict)
 
 
-def check_storage(watch: tuple) -> None:
+def check_storage(watch: "Watch") -> None:
     """Raise `KvtierError` naming the first watched tensor (`RowMap.watch`) whose storage
     is no longer the one its map was built on (resized, ``set_`` elsewhere, freed)."""
-    for t, ptr, arg in watch:
+    if tuple(map(_DATA_PTR, watch.tensors)) == watch.ptrs:
+        return
+    for t, ptr, arg in zip(watch.tensors, watch.ptrs, watch.names):
         if t.data_ptr() != ptr:
             raise fail(arg, tuple(t.shape), "no longer has the storage its map was built on (the "
                        "tensor was resized, set_ to other memory or its storage freed): build the "
                        "map, pool or call's buffers again")
+
+
+_DATA_PTR = torch.Tensor.data_ptr
+
+
+class Watch(NamedTuple):
+    """The tensors a launch rests on, their data_ptr() when their maps were built, and
+    their names for errors (from `RowMap.watch`; joined with +)."""
+
+    tensors: tuple
+    ptrs: tuple
+    names: tuple
+
+    def __add__(self, other: "Watch") -> "Watch":
+        return Watch(self.tensors + other.tensors, self.ptrs + other.ptrs, self.names + other.names)
+
+
+def watch(m: RowMap, start: int, count: int) -> Watch:
+    """`RowMap.watch` of layers start .. start+count-1, as a `Watch`."""
+    picked = m.watch(start, count)
+    return Watch(*(tuple(x) for x in zip(*picked))) if picked else Watch((), (), ())
 
 
 def launch(src: RowMap, si: torch.Tensor, dst: RowMap, di: torch.Tensor, bound: BoundCopy,

@@ -89,6 +89,9 @@ class IndexGuard:
         the device per call."""
         self.raise_pending()
         on_device = []
+        # Index lists live on the host or where the copy runs (their callers checked that):
+        # those on the compute device are checked there, where the check kernel runs.
+        on_cpu = device.type == "cpu"
         kernel_runs = _runner()(device.type) == "kernel"
         for arg, idx, limit, page in lists:
             n = idx.numel()
@@ -96,7 +99,7 @@ class IndexGuard:
                 raise fail(f"len({arg})", n, f"page-granular copy needs a multiple of page_size={page}")
             if n == 0:
                 continue
-            if kernel_runs and idx.device.type == device.type:   # lives where the check kernel runs
+            if kernel_runs and idx.is_cpu == on_cpu:
                 on_device.append((arg, idx, limit, page))
                 continue
             known = facts(idx)

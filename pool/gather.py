@@ -15,21 +15,26 @@ from kvtier.kernels.validate import check_index
 
 from kvtier.kernels.ops import GATHER, SCATTER, Op
 
-from .launch import launch
+from .launch import launch, lookup
 
 
 def slots_of(pool, indices: torch.Tensor, pages: bool):
     """(token slots, verdict) for slot or page ``indices`` whose shape the caller checked
     (`check_index`): the value checks by the pool's index guard (no device sync; the
     verdict word gates the copies)."""
-    verdict = None
-    if checks_on(pool.check):
-        limit = pool.size // pool.page_size if pages else pool.size
-        verdict = pool.guard.check(pool.device, [("indices", indices, limit, 1)])
+    verdict = check_values(pool, indices, pages)
     if not pages:
         return indices, verdict
     p = pool.page_size
     return (indices[:, None] * p + iota(p, indices.dtype, indices.device)).reshape(-1), verdict
+
+
+def check_values(pool, indices: torch.Tensor, pages: bool):
+    """The pool guard's value check of slot or page ``indices`` (its verdict word, or None)."""
+    if not checks_on(pool.check):
+        return None
+    limit = pool.size // pool.page_size if pages else pool.size
+    return pool.guard.check(pool.device, [("indices", indices, limit, 1)])
 
 
 _IOTA = {}
@@ -63,31 +68,52 @@ def contiguous_map(t: torch.Tensor, pool, pages: bool) -> RowMap:
 
 def gather_groups(pool, slots: torch.Tensor, pages: bool, op: Op = GATHER,
                   verdict: Optional[torch.Tensor] = None,
-                  into: Optional[List[torch.Tensor]] = None) -> List[torch.Tensor]:
+                  into: Optional[List[torch.Tensor]] = None, page_indices: bool = False) -> List[torch.Tensor]:
     """One contiguous buffer per group in ``pool.groups`` (new, or ``into``'s), filled
-    from ``slots``."""
+    from ``slots`` (with ``page_indices``: page numbers, ``pages`` then being true)."""
     out = []
-    dst_idx = iota(slots.numel(), slots.dtype, slots.device)
+    n_slots = slots.numel() * (pool.page_size if page_indices else 1)
     for g, (names, m) in enumerate(pool.groups):
         c = pool.components[names[0]]
         buf = into[g] if into is not None else torch.empty(
-            group_shape(pool, names, slots.numel(), pages), dtype=c.dtype, device=pool.device)
+            group_shape(pool, names, n_slots, pages), dtype=c.dtype, device=pool.device)
         if slots.numel():
-            launch(op, m, slots, contiguous_map(buf, pool, pages), dst_idx,
-                   num_layers=c.num_layers, by_page=pages, verdict=verdict)
+            cmap = contiguous_map(buf, pool, pages)
+            config = lookup(op, m, cmap, n_slots, c.num_layers)      # tuned for the pool's rows
+            src, dst = _sides(m, cmap, page_indices)
+            launch(op, src, slots, dst, iota(slots.numel(), slots.dtype, slots.device), config=config,
+                   num_layers=c.num_layers, by_page=pages and not page_indices, verdict=verdict)
         out.append(buf)
     return out
 
 
 def scatter_groups(pool, slots: torch.Tensor, bufs: List[torch.Tensor], pages: bool,
-                   op: Op = SCATTER, verdict: Optional[torch.Tensor] = None) -> None:
+                   op: Op = SCATTER, verdict: Optional[torch.Tensor] = None, page_indices: bool = False) -> None:
     """Write group buffers (shapes as `gather_groups` makes them) back at ``slots``."""
-    src_idx = iota(slots.numel(), slots.dtype, slots.device)
     if not slots.numel():
         return
+    src_idx = iota(slots.numel(), slots.dtype, slots.device)
+    n_slots = slots.numel() * (pool.page_size if page_indices else 1)
     for (names, m), buf in zip(pool.groups, bufs):
-        launch(op, contiguous_map(buf, pool, pages), src_idx, m, slots,
-               num_layers=pool.components[names[0]].num_layers, by_page=pages, verdict=verdict)
+        cmap, layers = contiguous_map(buf, pool, pages), pool.components[names[0]].num_layers
+        config = lookup(op, cmap, m, n_slots, layers)                # tuned for the pool's rows
+        dst, src = _sides(m, cmap, page_indices)
+        launch(op, src, src_idx, dst, slots, num_layers=layers, config=config,
+               by_page=pages and not page_indices, verdict=verdict)
+
+
+def _sides(pool_map: RowMap, buf_map: RowMap, page_indices: bool):
+    """The pool's and the buffer's maps as the copy addresses them: with page indices,
+    whole pages as rows."""
+    if page_indices:
+        return pool_map.pages_as_rows(), buf_map.pages_as_rows()
+    return pool_map, buf_map
+
+
+def _pages_direct(pool, pages: bool) -> bool:
+    """Whether page indices address the pool directly (every group stores a page as one
+    contiguous run): then no slot list is made from them."""
+    return pages and pool.page_size > 1 and all(m.page_contiguous for _, m in pool.groups)
 
 
 def gather(pool, indices: torch.Tensor, *, pages: bool = False,
@@ -101,8 +127,12 @@ def gather(pool, indices: torch.Tensor, *, pages: bool = False,
                 if buf[i].data_ptr() != out[name].data_ptr():
                     raise fail(f"out[{name!r}]", tuple(out[name].shape),
                                "must be a tensor an earlier gather() of this shape returned (its group buffer)")
-    slots, verdict = slots_of(pool, indices, pages)
-    bufs = gather_groups(pool, slots, pages, verdict=verdict, into=into)
+    if _pages_direct(pool, pages):
+        bufs = gather_groups(pool, indices, pages, verdict=check_values(pool, indices, pages), into=into,
+                             page_indices=True)
+    else:
+        slots, verdict = slots_of(pool, indices, pages)
+        bufs = gather_groups(pool, slots, pages, verdict=verdict, into=into)
     if out is not None:
         return out
     return {name: buf[i] for (names, _), buf in zip(pool.groups, bufs) for i, name in enumerate(names)}
@@ -111,8 +141,11 @@ def gather(pool, indices: torch.Tensor, *, pages: bool = False,
 def scatter(pool, indices: torch.Tensor, data: Dict[str, torch.Tensor], *, pages: bool = False) -> None:
     check_index("indices", indices, pool.index_device)
     bufs = _buffers(pool, data, indices.numel() * (pool.page_size if pages else 1), pages, "data")
-    slots, verdict = slots_of(pool, indices, pages)
-    scatter_groups(pool, slots, bufs, pages, verdict=verdict)
+    if _pages_direct(pool, pages):
+        scatter_groups(pool, indices, bufs, pages, verdict=check_values(pool, indices, pages), page_indices=True)
+    else:
+        slots, verdict = slots_of(pool, indices, pages)
+        scatter_groups(pool, slots, bufs, pages, verdict=verdict)
 
 
 def _buffers(pool, data, n_slots: int, pages: bool, arg: str) -> List[torch.Tensor]:

@@ -23,7 +23,7 @@ from kvtier.kernels.errors import KvtierError, fail
 from kvtier.kernels.layouts import host_layout
 from kvtier.kernels.ops import BACKUP, LOAD, LOAD_LAYER, Op
 from kvtier.kernels.index_check import IndexGuard, checks_on
-from kvtier.kernels.copy_rows import check_storage
+from kvtier.kernels.copy_rows import check_storage, watch
 from kvtier.kernels.index_memo import facts
 from kvtier.kernels.validate import check_index, is_int
 
@@ -61,7 +61,7 @@ class Step:
     config: object
     strategy: str
     bound: object
-    watch: tuple        # what `check_storage` compares before the call's first launch
+    watch: object       # what `check_storage` compares before the call's first launch
 
 
 _ROUTES = 256       # call shapes kept per pool (cleared, not evicted one by one, past it)
@@ -295,8 +295,8 @@ class HostPool:
                     sl, dl = (dev_layer, host_layer) if op.from_device else (host_layer, dev_layer)
                     bound = bind_launch(op, src, dst, src_layer=sl, dst_layer=dl, num_layers=count, n_rows=n,
                                         by_page=self._by_page, config=config)
-                watch = mv.dev_map.watch(dev_layer, count) + mv.host_map.watch(host_layer, count)
-                route.append(Step(mv, dev_layer, host_layer, count, config, strategy, bound, watch))
+                watched = watch(mv.dev_map, dev_layer, count) + watch(mv.host_map, host_layer, count)
+                route.append(Step(mv, dev_layer, host_layer, count, config, strategy, bound, watched))
         if len(self._routes) >= _ROUTES:
             self._routes.clear()
         self._routes[key] = (lookup_state(), route)
