@@ -6,7 +6,10 @@ device sync):
 
 - ``HostPool.backup_from_device_all_layer``, ``load_to_device_all_layer`` and
   ``load_to_device_per_layer`` (every layer in turn), ``strategy="kernel"``;
-- ``DevicePool.gather`` (page indices, all layers);
+- ``DevicePool.gather`` (page indices, all layers) into ``out=`` (the buffers an earlier
+  gather of that size returned: the hot-path form, no allocation), and
+  ``DevicePool.gather (new buffers)``, which allocates its result per call as
+  ``torch.index_select`` does;
 - the SGLang adapter's ``transfer_kv_per_layer`` (a load: one layer of SGLang's
   ``layer_first`` host buffer into the device layer tensors) and ``transfer_kv_all_layer``
   (a backup: device pointer tables into host pointer tables), as SGLang passes them:
@@ -64,7 +67,7 @@ PRELAUNCH_NOTE = "host time up to the launch; kernels not run"
 GOAL_RATIO = 2.0        # call / torch op, medians
 GOAL_US = 20.0          # median host us per call, graded on an H200 only
 CALLS = ("HostPool.backup_from_device_all_layer", "HostPool.load_to_device_all_layer",
-         "HostPool.load_to_device_per_layer", "DevicePool.gather",
+         "HostPool.load_to_device_per_layer", "DevicePool.gather", "DevicePool.gather (new buffers)",
          "sglang.transfer_kv_per_layer", "sglang.transfer_kv_all_layer")
 TORCH_OPS = ("torch.index_select", "Tensor.index_copy_")
 # K and V, 1 KiB rows (8 heads x 64 bf16), 16-token pages, 256 tokens.
@@ -122,12 +125,19 @@ def build_calls(device: torch.device, shape: Optional[dict] = None) -> Tuple[Dic
         return call
 
     pages_walk = itertools.cycle(page_sets).__next__
+    out = {}                                                # gather(out=) refills these
+
+    def gather_into():
+        if not out:                                         # the first (warm-up) call makes them
+            out.update(dp.gather(page_sets[0], pages=True))
+        dp.gather(pages_walk(), pages=True, out=out)
     fns = {
         "HostPool.backup_from_device_all_layer": all_layer(lambda h, d: hp.backup_from_device_all_layer(dp, h, d)),
         "HostPool.load_to_device_all_layer": all_layer(lambda h, d: hp.load_to_device_all_layer(dp, h, d)),
         "HostPool.load_to_device_per_layer": per_layer(
             lambda h, d, layer: hp.load_to_device_per_layer(dp, h, d, dp.start_layer + layer)),
-        "DevicePool.gather": lambda: dp.gather(pages_walk(), pages=True),
+        "DevicePool.gather": gather_into,
+        "DevicePool.gather (new buffers)": lambda: dp.gather(pages_walk(), pages=True),
         "sglang.transfer_kv_per_layer": per_layer(lambda h, d, layer: transfer_kv_per_layer(
             host_k[layer], k[layer], host_v[layer], v[layer], h, d, item)),
         "sglang.transfer_kv_all_layer": all_layer(lambda h, d: transfer_kv_all_layer(
