@@ -202,14 +202,7 @@ def run(args) -> int:
     print("\n" + text)
     (out / "bench.txt").write_text(text + "\n")
     report.write_json(run_, out / "bench.json")
-    written = ["bench.txt", "bench.json", "points.jsonl"]
-    if not args.no_plot:
-        try:
-            report.plot(run_, out / "bench.png")
-            written.append("bench.png")
-        except ImportError:
-            print("kvtier bench: no PNG: matplotlib is not installed (pip install 'kvtier[bench]')")
-    print(f"wrote {', '.join(written)} to {out}")
+    _plotted(args, out, ["bench.txt", "bench.json", "points.jsonl"], lambda png: report.plot(run_, png), "bench.png")
     rc = 1 if any("error" in p for p in run_["points"]) else 0
     if "overhead" in run_:
         rc = _write_overhead(run_["overhead"], args.json) or rc
@@ -245,15 +238,21 @@ def _interference(args, device) -> int:
     print(text)
     (out / "interference.txt").write_text(text + "\n")
     (out / "interference.json").write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
-    written = ["interference.txt", "interference.json"]
+    _plotted(args, out, ["interference.txt", "interference.json"], lambda png: interference.plot(result, png),
+             "interference.png")
+    return 1 if any("error" in r for r in result["rows"]) else 0
+
+
+def _plotted(args, out: Path, written: list, plot, png: str) -> None:
+    """Draw ``png`` with ``plot`` (unless --no-plot; matplotlib is optional), then say in
+    one line what was written to ``out``."""
     if not args.no_plot:
         try:
-            interference.plot(result, out / "interference.png")
-            written.append("interference.png")
+            plot(out / png)
+            written = written + [png]
         except ImportError:
             print("kvtier bench: no PNG: matplotlib is not installed (pip install 'kvtier[bench]')")
     print(f"wrote {', '.join(written)} to {out}")
-    return 1 if any("error" in r for r in result["rows"]) else 0
 
 
 def _write_overhead(overhead: dict, path) -> int:

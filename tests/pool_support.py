@@ -170,3 +170,29 @@ def assert_same(got: dict, want: dict, what: str):
                 assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), f"{what}: {n} layer {l} differs"
         else:
             assert torch.equal(g.view(torch.uint8), w.view(torch.uint8)), f"{what}: {n} differs"
+
+
+def expected_backup(host_case, dev_case, before, hidx, didx, slot_offsets=None):
+    """The host buffers after backing up device slots ``didx`` of ``dev_case`` into host
+    slots ``hidx`` (``slot_offsets``: host layer offset per component, for drafts)."""
+    want = {n: b.clone() for n, b in before.items()}
+    P = host_case.host.page_size
+    for name, layers in dev_case.model.items():
+        off = (slot_offsets or {}).get(name, 0)
+        for l, t in enumerate(layers):
+            put_host_rows(want[name], host_case.layout, off + l, P, hidx, dev_rows(t, didx))
+    return want
+
+
+def backup_then_load_all(hc, dev, keep, didx, didx2):
+    """Back device slots ``didx`` up into host slots ``keep``, then load every layer into
+    device slots ``didx2``, each checked byte for byte on both sides. Returns (the device
+    bytes before, the host bytes before, the device bytes expected now)."""
+    host, original, before = hc.host, dev.snapshot(), hc.snapshot()
+    host.backup_from_device_all_layer(dev.pool, keep, didx)
+    assert_same(host.buffers, expected_backup(hc, dev, before, keep, didx), "host after backup")
+    assert_same(dev.model, original, "device after backup")
+    host.load_to_device_all_layer(dev.pool, keep, didx2)
+    want = moved_dev_rows(original, original, didx, didx2)
+    assert_same(dev.model, want, "device after load_all")
+    return original, before, want

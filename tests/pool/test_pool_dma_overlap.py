@@ -15,8 +15,7 @@ from kvtier.kernels.layouts import host_layout
 from kvtier.kernels.ops import BACKUP
 from kvtier.pool import HostPool, MHADevicePool, dma
 from kvtier.pool.dma_plan import chunk_plans, runs, runs_of, split_runs
-from pool_support import (DeviceCase, HostCase, assert_same, dev_rows, moved_dev_rows, pages_to_slots,
-                          put_host_rows)
+from pool_support import DeviceCase, HostCase, assert_same, backup_then_load_all, expected_backup, pages_to_slots
 
 
 @pytest.fixture
@@ -27,14 +26,6 @@ def chunks(monkeypatch):
     old = dma.configure(None)
     yield lambda chunk_bytes, slots=2: dma.configure(dma.DmaConfig(chunk_bytes=chunk_bytes, slots=slots))
     dma.configure(old)
-
-
-def expected_backup(hc, dev, before, hidx, didx):
-    want = {n: b.clone() for n, b in before.items()}
-    for name, layers in dev.model.items():
-        for l, t in enumerate(layers):
-            put_host_rows(want[name], hc.layout, l, hc.host.page_size, hidx, dev_rows(t, didx))
-    return want
 
 
 # chunk_bytes: 1 (one unit per chunk: every run split), a few units through three slots,
@@ -57,16 +48,7 @@ def test_round_trip_through_chunks(chunks, layout, page_size, chunk_bytes, slots
     keep = torch.cat([hslots[5 * page_size:], hslots[:3 * page_size]])      # two runs, out of order
     pages = torch.randperm(12, generator=gen)
     didx, didx2 = pages_to_slots(pages[:6], page_size), pages_to_slots(pages[6:], page_size)
-    original = dev.snapshot()
-
-    before = hc.snapshot()
-    host.backup_from_device_all_layer(dev.pool, keep, didx)
-    assert_same(host.buffers, expected_backup(hc, dev, before, keep, didx), "host after backup")
-    assert_same(dev.model, original, "device after backup")
-
-    host.load_to_device_all_layer(dev.pool, keep, didx2)
-    want = moved_dev_rows(original, original, didx, didx2)
-    assert_same(dev.model, want, "device after load_all")
+    _, _, want = backup_then_load_all(hc, dev, keep, didx, didx2)
 
     for layer in random.Random(3).sample(range(dev.pool.num_layers), dev.pool.num_layers):
         for t in dev.model.values():

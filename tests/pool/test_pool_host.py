@@ -8,20 +8,10 @@ import torch
 from kvtier.kernels import KvtierError, LAYOUTS
 from kvtier import platforms as plat
 from kvtier.pool import HostPool, MHADevicePool
-from pool_support import (KINDS, DeviceCase, HostCase, assert_same, dev_rows, moved_dev_rows, pages_to_slots,
-                          put_host_rows)
+from pool_support import (KINDS, DeviceCase, HostCase, assert_same, backup_then_load_all, expected_backup,
+                          moved_dev_rows, pages_to_slots)
 
 STRATEGIES = ("kernel", "dma")
-
-
-def expected_backup(host_case, dev_case, before, hidx, didx, slot_offsets=None):
-    want = {n: b.clone() for n, b in before.items()}
-    P = host_case.host.page_size
-    for name, layers in dev_case.model.items():
-        off = (slot_offsets or {}).get(name, 0)
-        for l, t in enumerate(layers):
-            put_host_rows(want[name], host_case.layout, off + l, P, hidx, dev_rows(t, didx))
-    return want
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
@@ -39,17 +29,8 @@ def test_backup_then_load_restores(kind, storage, layout, strategy, page_size):
     keep = torch.cat([hslots[:page_size], hslots[3 * page_size:5 * page_size]])
     pages = torch.randperm(12, generator=gen)
     didx, didx2, didx3 = (pages_to_slots(pages[i:i + 3], page_size) for i in (0, 3, 6))
-    original = dev.snapshot()
-
-    before = hc.snapshot()
-    host.backup_from_device_all_layer(dev.pool, keep, didx)
-    assert_same(host.buffers, expected_backup(hc, dev, before, keep, didx), "host after backup")
-    assert_same(dev.model, original, "device after backup")
-
-    # Load all layers into other device pages: exactly the backed-up rows land there.
-    host.load_to_device_all_layer(dev.pool, keep, didx2)
-    want = moved_dev_rows(original, original, didx, didx2)
-    assert_same(dev.model, want, "device after load_all")
+    # Back up, then load all layers into other device pages: exactly the backed-up rows land there.
+    original, before, want = backup_then_load_all(hc, dev, keep, didx, didx2)
 
     # Per-layer loads in a random order into a third set of pages.
     layer_ids = list(range(dev.pool.num_layers))
