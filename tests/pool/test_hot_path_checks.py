@@ -102,7 +102,10 @@ def _sglang_calls(dev):
 @pytest.mark.parametrize("call", ["per_layer", "all_layer", "per_layer_pf_lf", "all_layer_lf_pf"])
 def test_sglang_adapter_calls_do_not_read_device_indices(call):
     dev, _ = pools()
-    fn = _sglang_calls(dev)[call]
+    # Keep every call alive: the pointer tables hold raw addresses of the host buffers the
+    # other calls capture, and a freed buffer would be written through them.
+    calls = _sglang_calls(dev)
+    fn = calls[call]
     si, di = slots(1), slots(3)
     fn(si, di)          # the first call reads the pointer tables once (cached per table)
     with device_work_only() as (copies, checks):
