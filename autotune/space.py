@@ -67,7 +67,10 @@ def candidates(device: DeviceId, *, chunk_bytes: int, crosses_link: bool,
 
     for strategy in strategies(device, crosses_link):
         add(_clamped(default, strategy, cap if max_programs else None, widest))
-        for num_programs in programs:
+        # A dma transfer's gather and copies run with their own settings (`pool/dma.py`);
+        # its program count reaches only the rare fill after a bad index check, so one
+        # dma candidate per tile is enough.
+        for num_programs in (programs if strategy == "kernel" else programs[-1:]):
             for tile in _tiles(space, widest, strategy, default):
                 add(CopyConfig(num_programs=num_programs, strategy=strategy, **tile))
     return out
@@ -85,8 +88,8 @@ def _tiles(space: Space, widest: int, strategy: str, default: CopyConfig):
     """(rows, block_bytes, num_warps, stages, tile_bytes) choices. A tile is ``rows`` rows
     (tile_bytes 0) or sized in bytes (rows the space's fewest, raised by the launcher to
     fill tile_bytes); stages - 1 tiles wait in shared memory, within the space's
-    stage_limit. The dma strategy's kernel is a device-local gather into staging; its
-    tile is the platform default (programs are still searched)."""
+    stage_limit. The dma strategy's tile is the platform default (its gather runs with
+    the gather op's own configuration)."""
     if strategy == "dma":
         yield dict(rows=default.rows, block_bytes=min(default.block_bytes, widest), num_warps=default.num_warps,
                    stages=default.stages, tile_bytes=default.tile_bytes)
