@@ -21,7 +21,7 @@ from kvtier.kernels.index_check import checks_on
 from kvtier.kernels.index_memo import facts
 from kvtier.kernels.ops import BACKUP, LOAD, Op
 from kvtier.kernels.errors import KvtierError, fail
-from kvtier.kernels.rowmap import RowMap, kept as _kept, tensor_key as _tensor_key
+from kvtier.kernels.rowmap import RowMap, keep as _keep, kept as _kept, tensor_key as _tensor_key
 from kvtier.kernels.validate import check_copy, check_index, compute_device
 from kvtier.autotune.key import rows_bucket
 from kvtier.pool import launch as launcher
@@ -158,15 +158,18 @@ def _table_map(table: torch.Tensor, item_size: int) -> RowMap:
     """`RowMap.from_table`, kept for the table tensor (`kvtier.kernels.index_memo`):
     reading a table costs a device sync, and an engine passes the same tables on every
     call. Built again when the table has been written through torch since (its version
-    changed). A table made in inference mode has no version counter: it is kept by
-    address and trusted not to be rewritten in place (pass a new table instead)."""
+    changed). Kept by address too, for what has no version to go by: a table made in
+    inference mode (trusted not to be rewritten in place: pass a new table instead), and
+    any table while a graph is being captured (the map made before the capture is used;
+    reading a table there would sync)."""
+    by_address = ("table", item_size, *_tensor_key(table))
     known = facts(table)
     if known is None:
-        return _kept(("table", item_size, *_tensor_key(table)),
-                     lambda: RowMap.from_table(table, row_bytes=item_size, num_rows=UNSIZED_ROWS))
+        return _kept(by_address, lambda: RowMap.from_table(table, row_bytes=item_size, num_rows=UNSIZED_ROWS))
     m = known.get(("table", item_size))
     if m is None:
-        m = known[("table", item_size)] = RowMap.from_table(table, row_bytes=item_size, num_rows=UNSIZED_ROWS)
+        m = known[("table", item_size)] = _keep(
+            by_address, RowMap.from_table(table, row_bytes=item_size, num_rows=UNSIZED_ROWS))
     return m
 
 

@@ -8,6 +8,10 @@ while the tensor is the same Python object with the same version counter. Torch 
 tensor's version on every in-place write to it or to any view of it (including
 ``resize_`` and ``set_``), so a rewritten index list is worked out afresh.
 
+Nothing is kept or reused while a graph is being captured (`kvtier.platforms.capturing`):
+a replayed graph reads the index tensors as they are at replay, so its checks and page
+views must be captured, not taken from earlier calls.
+
 What is trusted: memory written without torch (a raw kernel of the engine's own writing
 into an index tensor in place, a numpy view of a CPU tensor) does not bump the version;
 such a tensor must not be passed again as if unchanged (pass a new tensor, or write it
@@ -20,13 +24,18 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
+import kvtier.platforms as platforms
+
 _MEMO: Dict[int, Tuple[weakref.ref, int, dict]] = {}
 
 
 def facts(t: torch.Tensor) -> Optional[dict]:
     """The dict of facts kept for ``t`` at its current version (empty when ``t`` is new to
     kvtier or was written since; the same dict object for as long as ``t`` is unchanged);
-    callers store and read their own keys in it. None for an inference tensor."""
+    callers store and read their own keys in it. None for an inference tensor, and while a
+    graph is being captured."""
+    if platforms.capturing():
+        return None
     try:
         version = t._version
     except RuntimeError:            # an inference tensor: no version counter, nothing kept

@@ -478,10 +478,16 @@ def kept(key: tuple, build):
     """The value kept under ``key``, made by ``build()`` on a miss."""
     hit = _KEPT.get(key)
     if hit is None:
-        hit = _KEPT[key] = build()
-        if len(_KEPT) > _KEEP:
-            _KEPT.popitem(last=False)
+        hit = keep(key, build())
     return hit
+
+
+def keep(key: tuple, value):
+    """Keep ``value`` under ``key`` (replacing what was there); returns it."""
+    _KEPT[key] = value
+    if len(_KEPT) > _KEEP:
+        _KEPT.popitem(last=False)
+    return value
 
 
 def tensor_key(t) -> tuple:

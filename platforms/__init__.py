@@ -147,6 +147,14 @@ def synchronize(device=None) -> None:
         mod.synchronize(device)
 
 
+def capturing() -> bool:
+    """Whether the current stream is capturing a graph (CUDA/ROCm graphs): then nothing
+    worked out from a tensor's values may be reused, since a replay reads the values the
+    tensor holds then. False at once where no such runtime was initialised."""
+    cuda = torch.cuda
+    return cuda.is_initialized() and cuda.is_current_stream_capturing()
+
+
 def current_stream(device=None):
     """The current stream of ``device`` (torch.cuda.Stream / torch.npu.Stream); None on the CPU."""
     device = _resolve(device)

@@ -165,3 +165,18 @@ def test_an_inference_mode_table_is_not_read_again_even_after_a_torch_write(mla,
     assert reads == [], "a write to an inference-mode table was noticed: update docs/adapters.md"
     _model(w, w.dev if copied_from == "old" else alt, *SECOND)
     w.mem.check()
+
+
+@pytest.mark.parametrize("mla", [False, True], ids=["k-v-stacked", "mla"])
+def test_while_a_graph_is_captured_the_map_made_before_is_used(mla, reads, monkeypatch):
+    """Reading a table syncs, which a graph capture forbids: during a capture the map made
+    for the table before it is used (kept by address), and the bytes are right."""
+    import kvtier.platforms as platforms
+    w, _ = _world(mla)
+    tables = _first_call(w, reads)
+    monkeypatch.setattr(platforms, "capturing", lambda: True)
+    _backup(w, tables, *SECOND)
+    assert reads == [], "a table was read during a capture"
+    _model(w, w.dev, *SECOND)
+    w.mem.assert_changes("host")
+    w.mem.check()

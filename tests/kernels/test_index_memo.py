@@ -1,0 +1,62 @@
+"""What kvtier keeps per index tensor (`kvtier.kernels.index_memo`): kept while the
+tensor is the same object at the same version, worked out again after an in-place write,
+never kept for inference tensors or while a graph is being captured."""
+import importlib
+
+import torch
+
+from kvtier.kernels.index_check import IndexGuard
+from kvtier.kernels.index_memo import facts, page_starts
+
+memo = importlib.import_module("kvtier.kernels.index_memo")
+check_kernel = importlib.import_module("kvtier.kernels.index_check_kernel")
+
+
+def test_kept_while_unchanged_and_afresh_after_a_write():
+    t = torch.tensor([4, 5, 6, 7, 12, 13, 14, 15])
+    f = facts(t)
+    assert f is not None and facts(t) is f
+    assert torch.equal(page_starts(t, 4), torch.tensor([1, 3]))
+    assert page_starts(t, 4) is page_starts(t, 4)
+    t[4:] = torch.tensor([0, 1, 2, 3])              # an in-place write bumps the version
+    assert facts(t) is not f
+    assert torch.equal(page_starts(t, 4), torch.tensor([1, 0]))
+
+
+def test_a_view_is_its_own_tensor_and_a_dead_tensor_is_forgotten():
+    t = torch.arange(8)
+    f = facts(t)
+    assert facts(t[:4]) is not f
+    key = id(t)
+    del t
+    assert key not in memo._MEMO
+
+
+def test_nothing_is_kept_for_inference_tensors_or_while_capturing(monkeypatch):
+    with torch.inference_mode():
+        t = torch.arange(8)
+    assert facts(t) is None
+    assert torch.equal(page_starts(t, 4), torch.tensor([0, 1]))
+    u = torch.arange(8)
+    monkeypatch.setattr(memo.platforms, "capturing", lambda: True)
+    assert facts(u) is None
+
+
+def test_a_guard_checks_again_while_capturing(monkeypatch):
+    """The same unchanged lists are checked once; while a graph is captured, every call
+    launches the check (a replay must check the values it finds)."""
+    launches = []
+
+    class Counting:
+        def __getitem__(self, grid):
+            return lambda *a, **k: launches.append(grid)
+    monkeypatch.setattr(check_kernel, "_check_indices_kernel", Counting())
+    guard, idx = IndexGuard(), torch.arange(8)
+    lists = [("indices", idx, 16, 1)]
+    for _ in range(3):
+        guard.check(torch.device("cpu"), lists)
+    assert len(launches) == 1
+    monkeypatch.setattr(memo.platforms, "capturing", lambda: True)
+    for _ in range(3):
+        guard.check(torch.device("cpu"), lists)
+    assert len(launches) == 4
