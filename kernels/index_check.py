@@ -77,6 +77,8 @@ class IndexGuard:
 
     def __init__(self):
         self._slots: Dict[tuple, _Slot] = {}
+        self._devices: Dict[int, tuple] = {}        # see _device_facts
+        self._cpu: Optional[_Slot] = None
         self._args: List[Tuple[str, int, int]] = []     # argument id -> (name, limit, page)
         self._ids: Dict[Tuple[str, int, int], int] = {}
 
@@ -91,8 +93,7 @@ class IndexGuard:
         on_device = []
         # Index lists live on the host or where the copy runs (their callers checked that):
         # those on the compute device are checked there, where the check kernel runs.
-        on_cpu = device.type == "cpu"
-        kernel_runs = _runner()(device.type) == "kernel"
+        _, on_cpu, kernel_runs = self._device_facts(device)
         for arg, idx, limit, page in lists:
             n = idx.numel()
             if page > 1 and n % page:        # a count is metadata: checked here
@@ -112,7 +113,7 @@ class IndexGuard:
             return None
         if len(on_device) > 2:
             raise KvtierError(f"internal: {len(on_device)} device index lists in one check (at most 2)")
-        slot = self._slot(device)
+        slot = self._cpu_slot(device) if on_cpu else self._slot(device)
         a = on_device[0]
         b = on_device[1] if len(on_device) > 1 else a
         fa, fb = facts(a[1]), facts(b[1])
@@ -168,6 +169,20 @@ class IndexGuard:
             i = self._ids[key] = len(self._args)
             self._args.append(key)
         return i
+
+    def _device_facts(self, device: torch.device) -> tuple:
+        """(device, on the CPU, the check kernel runs there), kept per device object
+        (reading a torch.device's type or hash costs more than the rest of a check)."""
+        facts_ = self._devices.get(id(device))
+        if facts_ is None or facts_[0] is not device:
+            facts_ = self._devices[id(device)] = (device, device.type == "cpu",
+                                                  _runner()(device.type) == "kernel")
+        return facts_
+
+    def _cpu_slot(self, device: torch.device) -> _Slot:
+        if self._cpu is None:
+            self._cpu = self._slot(device)
+        return self._cpu
 
     def _slot(self, device: torch.device) -> _Slot:
         stream = platforms.current_stream(device) if device.type != "cpu" else None

@@ -323,7 +323,7 @@ class HostPool:
         """Shapes checked at once; values by the pool's guard: the verdict word, or None."""
         if not isinstance(host_indices, torch.Tensor):
             raise fail("host_indices", type(host_indices).__name__, "must be a torch.Tensor of int32 or int64")
-        hdev = host_indices.device if host_indices.device.type == "cpu" else self.device
+        hdev = host_indices.device if host_indices.is_cpu else self.device
         check_index("host_indices", host_indices, hdev)
         for _, pool in slots:
             check_index("device_indices", device_indices, pool.index_device)
