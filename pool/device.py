@@ -90,6 +90,9 @@ class DevicePool:
         # Index value checks of gather/scatter/CPU copies: None follows KVTIER_CHECK (on).
         self.check: Optional[bool] = None
         self.guard = IndexGuard()
+        # gather(out=...): the last out checked, and bound copies per kept buffers (pool/gather.py)
+        self._gather_out = None
+        self._gather_routes: Dict[tuple, tuple] = {}
 
     # ------------------------------------------------------------------ description
     @property

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import os
-import weakref
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
@@ -19,7 +18,7 @@ import kvtier.platforms as platforms
 from kvtier.autotune.key import rows_bucket
 from kvtier.kernels import RowMap
 from kvtier.kernels.config import STRATEGIES as LINK_STRATEGIES
-from kvtier.kernels.errors import KvtierError, fail
+from kvtier.kernels.errors import fail
 from kvtier.kernels.layouts import host_layout
 from kvtier.kernels.ops import BACKUP, LOAD, LOAD_LAYER, Op
 from kvtier.kernels.index_check import IndexGuard, checks_on

@@ -120,3 +120,21 @@ def test_check_transfer_layout():
             pool.check_transfer_layout(remote, attn_tp_size=2)
     with pytest.raises(KvtierError, match="lacks 'num_regions'"):
         pool.check_transfer_layout({"item_bytes": (128, 128), "num_layers": 3, "attn_tp_size": 2}, attn_tp_size=2)
+
+
+def test_gather_into_out_is_checked_again_when_out_changes():
+    """gather(out=) checks ``out`` once while the same tensors come back; another dict of
+    the right shapes that is no gather result is refused, and the kept one still works."""
+    pool = MHADevicePool(16, 4, 2, 2, 8, dtype=torch.float16, storage="layers")
+    for t in pool.buffers["k"] + pool.buffers["v"]:
+        t.copy_(torch.randn(t.shape).to(t.dtype))
+    idx = torch.tensor([1, 3])
+    out = pool.gather(idx, pages=True)
+    again = pool.gather(torch.tensor([2, 0]), pages=True, out=out)
+    assert again is out
+    stranger = {n: torch.empty_like(t) for n, t in out.items()}
+    with pytest.raises(KvtierError, match=r"out\['k'\]"):
+        pool.gather(idx, pages=True, out=stranger)
+    pool.gather(idx, pages=True, out=out)
+    want = pool.gather(idx, pages=True)
+    assert all(torch.equal(out[n].view(torch.uint8), want[n].view(torch.uint8)) for n in out)
