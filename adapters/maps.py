@@ -162,14 +162,15 @@ def _table_map(table: torch.Tensor, item_size: int) -> RowMap:
     inference mode (trusted not to be rewritten in place: pass a new table instead), and
     any table while a graph is being captured (the map made before the capture is used;
     reading a table there would sync)."""
-    by_address = ("table", item_size, *_tensor_key(table))
     known = facts(table)
+    m = known.get(("table", item_size)) if known is not None else None
+    if m is not None:
+        return m
+    by_address = ("table", item_size, *_tensor_key(table))
     if known is None:
         return _kept(by_address, lambda: RowMap.from_table(table, row_bytes=item_size, num_rows=UNSIZED_ROWS))
-    m = known.get(("table", item_size))
-    if m is None:
-        m = known[("table", item_size)] = _keep(
-            by_address, RowMap.from_table(table, row_bytes=item_size, num_rows=UNSIZED_ROWS))
+    m = known[("table", item_size)] = _keep(
+        by_address, RowMap.from_table(table, row_bytes=item_size, num_rows=UNSIZED_ROWS))
     return m
 
 
