@@ -60,3 +60,15 @@ def test_a_guard_checks_again_while_capturing(monkeypatch):
     for _ in range(3):
         guard.check(torch.device("cpu"), lists)
     assert len(launches) == 4
+
+
+def test_a_bad_list_passed_again_unchanged_is_refused_again():
+    """A failed check is never reused: the same bad tensor, unchanged, raises every time."""
+    import pytest
+    from kvtier.kernels import KvtierError
+    guard, bad = IndexGuard(), torch.tensor([0, 1, 99])
+    for _ in range(3):
+        with pytest.raises(KvtierError, match="indices=99"):
+            guard.check(torch.device("cpu"), [("indices", bad, 16, 1)])
+    good = torch.arange(4)
+    assert guard.check(torch.device("cpu"), [("indices", good, 16, 1)]) is not None
