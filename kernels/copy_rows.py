@@ -247,18 +247,27 @@ class LaunchPlan:
 
 def bind(src: RowMap, dst: RowMap, *, src_layer: int, dst_layer: int, num_layers: int, by_page: bool,
          config: Optional[CopyConfig], device: torch.device, n_rows: int,
-         skip_negative: bool = False) -> "BoundCopy":
+         skip_negative: bool = False, keep: bool = True) -> "BoundCopy":
     """The `BoundCopy` for copying about ``n_rows`` index pairs (its power-of-two bucket)
-    between validated maps: made once and kept in the source map's derived record."""
+    between validated maps: made once and kept in the source map's derived record (the
+    last `KEEP_BOUND` per source map). ``keep=False`` for a destination the caller will
+    not pass again (a new result buffer): kept, it would keep that buffer alive."""
     if config is None:
         config = platforms.of(device).default_config(crosses_link=src.device.type != dst.device.type)
     key = (dst, src_layer, dst_layer, num_layers, by_page, config, device,
            1 << (max(n_rows, 1) - 1).bit_length(), skip_negative)
-    b = src.derived.plans.get(key)
+    plans = src.derived.plans
+    b = plans.get(key)
     if b is None:
-        b = src.derived.plans[key] = BoundCopy(src, dst, src_layer, dst_layer, num_layers, by_page, config,
-                                               device, key[7], skip_negative)
+        b = BoundCopy(src, dst, src_layer, dst_layer, num_layers, by_page, config, device, key[7], skip_negative)
+        if keep:
+            if len(plans) >= KEEP_BOUND:
+                del plans[next(iter(plans))]     # the oldest
+            plans[key] = b
     return b
+
+
+KEEP_BOUND = 64
 
 
 class BoundCopy:

@@ -61,12 +61,14 @@ def group_shape(pool, names, n_slots: int, pages: bool):
     return (len(names), c.num_layers, *tok, *c.row_shape)
 
 
-def contiguous_map(t: torch.Tensor, pool, pages: bool) -> RowMap:
+def contiguous_map(t: torch.Tensor, pool, pages: bool, keep: bool = True) -> RowMap:
     """Map over a ``(C, L, tokens..., *row)`` buffer, all its components in one map (kept
-    for a buffer passed again: `gather(out=...)`, `scatter` of gather's views)."""
+    for a buffer passed again, `gather(out=...)`; ``keep=False`` for a buffer that will
+    not come again, which a kept map would keep alive)."""
     page = pool.page_size if pages else 1
-    return kept(("contiguous", page, pages, *tensor_key(t)), lambda: RowMap.stack(
-        [RowMap.from_stacked(t[i], page, paged_dims=pages) for i in range(t.shape[0])]))
+    build = lambda: RowMap.stack([RowMap.from_stacked(t[i], page, paged_dims=pages)  # noqa: E731
+                                  for i in range(t.shape[0])])
+    return kept(("contiguous", page, pages, *tensor_key(t)), build) if keep else build()
 
 
 def gather_groups(pool, slots: torch.Tensor, pages: bool, op: Op = GATHER,
@@ -100,11 +102,12 @@ def _bound_gathers(pool, op: Op, bufs: List[torch.Tensor], pages: bool, page_ind
     bounds = []
     for (names, m), buf in zip(pool.groups, bufs):
         layers = pool.components[names[0]].num_layers
-        cmap = contiguous_map(buf, pool, pages)
+        cmap = contiguous_map(buf, pool, pages, keep=keep)
         config = lookup(op, m, cmap, n_slots, layers)                 # tuned for the pool's rows
         src, dst = _sides(m, cmap, page_indices)
         bounds.append(bind_launch(op, src, dst, num_layers=layers, n_rows=n_slots // (pool.page_size if
-                                  page_indices else 1), by_page=pages and not page_indices, config=config))
+                                  page_indices else 1), by_page=pages and not page_indices, config=config,
+                                  keep=keep))
     if keep:
         if len(kept) >= 16:     # buffers come and go: keep the last few only
             kept.clear()
@@ -120,11 +123,12 @@ def scatter_groups(pool, slots: torch.Tensor, bufs: List[torch.Tensor], pages: b
     src_idx = iota(slots.numel(), slots.dtype, slots.device)
     n_slots = slots.numel() * (pool.page_size if page_indices else 1)
     for (names, m), buf in zip(pool.groups, bufs):
-        cmap, layers = contiguous_map(buf, pool, pages), pool.components[names[0]].num_layers
+        # A scatter's buffer is the caller's (often received once): its map is not kept.
+        cmap, layers = contiguous_map(buf, pool, pages, keep=False), pool.components[names[0]].num_layers
         config = lookup(op, cmap, m, n_slots, layers)                # tuned for the pool's rows
         dst, src = _sides(m, cmap, page_indices)
         launch(op, src, src_idx, dst, slots, num_layers=layers, config=config,
-               by_page=pages and not page_indices, verdict=verdict)
+               by_page=pages and not page_indices, verdict=verdict, keep=False)
 
 
 def _sides(pool_map: RowMap, buf_map: RowMap, page_indices: bool):

@@ -52,15 +52,17 @@ def lookup(op: Op, src: RowMap, dst: RowMap, n_rows: int, num_layers: int) -> Co
 def launch(op: Op, src: RowMap, si: torch.Tensor, dst: RowMap, di: torch.Tensor, *,
            src_layer: int = 0, dst_layer: int = 0, num_layers: int, by_page: bool = False,
            config: Optional[CopyConfig] = None, strategy: Optional[str] = None,
-           verdict: Optional[torch.Tensor] = None, skip_negative: bool = False) -> None:
+           verdict: Optional[torch.Tensor] = None, skip_negative: bool = False, keep: bool = True) -> None:
     """``copy_rows`` on validated indices (no device sync), with the tuned configuration.
     ``strategy`` names the pool strategy the copy is part of (the dma path's gather);
     ``verdict`` is the word the caller's device-side index check wrote (the copy moves
-    nothing unless it is 0); ``skip_negative`` skips pairs holding a negative index."""
+    nothing unless it is 0); ``skip_negative`` skips pairs holding a negative index;
+    ``keep=False``: a map that will not come again (its bound copy is not kept)."""
     if si.numel() == 0 or num_layers == 0:
         return
     bound = bind_launch(op, src, dst, src_layer=src_layer, dst_layer=dst_layer, num_layers=num_layers,
-                        n_rows=si.numel(), by_page=by_page, config=config, skip_negative=skip_negative)
+                        n_rows=si.numel(), by_page=by_page, config=config, skip_negative=skip_negative,
+                        keep=keep)
     run_bound(op, bound, si, di, verdict, strategy)
 
 
@@ -73,13 +75,14 @@ def lookup_state() -> tuple:
 
 def bind_launch(op: Op, src: RowMap, dst: RowMap, *, src_layer: int = 0, dst_layer: int = 0,
                 num_layers: int, n_rows: int, by_page: bool = False, config: Optional[CopyConfig] = None,
-                skip_negative: bool = False) -> BoundCopy:
+                skip_negative: bool = False, keep: bool = True) -> BoundCopy:
     """The `BoundCopy` a `launch` with these arguments (about ``n_rows`` indices) makes,
     for a caller that keeps it and runs it with `run_bound`."""
     if config is None:
         config = lookup(op, src, dst, n_rows, num_layers)
     return bind(src, dst, src_layer=src_layer, dst_layer=dst_layer, num_layers=num_layers, by_page=by_page,
-                config=config, device=compute_device(src, dst), n_rows=n_rows, skip_negative=skip_negative)
+                config=config, device=compute_device(src, dst), n_rows=n_rows, skip_negative=skip_negative,
+                keep=keep)
 
 
 def run_bound(op: Op, bound: BoundCopy, si: torch.Tensor, di: torch.Tensor,

@@ -138,3 +138,20 @@ def test_gather_into_out_is_checked_again_when_out_changes():
     pool.gather(idx, pages=True, out=out)
     want = pool.gather(idx, pages=True)
     assert all(torch.equal(out[n].view(torch.uint8), want[n].view(torch.uint8)) for n in out)
+
+
+def test_gather_results_and_scatter_inputs_are_not_kept_alive():
+    """A gather's new result buffers (and a scatter's input) are the caller's: once the
+    caller drops them, kvtier holds no reference (no map or bound copy kept for them)."""
+    import gc
+    import weakref
+    pool = MHADevicePool(16, 4, 2, 2, 8, dtype=torch.float16, storage="layers")
+    refs = []
+    for i in range(3):
+        out = pool.gather(torch.tensor([i, 3 - i]), pages=True)
+        pool.scatter(torch.tensor([3 - i, i]), out, pages=True)
+        refs += [weakref.ref(t) for t in out.values()]
+        refs += [weakref.ref(t._base) for t in out.values() if t._base is not None]
+        del out
+    gc.collect()
+    assert all(r() is None for r in refs), "kvtier keeps gather results alive"
