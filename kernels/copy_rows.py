@@ -302,7 +302,7 @@ class BoundCopy:
             return
         p = self.plan = _make_plan(src, dst, n_bucket, config, device)
         self.scalars = (num_layers, src_layer, dst_layer, p.src_layers, p.dst_layers, *p.strides)
-        base = dict(p.const, SKIP_NEG=skip_negative, num_warps=config.num_warps)
+        base = dict(p.const, SKIP_NEG=skip_negative, num_warps=config.num_warps, IDX_STEP=max(self.page, 1))
         self.constants, self.checked_constants = dict(base, CHECKED=False), dict(base, CHECKED=True)
         c = p.const   # work items per tile of rows: one per (component, layer), and with SPLIT
         blocks = c["N_CHUNKS"] * -(-c["CHUNK_WORDS"] // c["BLOCK"]) if c.get("SPLIT") else 1
@@ -314,13 +314,12 @@ class BoundCopy:
         watch already (a call of several launches checks them all before the first)."""
         if not watched:
             check_storage(self.watch)
-        if self.page:
-            si, di = page_starts(si, self.page), page_starts(di, self.page)
-        else:
-            si, di = dense(si), dense(di)
+        si, di = dense(si), dense(di)
         src, dst = self.maps
         if self.runner != "kernel":
             _warn_once(self.runner, _FALLBACK[self.runner])
+            if self.page:           # the reference reads page numbers
+                si, di = page_starts(si, self.page), page_starts(di, self.page)
             return _reference(src, si, dst, di, *self.layers, self.num_layers, self.skip_negative)
         launch(src, si, dst, di, self, verdict)
 
@@ -362,8 +361,9 @@ def launch(src: RowMap, si: torch.Tensor, dst: RowMap, di: torch.Tensor, bound: 
            verdict: Optional[torch.Tensor]) -> None:
     """Enqueue ``bound``'s copy between ``src`` and ``dst`` (the maps as launched: whole
     pages as rows where the copy moves pages) at dense indices; with a ``verdict`` word,
-    its programs copy nothing unless it is 0."""
-    p, n = bound.plan, si.numel()
+    its programs copy nothing unless it is 0. Where the copy moves pages, the indices are
+    whole pages of slots and the kernel reads each page's first (``IDX_STEP``)."""
+    p, n = bound.plan, si.numel() // max(bound.page, 1)
     if not n:
         return
     grid = min(bound.config.num_programs, bound.items * -(-n // p.rows))

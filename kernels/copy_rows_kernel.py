@@ -20,6 +20,7 @@ def _copy_rows_kernel(
     ROWS: tl.constexpr, BLOCK: tl.constexpr, LOG_BLOCK: tl.constexpr, ALIGN: tl.constexpr,
     MIN_PIECE: tl.constexpr, CHECKED: tl.constexpr, SKIP_NEG: tl.constexpr,
     STAGES: tl.constexpr, SPLIT: tl.constexpr, SRC_I32: tl.constexpr, DST_I32: tl.constexpr,
+    IDX_STEP: tl.constexpr,
 ):
     """Persistent copy of ``[ROWS, BLOCK]`` word tiles.
 
@@ -53,7 +54,10 @@ def _copy_rows_kernel(
     first reads the verdict word an index check wrote on the same stream and copies
     nothing unless it is 0. With SKIP_NEG (the engines' convention) a row whose source or
     destination index is negative is skipped: the copies are masked by row, which only
-    these calls pay for.
+    these calls pay for. With IDX_STEP > 1 the index lists are whole pages of IDX_STEP
+    slots and a row is a page: row r reads the slot at ``r * IDX_STEP`` and takes its
+    page, ``slot // IDX_STEP`` (with SKIP_NEG a negative slot stays negative), so no page
+    list is made on the host.
     """
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
@@ -77,13 +81,20 @@ def _copy_rows_kernel(
         r = tile * ROWS + tl.arange(0, ROWS)
         r = tl.minimum(r, n_rows - 1)
         if SRC_I32:
-            si = tl.load(src_idx + r).to(tl.int32)
+            si = tl.load(src_idx + r * IDX_STEP).to(tl.int32)
         else:
-            si = tl.load(src_idx + r).to(tl.int64)
+            si = tl.load(src_idx + r * IDX_STEP).to(tl.int64)
         if DST_I32:
-            di = tl.load(dst_idx + r).to(tl.int32)
+            di = tl.load(dst_idx + r * IDX_STEP).to(tl.int32)
         else:
-            di = tl.load(dst_idx + r).to(tl.int64)
+            di = tl.load(dst_idx + r * IDX_STEP).to(tl.int64)
+        if IDX_STEP > 1:    # a page's first slot -> the page
+            if SKIP_NEG:    # C division would send -1 to page 0: keep negatives negative
+                si = tl.where(si < 0, si, si // IDX_STEP)
+                di = tl.where(di < 0, di, di // IDX_STEP)
+            else:           # checked whole pages (or the caller's word): never negative
+                si = si // IDX_STEP
+                di = di // IDX_STEP
         # Rows the copy writes: all, or (SKIP_NEG) those whose two indices are not negative.
         keep = ((si >= 0) & (di >= 0))[:, None] if SKIP_NEG else None
         # Strides arrive in units of ALIGN words; multiplying by the constant ALIGN

@@ -103,4 +103,4 @@ def kernel_constants(src, dst, n_rows: int, config: CopyConfig, *, threads: int 
                 N_COMP=src.num_components, N_CHUNKS=src.n_chunks, CHUNK_WORDS=plan["chunk_words"],
                 ROWS=plan["rows"], BLOCK=plan["block"], LOG_BLOCK=plan["log_block"],
                 ALIGN=plan["align"], MIN_PIECE=plan["min_piece"], STAGES=plan["stages"],
-                SPLIT=plan["split"], SRC_I32=plan["src_i32"], DST_I32=plan["dst_i32"])
+                SPLIT=plan["split"], SRC_I32=plan["src_i32"], DST_I32=plan["dst_i32"], IDX_STEP=1)
