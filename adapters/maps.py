@@ -18,7 +18,7 @@ import torch
 from kvtier.kernels.config import CopyConfig
 from kvtier.kernels.copy_rows import GUARD, check_storage, interpreter_active, triton_available
 from kvtier.kernels.index_check import checks_on
-from kvtier.kernels.index_memo import facts
+from kvtier.kernels.index_memo import facts, on_device
 from kvtier.kernels.ops import BACKUP, LOAD, Op
 from kvtier.kernels.errors import KvtierError, fail
 from kvtier.kernels.rowmap import RowMap, keep as _keep, kept as _kept, tensor_key as _tensor_key
@@ -191,14 +191,14 @@ def per_layer_list(arg: str, layers: Sequence[torch.Tensor], page_size: int = 1)
 # ---------------------------------------------------------------- indices
 def indices(src_indices, dst_indices, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
     """Both index lists checked for shape (tensor, int32/int64, 1-D, equal lengths) and
-    moved to the device where the copy runs (asynchronously)."""
+    moved to the device where the copy runs (asynchronously, once per unchanged list:
+    `kvtier.kernels.index_memo.on_device`)."""
     for arg, idx in (("src_indices", src_indices), ("dst_indices", dst_indices)):
         check_index(arg, idx, idx.device if isinstance(idx, torch.Tensor) else device)
     if src_indices.numel() != dst_indices.numel():
         raise fail("dst_indices", f"{dst_indices.numel()} indices",
                    f"src_indices has {src_indices.numel()}; counts must match")
-    return tuple(i if i.device == device else i.to(device, non_blocking=True)
-                 for i in (src_indices, dst_indices))
+    return on_device(src_indices, device), on_device(dst_indices, device)
 
 
 def page_count(indices_numel: int, page_size: int, arg: str = "src_indices") -> None:

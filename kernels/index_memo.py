@@ -74,3 +74,21 @@ def page_starts(idx: torch.Tensor, page_size: int) -> torch.Tensor:
 def dense(idx: torch.Tensor) -> torch.Tensor:
     """``idx`` as a contiguous tensor (the kernel reads indices as dense arrays)."""
     return idx if idx.is_contiguous() else idx.contiguous()
+
+
+def on_device(idx: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``idx`` on ``device`` without waiting: an index list from the host is staged through
+    page-locked memory (torch's caching host allocator keeps the block until the copy has
+    read it), so the copy is asynchronous. Kept per index tensor and stream while the
+    tensor is unchanged: a per-layer loop copies its list once."""
+    if idx.device == device:
+        return idx
+    known = facts(idx)
+    key = ("on", device, platforms.current_stream(device))
+    staged = known.get(key) if known is not None else None
+    if staged is None:
+        staged = idx if device.type == "cpu" or idx.is_pinned() else idx.pin_memory()
+        staged = staged.to(device, non_blocking=True)
+        if known is not None:
+            known[key] = staged
+    return staged

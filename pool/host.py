@@ -23,7 +23,7 @@ from kvtier.kernels.layouts import host_layout
 from kvtier.kernels.ops import BACKUP, LOAD, LOAD_LAYER, Op
 from kvtier.kernels.index_check import IndexGuard, checks_on
 from kvtier.kernels.copy_rows import check_storage, watch
-from kvtier.kernels.index_memo import facts
+from kvtier.kernels.index_memo import on_device
 from kvtier.kernels.validate import check_index, is_int
 
 from . import dma
@@ -258,7 +258,7 @@ class HostPool:
         for step in route:
             if step.bound is not None:
                 if h is None:
-                    h = _on_device(host_indices, self.device)
+                    h = on_device(host_indices, self.device)
                 si, di = (device_indices, h) if op.from_device else (h, device_indices)
                 launcher.run_bound(op, step.bound, si, di, verdict, step.strategy, watched=True)  # (a test seam)
                 continue
@@ -395,24 +395,6 @@ def _fits_in_memory(arg: str, value, nbytes: int) -> None:
     if nbytes > total:
         raise fail(arg, value, f"needs {nbytes / 1e9:.3g} GB of host memory; this machine has "
                    f"{total / 1e9:.3g} GB")
-
-
-def _on_device(idx: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Host indices on the device without waiting: staged through page-locked memory
-    (torch's caching host allocator keeps the block until the copy has read it), so the
-    copy is asynchronous. Kept per index tensor and stream while the tensor is unchanged
-    (`kvtier.kernels.index_memo`): a per-layer loop copies its indices once."""
-    if idx.device == device:
-        return idx
-    known = facts(idx)
-    key = ("on", device, platforms.current_stream(device))
-    staged = known.get(key) if known is not None else None
-    if staged is None:
-        staged = idx if device.type == "cpu" or idx.is_pinned() else idx.pin_memory()
-        staged = staged.to(device, non_blocking=True)
-        if known is not None:
-            known[key] = staged
-    return staged
 
 
 def _first_map(pool: DevicePool) -> RowMap:
