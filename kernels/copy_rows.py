@@ -262,7 +262,10 @@ def bind(src: RowMap, dst: RowMap, *, src_layer: int, dst_layer: int, num_layers
         b = BoundCopy(src, dst, src_layer, dst_layer, num_layers, by_page, config, device, key[7], skip_negative)
         if keep:
             if len(plans) >= KEEP_BOUND:
-                del plans[next(iter(plans))]     # the oldest
+                try:                             # the oldest (another thread may be here too)
+                    del plans[next(iter(plans))]
+                except (StopIteration, KeyError, RuntimeError):
+                    pass
             plans[key] = b
     return b
 

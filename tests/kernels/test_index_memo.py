@@ -72,3 +72,15 @@ def test_a_bad_list_passed_again_unchanged_is_refused_again():
             guard.check(torch.device("cpu"), [("indices", bad, 16, 1)])
     good = torch.arange(4)
     assert guard.check(torch.device("cpu"), [("indices", good, 16, 1)]) is not None
+
+
+def test_a_source_map_keeps_its_last_bound_copies_only():
+    """Bound copies are kept per source map, the last KEEP_BOUND of them: destinations
+    that come and go (new buffers) cannot pile up behind a long-lived map."""
+    from kvtier.kernels import RowMap, copy_rows
+    core = importlib.import_module("kvtier.kernels.copy_rows")
+    src = RowMap.from_stacked(torch.arange(2 * 8 * 4, dtype=torch.float32).view(2, 8, 4))
+    for _ in range(core.KEEP_BOUND + 5):
+        dst = RowMap.from_stacked(torch.zeros(2, 8, 4))
+        copy_rows(src, torch.tensor([1, 2]), dst, torch.tensor([0, 3]))
+    assert len(src.derived.plans) == core.KEEP_BOUND
