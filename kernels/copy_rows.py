@@ -24,7 +24,7 @@ from .errors import KvtierError, fail
 from .index_check import IndexGuard, checks_on
 from .index_memo import dense, page_starts
 from .plan import kernel_constants, plan_copy  # noqa: F401  (plan_copy: tests and tools)
-from .rowmap import RowMap
+from .rowmap import _WORD_DTYPES, RowMap
 from .validate import check_copy
 
 __all__ = ["copy_rows", "synchronize", "KvtierError", "interpreter_active", "triton_available", "plan_copy"]
@@ -243,6 +243,7 @@ class LaunchPlan:
     n_comp: int
     src_layers: int
     dst_layers: int
+    dp_dtype: torch.dtype       # the word type a rebased destination is viewed as
 
 
 def bind(src: RowMap, dst: RowMap, *, src_layer: int, dst_layer: int, num_layers: int, by_page: bool,
@@ -312,9 +313,11 @@ class BoundCopy:
         self.items = p.n_comp * num_layers * blocks          # per chunk and column block
 
     def __call__(self, si: torch.Tensor, di: torch.Tensor, verdict: Optional[torch.Tensor] = None,
-                 watched: bool = False) -> None:
+                 watched: bool = False, dst_buffer: Optional[torch.Tensor] = None) -> None:
         """Enqueue the copy. ``watched``: the caller has run `check_storage` on this copy's
-        watch already (a call of several launches checks them all before the first)."""
+        watch already (a call of several launches checks them all before the first).
+        ``dst_buffer``: for a copy bound to a destination *layout* (a stacked map without
+        tensors, see `rebased`), the contiguous buffer this call writes, laid out as it."""
         if not watched:
             check_storage(self.watch)
         si, di = dense(si), dense(di)
@@ -324,7 +327,18 @@ class BoundCopy:
             if self.page:           # the reference reads page numbers
                 si, di = page_starts(si, self.page), page_starts(di, self.page)
             return _reference(src, si, dst, di, *self.layers, self.num_layers, self.skip_negative)
-        launch(src, si, dst, di, self, verdict)
+        launch(src, si, dst, di, self, verdict,
+               None if dst_buffer is None else dst_buffer.view(-1).view(self.plan.dp_dtype))
+
+
+def rebased(m: RowMap) -> RowMap:
+    """Stacked map ``m`` as a layout only (no tensors, nothing kept alive): a copy bound to
+    it is given its destination buffer per call (`BoundCopy.__call__`'s ``dst_buffer``),
+    contiguous from the map's base and aligned as ``m``'s base was."""
+    from dataclasses import replace
+    if m.is_table:
+        raise KvtierError(f"{m.describe()}: only a stacked map can be a layout")
+    return replace(m, segments=(), born=())
 
 
 def check_storage(watch: "Watch") -> None:
@@ -361,7 +375,7 @@ def watch(m: RowMap, start: int, count: int) -> Watch:
 
 
 def launch(src: RowMap, si: torch.Tensor, dst: RowMap, di: torch.Tensor, bound: BoundCopy,
-           verdict: Optional[torch.Tensor]) -> None:
+           verdict: Optional[torch.Tensor], dst_words: Optional[torch.Tensor] = None) -> None:
     """Enqueue ``bound``'s copy between ``src`` and ``dst`` (the maps as launched: whole
     pages as rows where the copy moves pages) at dense indices; with a ``verdict`` word,
     its programs copy nothing unless it is 0. Where the copy moves pages, the indices are
@@ -370,10 +384,11 @@ def launch(src: RowMap, si: torch.Tensor, dst: RowMap, di: torch.Tensor, bound: 
     if not n:
         return
     grid = min(bound.config.num_programs, bound.items * -(-n // p.rows))
+    dp, dt = (p.dp, p.dt) if dst_words is None else (dst_words, dst_words)   # a rebased destination
     if verdict is None:
-        _kernel()[(grid,)](p.sp, p.st, si, p.dp, p.dt, di, n, *bound.scalars, si, **bound.constants)
+        _kernel()[(grid,)](p.sp, p.st, si, dp, dt, di, n, *bound.scalars, si, **bound.constants)
     else:
-        _kernel()[(grid,)](p.sp, p.st, si, p.dp, p.dt, di, n, *bound.scalars, verdict,
+        _kernel()[(grid,)](p.sp, p.st, si, dp, dt, di, n, *bound.scalars, verdict,
                            **bound.checked_constants)
 
 
@@ -392,14 +407,15 @@ def _make_plan(src: RowMap, dst: RowMap, n_bucket: int, config: CopyConfig, devi
             table = m.table_on(device)
             # The pointer argument of a table side is unused; its dtype names the word type.
             other = dst if m is src else src
-            ptr = other.anchor(word) if not other.is_table else _word_view(table, word)
+            ptr = other.anchor(word) if not other.is_table and other.segments else _word_view(table, word)
             args.append((ptr, table))
         else:
-            a = m.anchor(word)
+            # A stacked map without tensors is a layout: each call brings its buffer.
+            a = m.anchor(word) if m.segments else None
             args.append((a, a))
     (sp, st), (dp, dt) = args
     return LaunchPlan(sp, st, dp, dt, (*_units(src, unit), *_units(dst, unit)), const, const["ROWS"],
-                      src.num_components, src.num_layers, dst.num_layers)
+                      src.num_components, src.num_layers, dst.num_layers, _WORD_DTYPES[word])
 
 
 def _platform(device: torch.device):
@@ -414,5 +430,4 @@ def _units(m: RowMap, unit: int):
 
 
 def _word_view(t: torch.Tensor, word: int) -> torch.Tensor:
-    from .rowmap import _WORD_DTYPES
     return t.view(torch.uint8)[: (t.numel() * 8 // word) * word].view(_WORD_DTYPES[word])

@@ -93,6 +93,7 @@ class DevicePool:
         # gather(out=...): the last out checked, and bound copies per kept buffers (pool/gather.py)
         self._gather_out = None
         self._gather_routes: Dict[tuple, tuple] = {}
+        self._gather_layouts: Dict[tuple, tuple] = {}    # new result buffers, per shape
 
     # ------------------------------------------------------------------ description
     @property

@@ -8,6 +8,7 @@ from typing import Dict, List, Optional
 import torch
 
 from kvtier.kernels import RowMap
+from kvtier.kernels.copy_rows import _runner, check_storage, rebased
 from kvtier.kernels.rowmap import kept, tensor_key
 from kvtier.kernels.errors import fail
 from kvtier.kernels.index_check import checks_on
@@ -83,9 +84,41 @@ def gather_groups(pool, slots: torch.Tensor, pages: bool, op: Op = GATHER,
                             device=pool.device) for names, _ in pool.groups]
     if slots.numel():
         dst_idx = iota(slots.numel(), slots.dtype, slots.device)
-        for bound in _bound_gathers(pool, op, into, pages, page_indices, n_slots, keep=given):
-            launcher.run_bound(op, bound, slots, dst_idx, verdict)     # (a test seam)
+        laid = None if given else _layout_gathers(pool, op, into, pages, page_indices, n_slots)
+        bounds = laid or _bound_gathers(pool, op, into, pages, page_indices, n_slots, keep=given)
+        for bound in bounds:        # every tensor the gather rests on, before the first byte moves
+            check_storage(bound.watch)
+        for bound, buf in zip(bounds, into):
+            launcher.run_bound(op, bound, slots, dst_idx, verdict, watched=True,   # (a test seam)
+                               dst_buffer=buf if laid else None)
     return into
+
+
+def _layout_gathers(pool, op: Op, bufs: List[torch.Tensor], pages: bool, page_indices: bool, n_slots: int):
+    """Bound copies into new result buffers of this shape, bound to their *layout* (a map
+    without tensors, `kvtier.kernels.copy_rows.rebased`) so each call only hands over its
+    buffers: kept per pool and shape (no buffer is kept alive by them). None where only
+    the torch reference runs, or a buffer is less aligned than the layout assumes."""
+    if _runner(pool.device.type) != "kernel":
+        return None
+    key = (op, pages, page_indices, n_slots, lookup_state())
+    found = pool._gather_layouts.get(key)
+    if found is None:
+        bounds = []
+        for (names, m), buf in zip(pool.groups, bufs):
+            layers = pool.components[names[0]].num_layers
+            cmap = contiguous_map(buf, pool, pages, keep=False)
+            config = lookup(op, m, cmap, n_slots, layers)                 # tuned for the pool's rows
+            src, dst = _sides(m, cmap, page_indices)
+            bounds.append(bind_launch(op, src, rebased(dst), num_layers=layers, n_rows=n_slots // (
+                pool.page_size if page_indices else 1), by_page=pages and not page_indices, config=config,
+                keep=False))
+        align = min(b.origin[1].align for b in bounds)
+        if len(pool._gather_layouts) >= 16:     # shapes come and go: keep the last few only
+            pool._gather_layouts.clear()
+        found = pool._gather_layouts[key] = (bounds, align)
+    bounds, align = found
+    return bounds if all(b.data_ptr() % align == 0 for b in bufs) else None
 
 
 def _bound_gathers(pool, op: Op, bufs: List[torch.Tensor], pages: bool, page_indices: bool, n_slots: int,
@@ -93,7 +126,7 @@ def _bound_gathers(pool, op: Op, bufs: List[torch.Tensor], pages: bool, page_ind
     """The bound copies filling ``bufs`` from the pool's groups (one per group), with the
     configuration tuned for the pool's rows. With ``keep`` (the caller's buffers, passed
     again by `gather(out=...)`) they are kept per pool under the current lookup state;
-    new result buffers are not kept (that would keep them alive)."""
+    otherwise they are not kept (that would keep the buffers alive)."""
     key = (op, pages, page_indices, rows_bucket(n_slots), lookup_state(), tuple(map(id, bufs)))
     kept = pool._gather_routes
     found = kept.get(key) if keep else None

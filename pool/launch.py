@@ -87,14 +87,15 @@ def bind_launch(op: Op, src: RowMap, dst: RowMap, *, src_layer: int = 0, dst_lay
 
 def run_bound(op: Op, bound: BoundCopy, si: torch.Tensor, di: torch.Tensor,
               verdict: Optional[torch.Tensor] = None, strategy: Optional[str] = None,
-              watched: bool = False) -> None:
+              watched: bool = False, dst_buffer: Optional[torch.Tensor] = None) -> None:
     """`launch` for a kept `BoundCopy` (only the indices and the verdict are new);
-    ``watched``: its tensors' storage was checked by the caller (`check_storage`)."""
+    ``watched``: its tensors' storage was checked by the caller (`check_storage`);
+    ``dst_buffer``: the buffer of a copy bound to a destination layout."""
     if log.isEnabledFor(logging.DEBUG):
         src = bound.origin[0]
         log_launch(op, strategy or bound.config.strategy, bound.config, si.numel(),
                    si.numel() * src.row_bytes * bound.num_layers * src.num_components)
-    bound(si, di, verdict, watched)
+    bound(si, di, verdict, watched, dst_buffer)
 
 
 def log_launch(op: Op, strategy: str, config: CopyConfig, rows: int, nbytes: int) -> None:

@@ -155,3 +155,31 @@ def test_gather_results_and_scatter_inputs_are_not_kept_alive():
         del out
     gc.collect()
     assert all(r() is None for r in refs), "kvtier keeps gather results alive"
+
+
+@pytest.mark.parametrize("pages", [False, True])
+def test_new_gather_buffers_reuse_their_layout_and_are_right(monkeypatch, pages):
+    """A gather into new buffers of a shape seen before builds no map: its copies are bound
+    to the shape's layout and each call hands over its new buffers. Every result is the
+    pool's rows, bit for bit."""
+    from kvtier.kernels import RowMap
+    pool = MHADevicePool(32, 4, 2, 2, 8, dtype=torch.float16, storage="layers")
+    for t in pool.buffers["k"] + pool.buffers["v"]:
+        t.copy_(torch.randn(t.shape).to(t.dtype))
+    P = pool.page_size
+
+    def want(idx):
+        slots = (idx[:, None] * P + torch.arange(P)).reshape(-1) if pages else idx
+        return {n: torch.stack([t.view(-1, 2, 8)[slots] for t in pool.buffers[n]]) for n in ("k", "v")}
+
+    first = torch.tensor([1, 6, 3])
+    pool.gather(first, pages=pages)
+    built = []
+    real = RowMap.from_stacked.__func__
+    monkeypatch.setattr(RowMap, "from_stacked", classmethod(lambda cls, *a, **k: built.append(1) or real(cls, *a, **k)))
+    for idx in (torch.tensor([0, 2, 5]), torch.tensor([7, 4, 1])):
+        got = pool.gather(idx, pages=pages)
+        for n, w in want(idx).items():
+            g = got[n].reshape(w.shape)
+            assert torch.equal(g.view(torch.uint8), w.view(torch.uint8)), n
+    assert built == [], "a map was built for a shape whose layout is kept"
