@@ -104,48 +104,52 @@ def _layout_gathers(pool, op: Op, bufs: List[torch.Tensor], pages: bool, page_in
     key = (op, pages, page_indices, n_slots, lookup_state())
     found = pool._gather_layouts.get(key)
     if found is None:
-        bounds = []
-        for (names, m), buf in zip(pool.groups, bufs):
-            layers = pool.components[names[0]].num_layers
-            cmap = contiguous_map(buf, pool, pages, keep=False)
-            config = lookup(op, m, cmap, n_slots, layers)                 # tuned for the pool's rows
-            src, dst = _sides(m, cmap, page_indices)
-            bounds.append(bind_launch(op, src, rebased(dst), num_layers=layers, n_rows=n_slots // (
-                pool.page_size if page_indices else 1), by_page=pages and not page_indices, config=config,
-                keep=False))
-        align = min(b.origin[1].align for b in bounds)
-        if len(pool._gather_layouts) >= 16:     # shapes come and go: keep the last few only
-            pool._gather_layouts.clear()
-        found = pool._gather_layouts[key] = (bounds, align)
+        bounds = _bind_groups(pool, op, bufs, pages, page_indices, n_slots, keep=False, layout=True)
+        found = _remember(pool._gather_layouts, key, (bounds, min(b.origin[1].align for b in bounds)))
     bounds, align = found
     return bounds if all(b.data_ptr() % align == 0 for b in bufs) else None
 
 
 def _bound_gathers(pool, op: Op, bufs: List[torch.Tensor], pages: bool, page_indices: bool, n_slots: int,
                    keep: bool):
-    """The bound copies filling ``bufs`` from the pool's groups (one per group), with the
-    configuration tuned for the pool's rows. With ``keep`` (the caller's buffers, passed
-    again by `gather(out=...)`) they are kept per pool under the current lookup state;
-    otherwise they are not kept (that would keep the buffers alive)."""
+    """The bound copies filling ``bufs`` from the pool's groups (one per group). With
+    ``keep`` (the caller's buffers, passed again by `gather(out=...)`) they are kept per
+    pool under the current lookup state; otherwise they are not kept (that would keep
+    the buffers alive)."""
     key = (op, pages, page_indices, rows_bucket(n_slots), lookup_state(), tuple(map(id, bufs)))
-    kept = pool._gather_routes
-    found = kept.get(key) if keep else None
+    found = pool._gather_routes.get(key) if keep else None
     if found is not None and all(b is k for b, k in zip(bufs, found[0])):
         return found[1]
+    bounds = _bind_groups(pool, op, bufs, pages, page_indices, n_slots, keep=keep)
+    if keep:
+        _remember(pool._gather_routes, key, (list(bufs), bounds))
+    return bounds
+
+
+def _bind_groups(pool, op: Op, bufs: List[torch.Tensor], pages: bool, page_indices: bool, n_slots: int,
+                 keep: bool, layout: bool = False) -> list:
+    """One bound copy per group from the pool into its buffer in ``bufs``, with the
+    configuration tuned for the pool's rows; ``layout``: bound to the buffer's layout
+    only (`rebased`), each call then hands over its buffer."""
     bounds = []
     for (names, m), buf in zip(pool.groups, bufs):
         layers = pool.components[names[0]].num_layers
         cmap = contiguous_map(buf, pool, pages, keep=keep)
         config = lookup(op, m, cmap, n_slots, layers)                 # tuned for the pool's rows
         src, dst = _sides(m, cmap, page_indices)
-        bounds.append(bind_launch(op, src, dst, num_layers=layers, n_rows=n_slots // (pool.page_size if
-                                  page_indices else 1), by_page=pages and not page_indices, config=config,
-                                  keep=keep))
-    if keep:
-        if len(kept) >= 16:     # buffers come and go: keep the last few only
-            kept.clear()
-        kept[key] = (list(bufs), bounds)
+        bounds.append(bind_launch(op, src, rebased(dst) if layout else dst, num_layers=layers,
+                                  n_rows=n_slots // (pool.page_size if page_indices else 1),
+                                  by_page=pages and not page_indices, config=config, keep=keep))
     return bounds
+
+
+def _remember(kept: dict, key, value):
+    """Keep ``value`` under ``key`` in a per-pool dict of the last few shapes (cleared, not
+    evicted one by one: buffers and shapes come and go)."""
+    if len(kept) >= 16:
+        kept.clear()
+    kept[key] = value
+    return value
 
 
 def scatter_groups(pool, slots: torch.Tensor, bufs: List[torch.Tensor], pages: bool,
