@@ -16,7 +16,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 
 from kvtier.kernels.config import CopyConfig
-from kvtier.kernels.copy_rows import GUARD, check_storage, interpreter_active, triton_available
+from kvtier.kernels.copy_rows import GUARD, interpreter_active, triton_available
 from kvtier.kernels.index_check import checks_on
 from kvtier.kernels.index_memo import facts, on_device
 from kvtier.kernels.ops import BACKUP, LOAD, Op
@@ -259,11 +259,7 @@ def run_jobs(jobs: Sequence[Job], src_indices, dst_indices, *, op: Op, by_page: 
         raise KvtierError(re.sub(r"\b(src|dst)_indices\b", lambda m: names[m.group(0)], str(e))) from None
     if n == 0:
         return
-    bounds = route.bound(n, skip_negative)
-    for bound in bounds:            # every tensor the call rests on, before the first byte moves
-        check_storage(bound.watch)
-    for bound in bounds:
-        launcher.run_bound(op, bound, si, di, verdict, watched=True)
+    launcher.run_all(op, route.bound(n, skip_negative), si, di, verdict)
 
 
 class _Route:
@@ -289,7 +285,6 @@ class _Route:
         _require_runnable(maps, self.device)
         self.op, self.by_page, self.config = op, by_page, config
         self.bounds = {}
-        self.state = None
 
     def bound(self, n: int, skip_negative: bool) -> list:
         """The bound copies for ``n`` index pairs (per rows bucket, under the current

@@ -8,7 +8,7 @@ from typing import Dict, List, Optional
 import torch
 
 from kvtier.kernels import RowMap
-from kvtier.kernels.copy_rows import _runner, check_storage, rebased
+from kvtier.kernels.copy_rows import _runner, rebased
 from kvtier.kernels.rowmap import kept, tensor_key
 from kvtier.kernels.errors import fail
 from kvtier.kernels.index_check import checks_on
@@ -86,11 +86,7 @@ def gather_groups(pool, slots: torch.Tensor, pages: bool, op: Op = GATHER,
         dst_idx = iota(slots.numel(), slots.dtype, slots.device)
         laid = None if given else _layout_gathers(pool, op, into, pages, page_indices, n_slots)
         bounds = laid or _bound_gathers(pool, op, into, pages, page_indices, n_slots, keep=given)
-        for bound in bounds:        # every tensor the gather rests on, before the first byte moves
-            check_storage(bound.watch)
-        for bound, buf in zip(bounds, into):
-            launcher.run_bound(op, bound, slots, dst_idx, verdict, watched=True,   # (a test seam)
-                               dst_buffer=buf if laid else None)
+        launcher.run_all(op, bounds, slots, dst_idx, verdict, dst_buffers=into if laid else None)
     return into
 
 

@@ -15,7 +15,7 @@ import torch
 from kvtier.autotune import config_for
 from kvtier.autotune.select import generation
 from kvtier.kernels import CopyConfig, RowMap
-from kvtier.kernels.copy_rows import BoundCopy, bind
+from kvtier.kernels.copy_rows import BoundCopy, bind, check_storage
 from kvtier.kernels.ops import Op
 from kvtier.kernels.validate import compute_device
 
@@ -96,6 +96,18 @@ def run_bound(op: Op, bound: BoundCopy, si: torch.Tensor, di: torch.Tensor,
         log_launch(op, strategy or bound.config.strategy, bound.config, si.numel(),
                    si.numel() * src.row_bytes * bound.num_layers * src.num_components)
     bound(si, di, verdict, watched, dst_buffer)
+
+
+def run_all(op: Op, bounds, si: torch.Tensor, di: torch.Tensor, verdict: Optional[torch.Tensor] = None,
+            dst_buffers=None) -> None:
+    """`run_bound` for the launches of one call: every tensor they rest on is checked
+    first (`check_storage`), so a moved tensor is named before the first byte moves;
+    ``dst_buffers``: one buffer per copy bound to a destination layout."""
+    for bound in bounds:
+        check_storage(bound.watch)
+    for k, bound in enumerate(bounds):
+        run_bound(op, bound, si, di, verdict, watched=True,
+                  dst_buffer=None if dst_buffers is None else dst_buffers[k])
 
 
 def log_launch(op: Op, strategy: str, config: CopyConfig, rows: int, nbytes: int) -> None:
