@@ -13,7 +13,8 @@ from dataclasses import dataclass, asdict
 
 def rows_bucket(num_rows: int) -> int:
     """The power of two at or above ``num_rows`` (1 for empty transfers)."""
-    return 1 << (max(int(num_rows), 1) - 1).bit_length()
+    n = num_rows if type(num_rows) is int else int(num_rows)
+    return 1 << (n - 1).bit_length() if n > 1 else 1
 
 
 @dataclass(frozen=True)

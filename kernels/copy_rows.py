@@ -40,16 +40,35 @@ def _triton():
 
 
 def _kernel():
+    """The row-copy kernel (a seam: launch probes and test spies stand in for it here)."""
+    return (_kernel_loaded or _load_kernel())[0]
+
+
+def _load_kernel() -> list:
     if not _kernel_loaded:
-        _kernel_loaded.append(True)
         conflict = platforms.triton_conflict()
         if conflict:
             logging.getLogger("kvtier").warning("kvtier: %s", conflict)
-    from .copy_rows_kernel import _copy_rows_kernel
-    return _copy_rows_kernel
+        from .copy_rows_kernel import _copy_rows_kernel
+        params = _copy_rows_kernel.arg_names
+        # The launch passes the compile-time constants by position (cheaper than by
+        # keyword): they are every parameter after ``verdict``.
+        _kernel_loaded.extend((_copy_rows_kernel, tuple(params[params.index("verdict") + 1:])))
+    return _kernel_loaded
 
 
-_kernel_loaded = []
+_kernel_loaded = []     # [kernel, its constexpr parameter names], once loaded
+
+
+def constexpr_names() -> tuple:
+    """The kernel's compile-time parameters, in launch order."""
+    return (_kernel_loaded or _load_kernel())[1]
+
+
+def launch_arguments(args: tuple, kwargs: dict) -> dict:
+    """A recorded row-copy launch's arguments by parameter name (for tools and tests that
+    stand in for the kernel; launch options such as ``num_warps`` included)."""
+    return dict(zip((_kernel_loaded or _load_kernel())[0].arg_names, args), **kwargs)
 
 
 def triton_available() -> bool:
@@ -288,7 +307,7 @@ class BoundCopy:
     """
 
     __slots__ = ("config", "num_layers", "skip_negative", "page", "runner", "plan", "maps", "origin",
-                 "scalars", "constants", "checked_constants", "items", "watch", "layers")
+                 "scalars", "constants", "tail", "checked_tail", "items", "watch", "layers")
 
     def __init__(self, src: RowMap, dst: RowMap, src_layer: int, dst_layer: int, num_layers: int,
                  by_page: bool, config: CopyConfig, device: torch.device, n_bucket: int, skip_negative: bool):
@@ -306,8 +325,12 @@ class BoundCopy:
             return
         p = self.plan = _make_plan(src, dst, n_bucket, config, device)
         self.scalars = (num_layers, src_layer, dst_layer, p.src_layers, p.dst_layers, *p.strides)
-        base = dict(p.const, SKIP_NEG=skip_negative, num_warps=config.num_warps, IDX_STEP=max(self.page, 1))
-        self.constants, self.checked_constants = dict(base, CHECKED=False), dict(base, CHECKED=True)
+        base = dict(p.const, SKIP_NEG=skip_negative, IDX_STEP=max(self.page, 1))
+        self.constants = dict(base, CHECKED=False)
+        names = constexpr_names()
+        # Positional launch arguments after the verdict: unchecked and checked forms.
+        self.tail = tuple(self.constants[k] for k in names)
+        self.checked_tail = tuple(dict(base, CHECKED=True)[k] for k in names)
         c = p.const   # work items per tile of rows: one per (component, layer), and with SPLIT
         blocks = c["N_CHUNKS"] * -(-c["CHUNK_WORDS"] // c["BLOCK"]) if c.get("SPLIT") else 1
         self.items = p.n_comp * num_layers * blocks          # per chunk and column block
@@ -386,10 +409,11 @@ def launch(src: RowMap, si: torch.Tensor, dst: RowMap, di: torch.Tensor, bound: 
     grid = min(bound.config.num_programs, bound.items * -(-n // p.rows))
     dp, dt = (p.dp, p.dt) if dst_words is None else (dst_words, dst_words)   # a rebased destination
     if verdict is None:
-        _kernel()[(grid,)](p.sp, p.st, si, dp, dt, di, n, *bound.scalars, si, **bound.constants)
+        _kernel()[(grid,)](p.sp, p.st, si, dp, dt, di, n, *bound.scalars, si, *bound.tail,
+                           num_warps=bound.config.num_warps)
     else:
-        _kernel()[(grid,)](p.sp, p.st, si, dp, dt, di, n, *bound.scalars, verdict,
-                           **bound.checked_constants)
+        _kernel()[(grid,)](p.sp, p.st, si, dp, dt, di, n, *bound.scalars, verdict, *bound.checked_tail,
+                           num_warps=bound.config.num_warps)
 
 
 def _make_plan(src: RowMap, dst: RowMap, n_bucket: int, config: CopyConfig, device: torch.device) -> LaunchPlan:

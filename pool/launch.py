@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 
 from kvtier.autotune import config_for
-from kvtier.autotune.select import generation
+from kvtier.autotune.select import _GENERATION  # generation(), read inline on the hot path
 from kvtier.kernels import CopyConfig, RowMap
 from kvtier.kernels.copy_rows import BoundCopy, bind, check_storage
 from kvtier.kernels.ops import Op
@@ -70,7 +70,7 @@ def lookup_state() -> tuple:
     """What every `lookup` answer depends on besides its arguments (the forced
     configuration, the tuned results' generation): part of the key of anything that keeps
     an answer."""
-    return (_FORCED.get(), generation())
+    return (_FORCED.get(), _GENERATION[0])
 
 
 def bind_launch(op: Op, src: RowMap, dst: RowMap, *, src_layer: int = 0, dst_layer: int = 0,

@@ -66,13 +66,16 @@ def kernel_fn(kernel: str = "copy"):
 
 
 class _Recorder:
-    def __init__(self, names, launches, kernel="copy"):
-        self.names, self.launches, self.kernel = names, launches, kernel
+    def __init__(self, fn, launches, kernel="copy"):
+        self.names, self.launches, self.kernel = fn.arg_names, launches, kernel
+        self.constexprs = {p.name for p in fn.params if p.is_constexpr}
 
     def __getitem__(self, grid):
         def run(*args, **kwargs):
             kwargs.pop("num_warps", None)
-            self.launches.append(Launch(tuple(grid), dict(zip(self.names, args)), dict(kwargs), self.kernel))
+            values = dict(zip(self.names, args), **kwargs)      # constants by position or keyword
+            constants = {k: values.pop(k) for k in self.names if k in self.constexprs}
+            self.launches.append(Launch(tuple(grid), values, constants, self.kernel))
         return run
 
 
@@ -87,8 +90,8 @@ def recorded_launches(floors: dict, checks: list = None):
     check_mod = importlib.import_module("kvtier.kernels.index_check_kernel")
     platforms = importlib.import_module("kvtier.platforms")
     launches = []
-    rec = _Recorder(kernel_fn().arg_names, launches)
-    check_rec = _Recorder(kernel_fn("check").arg_names, checks if checks is not None else [], "check")
+    rec = _Recorder(kernel_fn(), launches)
+    check_rec = _Recorder(kernel_fn("check"), checks if checks is not None else [], "check")
     npu_like = dataclasses.replace(platforms.get("cpu"), **floors)
     saved = (launcher._kernel, launcher.interpreter_active, launcher._platform, launcher._RUNNERS,
              check_mod._check_indices_kernel)

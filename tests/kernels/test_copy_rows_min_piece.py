@@ -71,7 +71,7 @@ def npu_launches(monkeypatch):
     class Spy:
         def __getitem__(self, grid):
             def run(*args, **kw):
-                seen.append(kw["MIN_PIECE"])
+                seen.append(copy_rows_module.launch_arguments(args, kw)["MIN_PIECE"])
                 return real[grid](*args, **kw)
             return run
     monkeypatch.setattr(copy_rows_module, "_kernel", lambda: Spy())

@@ -28,7 +28,7 @@ def launched(monkeypatch):
     class Spy:
         def __getitem__(self, grid):
             def run(*args, **kw):
-                seen.append((args[2], args[5], kw["IDX_STEP"], args[6]))
+                seen.append((args[2], args[5], core.launch_arguments(args, kw)["IDX_STEP"], args[6]))
                 return real[grid](*args, **kw)
             return run
     monkeypatch.setattr(core, "_kernel", lambda: Spy())
