@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import replace
-from typing import List, Optional, Sequence, Tuple
+from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
@@ -79,6 +79,7 @@ def _layers_in(layout_dim: int, item_size: int, arg: str = "layout_dim") -> int:
 
 def lf_buffer(arg: str, t: torch.Tensor, item_size: int) -> RowMap:
     """One layer, rows packed: row i at ``base + i * item_size`` (SGLang's ``lf``)."""
+    _positive("item_size", item_size)   # before the lookup: 32.0 == 32 would find an int's map
     return _kept(("lf", arg, item_size, *_tensor_key(t)), lambda: _lf_buffer(arg, t, item_size))
 
 
@@ -94,6 +95,8 @@ def _lf_buffer(arg: str, t: torch.Tensor, item_size: int) -> RowMap:
 def pf_buffer(arg: str, t: torch.Tensor, item_size: int, layout_dim: int) -> RowMap:
     """All layers of a token together: row (i, l) at ``base + i * layout_dim + l * item_size``
     (SGLang's ``pf``; ``layout_dim`` = layers x item_size bytes)."""
+    _positive("item_size", item_size)   # before the lookup, as in lf_buffer
+    _layers_in(layout_dim, item_size)
     return _kept(("pf", arg, item_size, layout_dim, *_tensor_key(t)),
                  lambda: _pf_buffer(arg, t, item_size, layout_dim))
 
@@ -189,16 +192,40 @@ def per_layer_list(arg: str, layers: Sequence[torch.Tensor], page_size: int = 1)
 
 
 # ---------------------------------------------------------------- indices
-def indices(src_indices, dst_indices, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
+def indices(src_indices, dst_indices, device: torch.device) -> tuple:
     """Both index lists checked for shape (tensor, int32/int64, 1-D, equal lengths) and
     moved to the device where the copy runs (asynchronously, once per unchanged list:
-    `kvtier.kernels.index_memo.on_device`)."""
-    for arg, idx in (("src_indices", src_indices), ("dst_indices", dst_indices)):
-        check_index(arg, idx, idx.device if isinstance(idx, torch.Tensor) else device)
+    `kvtier.kernels.index_memo.on_device`): (src, dst, their facts) where the facts are
+    the `kvtier.kernels.index_memo.facts` dicts (None where nothing is kept). A list's
+    shape check is kept in its facts per device, so a per-layer loop checks it once."""
+    fs = facts(src_indices) if type(src_indices) is torch.Tensor else None
+    fd = facts(dst_indices) if type(dst_indices) is torch.Tensor else None
+    if fs is None or fs.get(device) is not _HERE:
+        src_indices, fs = _index("src_indices", src_indices, fs, device)
+    if fd is None or fd.get(device) is not _HERE:
+        dst_indices, fd = _index("dst_indices", dst_indices, fd, device)
     if src_indices.numel() != dst_indices.numel():
         raise fail("dst_indices", f"{dst_indices.numel()} indices",
                    f"src_indices has {src_indices.numel()}; counts must match")
-    return on_device(src_indices, device), on_device(dst_indices, device)
+    return src_indices, dst_indices, fs, fd
+
+
+_HERE, _STAGED = "here", "staged"     # where a checked list lives, kept in its facts per device
+
+
+def _index(arg: str, idx, known: Optional[dict], device: torch.device):
+    """(``idx`` checked and on ``device``, its facts) for a list not yet known to be
+    there."""
+    where = known.get(device) if known is not None else None
+    if where is None:
+        check_index(arg, idx, idx.device if isinstance(idx, torch.Tensor) else device)
+        where = _HERE if idx.device == device else _STAGED
+        if known is not None:
+            known[device] = where
+    if where is _HERE:
+        return idx, known
+    staged = on_device(idx, device)
+    return staged, facts(staged)
 
 
 def page_count(indices_numel: int, page_size: int, arg: str = "src_indices") -> None:
@@ -215,14 +242,14 @@ Job = Tuple[Sequence[Pair], int, int, Optional[int]]
 
 
 def run_copy(pairs: Sequence[Pair], src_indices, dst_indices, *, src_layer: int = 0,
-             dst_layer: int = 0, num_layers: Optional[int] = None, **kw) -> None:
+             dst_layer: int = 0, num_layers: Optional[int] = None, **kw) -> "Lane":
     """Copy every (src, dst) component pair over one layer map at the same indices."""
-    run_jobs([(pairs, src_layer, dst_layer, num_layers)], src_indices, dst_indices, **kw)
+    return run_jobs([(pairs, src_layer, dst_layer, num_layers)], src_indices, dst_indices, **kw)
 
 
 def run_jobs(jobs: Sequence[Job], src_indices, dst_indices, *, op: Op, by_page: bool = False,
              skip_negative: bool = False, config=None, block_quota: Optional[int] = None,
-             check: Optional[bool] = None, index_names: Tuple[str, str] = ("src_indices", "dst_indices")) -> None:
+             check: Optional[bool] = None, index_names: Tuple[str, str] = ("src_indices", "dst_indices")) -> "Lane":
     """Copy several jobs (each its own layer map, as the Ascend indexer cache has) at the
     same indices. Within a job, components that can share a launch (equal geometry, one
     allocation or address tables) are stacked into one. Every copy is validated before
@@ -233,7 +260,7 @@ def run_jobs(jobs: Sequence[Job], src_indices, dst_indices, *, op: Op, by_page: 
     `kvtier.kernels.synchronize()`). ``skip_negative``: pairs holding a negative index
     are skipped, as SGLang's kernels skip them. What depends only on the maps and the
     call's shape (stacking, layer checks, configurations, bound copies) is worked out
-    once per call shape and kept (`_Route`)."""
+    once per call shape and kept (`_Route`). Returns the call's `Lane`."""
     if config is not None and not isinstance(config, CopyConfig):
         raise fail("config", type(config).__name__, "must be a kvtier CopyConfig (or None for the tuned one)")
     key = (tuple((tuple(pairs), sl, dl, nl) for pairs, sl, dl, nl in jobs), op, by_page, skip_negative,
@@ -245,21 +272,114 @@ def run_jobs(jobs: Sequence[Job], src_indices, dst_indices, *, op: Op, by_page: 
             if len(_ROUTES) >= _KEEP_ROUTES:
                 _ROUTES.clear()
             _ROUTES[key] = route
-        si, di = indices(src_indices, dst_indices, route.device)
+    except KvtierError as e:
+        raise _renamed(e, index_names) from None
+    lane = Lane(route, skip_negative, index_names)
+    _run(lane, src_indices, dst_indices, check)
+    return lane
+
+
+class Lane(NamedTuple):
+    """A call shape as run: its route, whether negative pairs are skipped, and the
+    caller's names for its index arguments."""
+
+    route: "_Route"
+    skip_negative: bool
+    index_names: Tuple[str, str]
+
+
+def _run(lane: Lane, src_indices, dst_indices, check: Optional[bool]) -> None:
+    """One call on ``lane``: the indices checked (shape at once, values without a device
+    sync), then the route's bound copies launched."""
+    route, skip_negative, names = lane
+    try:
+        si, di, fs, fd = indices(src_indices, dst_indices, route.device)
         n = si.numel()
         verdict = None
         if n and checks_on(check):
-            verdict = GUARD.check(route.device, [("src_indices", si, *route.src_limit),
-                                                 ("dst_indices", di, *route.dst_limit)],
+            verdict = GUARD.check(route.device, [("src_indices", si, *route.src_limit, fs),
+                                                 ("dst_indices", di, *route.dst_limit, fd)],
                                   negatives_skip=skip_negative)
     except KvtierError as e:
-        names = dict(zip(("src_indices", "dst_indices"), index_names))
-        if names == {"src_indices": "src_indices", "dst_indices": "dst_indices"}:
-            raise
-        raise KvtierError(re.sub(r"\b(src|dst)_indices\b", lambda m: names[m.group(0)], str(e))) from None
-    if n == 0:
+        raise _renamed(e, names) from None
+    if n:
+        launcher.run_all(route.op, route.bound(n, skip_negative), si, di, verdict)
+
+
+def _renamed(e: KvtierError, names: Tuple[str, str]) -> KvtierError:
+    """``e`` with the index arguments named as the caller names them."""
+    if names == ("src_indices", "dst_indices"):
+        return e
+    mapping = dict(zip(("src_indices", "dst_indices"), names))
+    return KvtierError(re.sub(r"\b(src|dst)_indices\b", lambda m: mapping[m.group(0)], str(e)))
+
+
+# ---------------------------------------------------------------- call shapes by argument keys
+# An engine calls with the same buffers (often as new views of them), scalars and tables
+# on every batch. `run_keyed` finds the call's `Lane` by a key made from those arguments
+# alone, so a repeated call builds no map and looks none up.
+UNCACHED = object()     # in a key: an argument that cannot be keyed; the call takes the slow path
+_PLAIN = (int, type(None), CopyConfig)
+_LANES = {}
+_KEEP_LANES = 1024      # cleared past this (a model's per-layer calls are a few keys per layer)
+
+
+def arg_key(t) -> object:
+    """What the maps built from tensor ``t`` depend on: first byte, shape, strides, dtype,
+    device index. Where the key matches, the maps built from an earlier tensor with the
+    same key (kept alive by them, so its memory is still its own) address the same bytes
+    the same way. `UNCACHED` for anything that is not a tensor."""
+    if not isinstance(t, torch.Tensor):
+        return UNCACHED
+    return (t.data_ptr(), t.shape, t.stride(), t.dtype, t.get_device())
+
+
+def table_key(t) -> object:
+    """A key for an address table: a token kept with the table's facts, so it stands for
+    this tensor object at this version (`kvtier.kernels.index_memo`); a table rewritten
+    through torch gets a new one. `UNCACHED` for lists of tensors, inference tensors and
+    during graph capture (nothing is kept for those)."""
+    if not isinstance(t, torch.Tensor):
+        return UNCACHED
+    known = facts(t)
+    if known is None:
+        return UNCACHED
+    token = known.get(_TOKEN)
+    if token is None:
+        token = known[_TOKEN] = object()
+    return token
+
+
+_TOKEN = ("adapter key",)
+
+
+def plain(*values) -> tuple:
+    """``values`` for a key where each is an exact int, None or a `CopyConfig`; else a
+    key part that is never kept (True == 1 and 1.0 == 1 must not find an int's lane)."""
+    for v in values:
+        if type(v) not in _PLAIN:
+            return (UNCACHED,)
+    return values
+
+
+def run_keyed(key: tuple, jobs_of: Callable[[], Sequence[Job]], src_indices, dst_indices, *,
+              check: Optional[bool] = None, **kw) -> None:
+    """`run_jobs(jobs_of(), src_indices, dst_indices, check=check, **kw)` for a call whose
+    maps and options depend on nothing but ``key`` (the call's kind, its `plain` scalars,
+    the `arg_key` / `table_key` of its tensors): a call whose key was seen runs the lane
+    found under it, building no map. A key holding `UNCACHED` is never kept."""
+    try:
+        lane = _LANES.get(key)
+    except TypeError:                 # an unhashable argument: the full path names it
+        lane, key = None, (UNCACHED,)
+    if lane is not None:
+        _run(lane, src_indices, dst_indices, check)
         return
-    launcher.run_all(op, route.bound(n, skip_negative), si, di, verdict)
+    lane = run_jobs(jobs_of(), src_indices, dst_indices, check=check, **kw)
+    if UNCACHED not in key:
+        if len(_LANES) >= _KEEP_LANES:
+            _LANES.clear()
+        _LANES[key] = lane
 
 
 class _Route:
@@ -271,7 +391,7 @@ class _Route:
     def __init__(self, jobs, src_indices, dst_indices, op: Op, by_page: bool, config, block_quota):
         maps = [m for pairs, *_ in jobs for p in pairs for m in p]
         self.device = compute_device(*maps)
-        si, di = indices(src_indices, dst_indices, self.device)
+        si, di, _, _ = indices(src_indices, dst_indices, self.device)
         self.plans = []
         for pairs, src_layer, dst_layer, num_layers in jobs:
             for s, d in _stacked(list(pairs)):
@@ -289,7 +409,7 @@ class _Route:
     def bound(self, n: int, skip_negative: bool) -> list:
         """The bound copies for ``n`` index pairs (per rows bucket, under the current
         lookup state)."""
-        key = (rows_bucket(n), lookup_state())
+        key = (rows_bucket(n), *lookup_state())
         found = self.bounds.get(key)
         if found is None:
             found = []

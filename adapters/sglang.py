@@ -36,8 +36,8 @@ import torch
 
 from kvtier.kernels.ops import BACKUP, LOAD, LOAD_LAYER
 
-from .maps import (direction, layer_table, lf_buffer, page_count, per_layer_list, pf_buffer,
-                   ph_buffer, run_copy)
+from .maps import (arg_key, direction, layer_table, lf_buffer, page_count, per_layer_list, pf_buffer,
+                   ph_buffer, plain, run_copy, run_keyed, table_key)
 from kvtier.kernels.errors import KvtierError, fail
 from kvtier.kernels.rowmap import RowMap
 from kvtier.kernels.validate import is_int
@@ -52,14 +52,19 @@ __all__ = [
 ]
 
 
-def _kv(src_k, dst_k, src_v, dst_v, src="src_{}", dst="dst_{}"):
-    """(src name, src, dst name, dst) of K and V; names as the caller's arguments."""
-    return [(src.format("k"), src_k, dst.format("k"), dst_k),
-            (src.format("v"), src_v, dst.format("v"), dst_v)]
+# The caller's argument names per component: (src name, dst name) pairs.
+_KV = (("src_k", "dst_k"), ("src_v", "dst_v"))
+_MLA = (("src", "dst"),)
+_KV_TABLES = (("src_k_layers", "dst_k_layers"), ("src_v_layers", "dst_v_layers"))
+_MLA_TABLES = (("src_layers", "dst_layers"),)
+_KV_TO_HOST = (("src_k_layers", "dst_k"), ("src_v_layers", "dst_v"))
+_MLA_TO_HOST = (("src_layers", "dst"),)
 
 
-def _mla(src, dst, src_name="src", dst_name="dst"):
-    return [(src_name, src, dst_name, dst)]
+def _comps(names, tensors):
+    """(src name, src, dst name, dst) per component, from ``names`` and the tensors in
+    argument order (src, dst of each component in turn)."""
+    return [(sn, tensors[2 * c], dn, tensors[2 * c + 1]) for c, (sn, dn) in enumerate(names)]
 
 
 def _layer_id(layer_id, m: RowMap, arg: str = "layer_id") -> int:
@@ -69,27 +74,33 @@ def _layer_id(layer_id, m: RowMap, arg: str = "layer_id") -> int:
 
 
 # ------------------------------------------------------------------ one layer, per component
-def _lf_lf(comps, src_indices, dst_indices, item_size, block_quota, config, check):
-    pairs = [(lf_buffer(sn, s, item_size), lf_buffer(dn, d, item_size)) for sn, s, dn, d in comps]
-    run_copy(pairs, src_indices, dst_indices, op=LOAD_LAYER, skip_negative=True,
-             block_quota=block_quota, config=config, check=check)
+# Each call is keyed by its kind, scalars and tensors (`run_keyed`): a repeated call (the
+# same buffers, often as new views) builds no map.
+def _lf_lf(names, tensors, src_indices, dst_indices, item_size, block_quota, config, check):
+    def jobs():
+        return [([(lf_buffer(sn, s, item_size), lf_buffer(dn, d, item_size))
+                  for sn, s, dn, d in _comps(names, tensors)], 0, 0, None)]
+    run_keyed(("lf_lf", names, *plain(item_size, block_quota, config), *map(arg_key, tensors)), jobs,
+              src_indices, dst_indices, op=LOAD_LAYER, skip_negative=True, block_quota=block_quota,
+              config=config, check=check)
 
 
-def _pf_lf(comps, src_indices, dst_indices, layer_id, item_size, src_layout_dim, block_quota,
+def _pf_lf(names, tensors, src_indices, dst_indices, layer_id, item_size, src_layout_dim, block_quota,
            config, check):
-    pairs = [(pf_buffer(sn, s, item_size, src_layout_dim), lf_buffer(dn, d, item_size))
-             for sn, s, dn, d in comps]
-    run_copy(pairs, src_indices, dst_indices, src_layer=_layer_id(layer_id, pairs[0][0]),
-             num_layers=1, op=LOAD_LAYER, skip_negative=True, block_quota=block_quota,
-             config=config, check=check)
+    def jobs():
+        pairs = [(pf_buffer(sn, s, item_size, src_layout_dim), lf_buffer(dn, d, item_size))
+                 for sn, s, dn, d in _comps(names, tensors)]
+        return [(pairs, _layer_id(layer_id, pairs[0][0]), 0, 1)]
+    run_keyed(("pf_lf", names, *plain(layer_id, item_size, src_layout_dim, block_quota, config),
+               *map(arg_key, tensors)), jobs, src_indices, dst_indices, op=LOAD_LAYER, skip_negative=True,
+              block_quota=block_quota, config=config, check=check)
 
 
 def transfer_kv_per_layer(src_k, dst_k, src_v, dst_v, src_indices, dst_indices, item_size: int,
                           block_quota: Optional[int] = None, num_warps_per_block: Optional[int] = None,
                           *, config=None, check: Optional[bool] = None) -> None:
     """K and V of one layer, ``lf`` -> ``lf``: ``dst[d[j]] = src[s[j]]`` for each pair."""
-    _lf_lf(_kv(src_k, dst_k, src_v, dst_v), src_indices, dst_indices, item_size,
-           block_quota, config, check)
+    _lf_lf(_KV, (src_k, dst_k, src_v, dst_v), src_indices, dst_indices, item_size, block_quota, config, check)
 
 
 def transfer_kv_per_layer_mla(src, dst, src_indices, dst_indices, item_size: int,
@@ -97,7 +108,7 @@ def transfer_kv_per_layer_mla(src, dst, src_indices, dst_indices, item_size: int
                               num_warps_per_block: Optional[int] = None,
                               *, config=None, check: Optional[bool] = None) -> None:
     """The MLA latent of one layer, ``lf`` -> ``lf``."""
-    _lf_lf(_mla(src, dst), src_indices, dst_indices, item_size, block_quota, config, check)
+    _lf_lf(_MLA, (src, dst), src_indices, dst_indices, item_size, block_quota, config, check)
 
 
 def transfer_kv_per_layer_pf_lf(src_k, dst_k, src_v, dst_v, src_indices, dst_indices,
@@ -106,7 +117,7 @@ def transfer_kv_per_layer_pf_lf(src_k, dst_k, src_v, dst_v, src_indices, dst_ind
                                 num_warps_per_block: Optional[int] = None,
                                 *, config=None, check: Optional[bool] = None) -> None:
     """Layer ``layer_id`` of a ``pf`` host buffer into a per-layer device buffer (a load)."""
-    _pf_lf(_kv(src_k, dst_k, src_v, dst_v), src_indices, dst_indices, layer_id, item_size,
+    _pf_lf(_KV, (src_k, dst_k, src_v, dst_v), src_indices, dst_indices, layer_id, item_size,
            src_layout_dim, block_quota, config, check)
 
 
@@ -116,7 +127,7 @@ def transfer_kv_per_layer_mla_pf_lf(src, dst, src_indices, dst_indices, layer_id
                                     num_warps_per_block: Optional[int] = None,
                                     *, config=None, check: Optional[bool] = None) -> None:
     """The MLA form of `transfer_kv_per_layer_pf_lf`."""
-    _pf_lf(_mla(src, dst), src_indices, dst_indices, layer_id, item_size, src_layout_dim,
+    _pf_lf(_MLA, (src, dst), src_indices, dst_indices, layer_id, item_size, src_layout_dim,
            block_quota, config, check)
 
 
@@ -129,23 +140,31 @@ def transfer_kv_per_layer_ph_lf(src_k, dst_k, src_v, dst_v, src_indices, dst_ind
     """Layer ``layer_id`` of a ``ph`` host buffer (each row gathered from ``head_num``
     head pieces) into a per-layer device buffer. Negative indices are errors here, as
     SGLang's page-head kernel does not skip them."""
-    pairs = [(ph_buffer(sn, s, item_size, src_layout_dim, page_size, head_num),
-              lf_buffer(dn, d, item_size)) for sn, s, dn, d in _kv(src_k, dst_k, src_v, dst_v)]
-    run_copy(pairs, src_indices, dst_indices, src_layer=_layer_id(layer_id, pairs[0][0]),
-             num_layers=1, op=LOAD_LAYER, block_quota=block_quota, config=config, check=check)
+    tensors = (src_k, dst_k, src_v, dst_v)
+
+    def jobs():
+        pairs = [(ph_buffer(sn, s, item_size, src_layout_dim, page_size, head_num), lf_buffer(dn, d, item_size))
+                 for sn, s, dn, d in _comps(_KV, tensors)]
+        return [(pairs, _layer_id(layer_id, pairs[0][0]), 0, 1)]
+    run_keyed(("ph_lf", *plain(layer_id, item_size, src_layout_dim, page_size, head_num, block_quota, config),
+               *map(arg_key, tensors)), jobs, src_indices, dst_indices, op=LOAD_LAYER,
+              block_quota=block_quota, config=config, check=check)
 
 
 # ------------------------------------------------------------------ all layers, tables
-def _tables(comps, item_size, num_layers, dst):
-    """(src table map, dst map) per component; ``dst(name, tensor)`` builds the host side."""
-    return [(layer_table(sn, s, item_size, num_layers), dst(dn, d)) for sn, s, dn, d in comps]
-
-
-def _all_layer(comps, src_indices, dst_indices, item_size, num_layers, dst, skip_negative,
-               block_quota, config, check):
-    pairs = _tables(comps, item_size, num_layers, dst)
-    run_copy(pairs, src_indices, dst_indices, num_layers=num_layers, op=BACKUP,
-             skip_negative=skip_negative, block_quota=block_quota, config=config, check=check)
+def _all_layer(kind, names, tensors, host_side, src_indices, dst_indices, item_size, num_layers, scalars,
+               skip_negative, block_quota, config, check):
+    """Every layer from per-layer source tables: to tables (``host_side`` None) or to the
+    host buffers ``host_side(name, tensor)`` builds (``scalars``: what that depends on)."""
+    def jobs():
+        return [([(layer_table(sn, s, item_size, num_layers),
+                   layer_table(dn, d, item_size, num_layers, exact=False) if host_side is None
+                   else host_side(dn, d)) for sn, s, dn, d in _comps(names, tensors)], 0, 0, num_layers)]
+    dst_key = table_key if host_side is None else arg_key
+    keys = [table_key(t) if i % 2 == 0 else dst_key(t) for i, t in enumerate(tensors)]
+    run_keyed((kind, names, *plain(item_size, num_layers, *scalars, block_quota, config), *keys), jobs,
+              src_indices, dst_indices, op=BACKUP, skip_negative=skip_negative, block_quota=block_quota,
+              config=config, check=check)
 
 
 def transfer_kv_all_layer(src_k_layers, dst_k_layers, src_v_layers, dst_v_layers, src_indices,
@@ -153,10 +172,8 @@ def transfer_kv_all_layer(src_k_layers, dst_k_layers, src_v_layers, dst_v_layers
                           block_quota: Optional[int] = None, num_warps_per_block: Optional[int] = None,
                           *, config=None, check: Optional[bool] = None) -> None:
     """Every layer, table -> table (``lf`` both sides, per-layer bases)."""
-    dst = lambda n, d: layer_table(n, d, item_size, num_layers, exact=False)  # noqa: E731
-    _all_layer(_kv(src_k_layers, dst_k_layers, src_v_layers, dst_v_layers, "src_{}_layers", "dst_{}_layers"),
-               src_indices,
-               dst_indices, item_size, num_layers, dst, True, block_quota, config, check)
+    _all_layer("lf_lf_all", _KV_TABLES, (src_k_layers, dst_k_layers, src_v_layers, dst_v_layers), None,
+               src_indices, dst_indices, item_size, num_layers, (), True, block_quota, config, check)
 
 
 def transfer_kv_all_layer_mla(src_layers, dst_layers, src_indices, dst_indices, item_size: int,
@@ -164,9 +181,8 @@ def transfer_kv_all_layer_mla(src_layers, dst_layers, src_indices, dst_indices, 
                               num_warps_per_block: Optional[int] = None,
                               *, config=None, check: Optional[bool] = None) -> None:
     """The MLA form of `transfer_kv_all_layer`."""
-    dst = lambda n, d: layer_table(n, d, item_size, num_layers, exact=False)  # noqa: E731
-    _all_layer(_mla(src_layers, dst_layers, "src_layers", "dst_layers"), src_indices, dst_indices,
-               item_size, num_layers, dst, True, block_quota, config, check)
+    _all_layer("lf_lf_all", _MLA_TABLES, (src_layers, dst_layers), None, src_indices, dst_indices,
+               item_size, num_layers, (), True, block_quota, config, check)
 
 
 def transfer_kv_all_layer_lf_pf(src_k_layers, dst_k, src_v_layers, dst_v, src_indices,
@@ -175,9 +191,9 @@ def transfer_kv_all_layer_lf_pf(src_k_layers, dst_k, src_v_layers, dst_v, src_in
                                 num_warps_per_block: Optional[int] = None,
                                 *, config=None, check: Optional[bool] = None) -> None:
     """Every layer, per-layer device tables -> a ``pf`` host buffer (a backup)."""
-    dst = lambda n, d: pf_buffer(n, d, item_size, dst_layout_dim)  # noqa: E731
-    _all_layer(_kv(src_k_layers, dst_k, src_v_layers, dst_v, "src_{}_layers"), src_indices, dst_indices,
-               item_size, num_layers, dst, True, block_quota, config, check)
+    host = lambda n, d: pf_buffer(n, d, item_size, dst_layout_dim)  # noqa: E731
+    _all_layer("lf_pf", _KV_TO_HOST, (src_k_layers, dst_k, src_v_layers, dst_v), host, src_indices,
+               dst_indices, item_size, num_layers, (dst_layout_dim,), True, block_quota, config, check)
 
 
 def transfer_kv_all_layer_mla_lf_pf(src_layers, dst, src_indices, dst_indices, item_size: int,
@@ -187,8 +203,8 @@ def transfer_kv_all_layer_mla_lf_pf(src_layers, dst, src_indices, dst_indices, i
                                     *, config=None, check: Optional[bool] = None) -> None:
     """The MLA form of `transfer_kv_all_layer_lf_pf`."""
     host = lambda n, d: pf_buffer(n, d, item_size, dst_layout_dim)  # noqa: E731
-    _all_layer(_mla(src_layers, dst, "src_layers"), src_indices, dst_indices, item_size, num_layers, host,
-               True, block_quota, config, check)
+    _all_layer("lf_pf", _MLA_TO_HOST, (src_layers, dst), host, src_indices, dst_indices, item_size,
+               num_layers, (dst_layout_dim,), True, block_quota, config, check)
 
 
 def transfer_kv_all_layer_lf_ph(src_k_layers, dst_k, src_v_layers, dst_v, src_indices,
@@ -199,9 +215,10 @@ def transfer_kv_all_layer_lf_ph(src_k_layers, dst_k, src_v_layers, dst_v, src_in
                                 *, config=None, check: Optional[bool] = None) -> None:
     """Every layer, per-layer device tables -> a ``ph`` host buffer (each row scattered
     into ``head_num`` head pieces). Negative indices are errors, as in SGLang."""
-    dst = lambda n, d: ph_buffer(n, d, item_size, dst_layout_dim, page_size, head_num)  # noqa: E731
-    _all_layer(_kv(src_k_layers, dst_k, src_v_layers, dst_v, "src_{}_layers"), src_indices, dst_indices,
-               item_size, num_layers, dst, False, block_quota, config, check)
+    host = lambda n, d: ph_buffer(n, d, item_size, dst_layout_dim, page_size, head_num)  # noqa: E731
+    _all_layer("lf_ph", _KV_TO_HOST, (src_k_layers, dst_k, src_v_layers, dst_v), host, src_indices,
+               dst_indices, item_size, num_layers, (dst_layout_dim, page_size, head_num), False, block_quota,
+               config, check)
 
 
 # ------------------------------------------------------------------ direct (lists of tensors)

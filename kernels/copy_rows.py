@@ -22,7 +22,7 @@ import kvtier.platforms as platforms
 from .config import CopyConfig
 from .errors import KvtierError, fail
 from .index_check import IndexGuard, checks_on
-from .index_memo import dense, page_starts
+from .index_memo import page_starts
 from .plan import kernel_constants, plan_copy  # noqa: F401  (plan_copy: tests and tools)
 from .rowmap import _WORD_DTYPES, RowMap
 from .validate import check_copy
@@ -343,7 +343,10 @@ class BoundCopy:
         tensors, see `rebased`), the contiguous buffer this call writes, laid out as it."""
         if not watched:
             check_storage(self.watch)
-        si, di = dense(si), dense(di)
+        if not si.is_contiguous():      # the kernel reads indices as dense arrays
+            si = si.contiguous()
+        if not di.is_contiguous():
+            di = di.contiguous()
         src, dst = self.maps
         if self.runner != "kernel":
             _warn_once(self.runner, _FALLBACK[self.runner])
@@ -403,17 +406,20 @@ def launch(src: RowMap, si: torch.Tensor, dst: RowMap, di: torch.Tensor, bound: 
     pages as rows where the copy moves pages) at dense indices; with a ``verdict`` word,
     its programs copy nothing unless it is 0. Where the copy moves pages, the indices are
     whole pages of slots and the kernel reads each page's first (``IDX_STEP``)."""
-    p, n = bound.plan, si.numel() // max(bound.page, 1)
+    p, n = bound.plan, si.numel()
+    if bound.page:
+        n //= bound.page
     if not n:
         return
-    grid = min(bound.config.num_programs, bound.items * -(-n // p.rows))
+    config = bound.config
+    grid = min(config.num_programs, bound.items * -(-n // p.rows))
     dp, dt = (p.dp, p.dt) if dst_words is None else (dst_words, dst_words)   # a rebased destination
     if verdict is None:
         _kernel()[(grid,)](p.sp, p.st, si, dp, dt, di, n, *bound.scalars, si, *bound.tail,
-                           num_warps=bound.config.num_warps)
+                           num_warps=config.num_warps)
     else:
         _kernel()[(grid,)](p.sp, p.st, si, dp, dt, di, n, *bound.scalars, verdict, *bound.checked_tail,
-                           num_warps=bound.config.num_warps)
+                           num_warps=config.num_warps)
 
 
 def _make_plan(src: RowMap, dst: RowMap, n_bucket: int, config: CopyConfig, device: torch.device) -> LaunchPlan:

@@ -56,8 +56,9 @@ def _environ_reader():
 _env_value, _OFF = _environ_reader()
 
 
-# One index list to check: (argument name, indices, exclusive limit, page size or 1).
-IndexList = Tuple[str, torch.Tensor, int, int]
+# One index list to check: (argument name, indices, exclusive limit, page size or 1), and
+# optionally its `kvtier.kernels.index_memo.facts` where the caller has them already.
+IndexList = Tuple
 
 
 @dataclass
@@ -93,18 +94,22 @@ class IndexGuard:
         on_device = []
         # Index lists live on the host or where the copy runs (their callers checked that):
         # those on the compute device are checked there, where the check kernel runs.
-        _, on_cpu, kernel_runs = self._device_facts(device)
+        known_device = self._devices.get(id(device))
+        if known_device is None or known_device[0] is not device:
+            known_device = self._device_facts(device)
+        _, on_cpu, kernel_runs = known_device
         for lst in lists:
-            arg, idx, limit, page = lst
+            idx, page = lst[1], lst[3]
             n = idx.numel()
             if page > 1 and n % page:        # a count is metadata: checked here
-                raise fail(f"len({arg})", n, f"page-granular copy needs a multiple of page_size={page}")
+                raise fail(f"len({lst[0]})", n, f"page-granular copy needs a multiple of page_size={page}")
             if n == 0:
                 continue
             if kernel_runs and idx.is_cpu == on_cpu:
                 on_device.append(lst)
                 continue
-            known = facts(idx)
+            arg, limit = lst[0], lst[2]
+            known = lst[4] if len(lst) > 4 else facts(idx)
             key = ("host", limit, page, negatives_skip)
             if known is None or key not in known:    # checked once while the tensor is unchanged
                 _check_on_host(arg, idx, limit, page, negatives_skip)
@@ -117,8 +122,8 @@ class IndexGuard:
         slot = self._cpu_slot(device) if on_cpu else self._slot(device)
         a = on_device[0]
         b = on_device[1] if len(on_device) > 1 else a
-        fa = facts(a[1])
-        fb = facts(b[1]) if b is not a else fa
+        fa = a[4] if len(a) > 4 else facts(a[1])
+        fb = fa if b is a else b[4] if len(b) > 4 else facts(b[1])
         signature = (a[2], a[3], b[2], b[3], len(on_device), negatives_skip)
         last = slot.last
         if last is not None and last[0] is fa and last[1] is fb and last[2] == signature:

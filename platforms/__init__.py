@@ -151,8 +151,20 @@ def capturing() -> bool:
     """Whether the current stream is capturing a graph (CUDA/ROCm graphs): then nothing
     worked out from a tensor's values may be reused, since a replay reads the values the
     tensor holds then. False at once where no such runtime was initialised."""
+    return _cuda_ready() and _cuda_capturing()
+
+
+def _hot_path_queries():
+    """torch.cuda's ``is_initialized`` and ``is_current_stream_capturing`` without their
+    Python wrappers where torch has the underlying names (asked on every hot-path call)."""
     cuda = torch.cuda
-    return cuda.is_initialized() and cuda.is_current_stream_capturing()
+    ready = (lambda: cuda._initialized) if isinstance(getattr(cuda, "_initialized", None), bool) \
+        else cuda.is_initialized
+    capturing_ = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None) or cuda.is_current_stream_capturing
+    return ready, capturing_
+
+
+_cuda_ready, _cuda_capturing = _hot_path_queries()
 
 
 def current_stream(device=None):
