@@ -131,8 +131,8 @@ class IndexGuard:
         slot.last = None
         (_CHECK_MODULE or _check_module())._check_indices_kernel[(1,)](
             a[1], a[1].numel(), a[2], self._arg_id(a), b[1], b[1].numel(), b[2], self._arg_id(b),
-            slot.verdict, slot.record, A_PAGE=a[3], B_PAGE=b[3], TWO=len(on_device) > 1,
-            NEG_SKIPS=negatives_skip, BLOCK=1024)
+            slot.verdict, slot.record, a[3], b[3], len(on_device) > 1, negatives_skip, 1024)
+        # (compile-time A_PAGE, B_PAGE, TWO, NEG_SKIPS, BLOCK by position: cheaper to pass)
         # Where the check has already run (the interpreter runs kernels at once; a fast
         # device may have), its failure is raised before the copies are enqueued.
         self.raise_pending(this_call=True)

@@ -90,9 +90,8 @@ class DevicePool:
         # Index value checks of gather/scatter/CPU copies: None follows KVTIER_CHECK (on).
         self.check: Optional[bool] = None
         self.guard = IndexGuard()
-        # gather(out=...): the last out checked, and bound copies per kept buffers (pool/gather.py)
+        # gather(out=...): the last out checked and its bound copies (pool/gather.py)
         self._gather_out = None
-        self._gather_routes: Dict[tuple, tuple] = {}
         self._gather_layouts: Dict[tuple, tuple] = {}    # new result buffers, per shape
 
     # ------------------------------------------------------------------ description

@@ -16,8 +16,6 @@ from kvtier.kernels.validate import check_index
 
 from kvtier.kernels.ops import GATHER, SCATTER, Op
 
-from kvtier.autotune.key import rows_bucket
-
 from . import launch as launcher
 from .launch import bind_launch, launch, lookup, lookup_state
 
@@ -73,19 +71,16 @@ def contiguous_map(t: torch.Tensor, pool, pages: bool, keep: bool = True) -> Row
 
 
 def gather_groups(pool, slots: torch.Tensor, pages: bool, op: Op = GATHER,
-                  verdict: Optional[torch.Tensor] = None,
-                  into: Optional[List[torch.Tensor]] = None, page_indices: bool = False) -> List[torch.Tensor]:
-    """One contiguous buffer per group in ``pool.groups`` (new, or ``into``'s), filled
-    from ``slots`` (with ``page_indices``: page numbers, ``pages`` then being true)."""
+                  verdict: Optional[torch.Tensor] = None, page_indices: bool = False) -> List[torch.Tensor]:
+    """One new contiguous buffer per group in ``pool.groups``, filled from ``slots``
+    (with ``page_indices``: page numbers, ``pages`` then being true)."""
     n_slots = slots.numel() * (pool.page_size if page_indices else 1)
-    given = into is not None
-    if not given:
-        into = [torch.empty(group_shape(pool, names, n_slots, pages), dtype=pool.components[names[0]].dtype,
-                            device=pool.device) for names, _ in pool.groups]
+    into = [torch.empty(group_shape(pool, names, n_slots, pages), dtype=pool.components[names[0]].dtype,
+                        device=pool.device) for names, _ in pool.groups]
     if slots.numel():
         dst_idx = iota(slots.numel(), slots.dtype, slots.device)
-        laid = None if given else _layout_gathers(pool, op, into, pages, page_indices, n_slots)
-        bounds = laid or _bound_gathers(pool, op, into, pages, page_indices, n_slots, keep=given)
+        laid = _layout_gathers(pool, op, into, pages, page_indices, n_slots)
+        bounds = laid or _bind_groups(pool, op, into, pages, page_indices, n_slots, keep=False)
         launcher.run_all(op, bounds, slots, dst_idx, verdict, dst_buffers=into if laid else None)
     return into
 
@@ -104,22 +99,6 @@ def _layout_gathers(pool, op: Op, bufs: List[torch.Tensor], pages: bool, page_in
         found = _remember(pool._gather_layouts, key, (bounds, min(b.origin[1].align for b in bounds)))
     bounds, align = found
     return bounds if all(b.data_ptr() % align == 0 for b in bufs) else None
-
-
-def _bound_gathers(pool, op: Op, bufs: List[torch.Tensor], pages: bool, page_indices: bool, n_slots: int,
-                   keep: bool):
-    """The bound copies filling ``bufs`` from the pool's groups (one per group). With
-    ``keep`` (the caller's buffers, passed again by `gather(out=...)`) they are kept per
-    pool under the current lookup state; otherwise they are not kept (that would keep
-    the buffers alive)."""
-    key = (op, pages, page_indices, rows_bucket(n_slots), lookup_state(), tuple(map(id, bufs)))
-    found = pool._gather_routes.get(key) if keep else None
-    if found is not None and all(b is k for b, k in zip(bufs, found[0])):
-        return found[1]
-    bounds = _bind_groups(pool, op, bufs, pages, page_indices, n_slots, keep=keep)
-    if keep:
-        _remember(pool._gather_routes, key, (list(bufs), bounds))
-    return bounds
 
 
 def _bind_groups(pool, op: Op, bufs: List[torch.Tensor], pages: bool, page_indices: bool, n_slots: int,
@@ -174,45 +153,84 @@ def _sides(pool_map: RowMap, buf_map: RowMap, page_indices: bool):
 
 def _pages_direct(pool, pages: bool) -> bool:
     """Whether page indices address the pool directly (every group stores a page as one
-    contiguous run): then no slot list is made from them."""
-    return pages and pool.page_size > 1 and all(m.page_contiguous for _, m in pool.groups)
+    contiguous run): then no slot list is made from them. Worked out once per pool."""
+    if not pages:
+        return False
+    direct = pool.__dict__.get("_pages_direct")
+    if direct is None:
+        direct = pool.__dict__["_pages_direct"] = pool.page_size > 1 and all(
+            m.page_contiguous for _, m in pool.groups)
+    return direct
 
 
 def gather(pool, indices: torch.Tensor, *, pages: bool = False,
            out: Optional[Dict[str, torch.Tensor]] = None) -> Dict[str, torch.Tensor]:
     check_index("indices", indices, pool.index_device)
-    into = None
     if out is not None:
-        into = _out_buffers(pool, out, indices.numel() * (pool.page_size if pages else 1), pages)
+        return _gather_out(pool, indices, pages, out)
     if _pages_direct(pool, pages):
-        bufs = gather_groups(pool, indices, pages, verdict=check_values(pool, indices, pages), into=into,
-                             page_indices=True)
+        bufs = gather_groups(pool, indices, pages, verdict=check_values(pool, indices, pages), page_indices=True)
     else:
         slots, verdict = slots_of(pool, indices, pages)
-        bufs = gather_groups(pool, slots, pages, verdict=verdict, into=into)
-    if out is not None:
-        return out
+        bufs = gather_groups(pool, slots, pages, verdict=verdict)
     return {name: buf[i] for (names, _), buf in zip(pool.groups, bufs) for i, name in enumerate(names)}
+
+
+def _gather_out(pool, indices: torch.Tensor, pages: bool, out: Dict[str, torch.Tensor]):
+    """`gather` into ``out`` (an engine refills one ``out`` per call): while the same dict
+    comes back holding the same tensors at the same addresses, for indices of the same
+    count, nothing but the value check and the launches is done again."""
+    n_slots = indices.numel() * (pool.page_size if pages else 1)
+    kept = pool._gather_out
+    if kept is None or not kept.serves(out, n_slots, pages):
+        into = _out_buffers(pool, out, n_slots, pages)
+        kept = pool._gather_out = _OutRoute(out, n_slots, pages, into)
+    direct = _pages_direct(pool, pages)
+    if direct:
+        slots, verdict = indices, check_values(pool, indices, pages)
+    else:
+        slots, verdict = slots_of(pool, indices, pages)
+    if slots.numel():
+        state = lookup_state()
+        if kept.state != state:
+            kept.bounds = _bind_groups(pool, GATHER, kept.into, pages, direct, n_slots, keep=True)
+            kept.state = state
+        launcher.run_all(GATHER, kept.bounds, slots, iota(slots.numel(), slots.dtype, slots.device), verdict)
+    return out
+
+
+class _OutRoute:
+    """A checked ``out`` of `gather`: the dict, its tensors and their addresses when
+    checked, the group buffers behind them, and the bound copies filling those (bound
+    under ``state``, the lookup state; rebound when it changes)."""
+
+    def __init__(self, out: dict, n_slots: int, pages: bool, into: List[torch.Tensor]):
+        self.out, self.values = out, tuple(out.values())
+        self.ptrs = tuple(t.data_ptr() for t in self.values)
+        self.n_slots, self.pages, self.into = n_slots, pages, into
+        self.state, self.bounds = None, None
+
+    def serves(self, out, n_slots: int, pages: bool) -> bool:
+        """Whether ``out`` is the checked dict, unchanged, for the same count and mode."""
+        if out is not self.out or n_slots != self.n_slots or pages != self.pages:
+            return False
+        values = tuple(out.values())
+        return (len(values) == len(self.values) and all(a is b for a, b in zip(values, self.values))
+                and tuple(map(_DATA_PTR, values)) == self.ptrs)
+
+
+_DATA_PTR = torch.Tensor.data_ptr
 
 
 def _out_buffers(pool, out, n_slots: int, pages: bool) -> List[torch.Tensor]:
     """The group buffers behind ``out`` (what an earlier gather of this shape returned),
-    checked once per pool while the same tensors, shapes and addresses come back (an
-    engine refills one ``out`` per call)."""
-    try:
-        seen = (n_slots, pages, tuple((n, t.data_ptr(), t.shape, t.dtype, t.device) for n, t in out.items()))
-    except (AttributeError, TypeError):     # not a dict of tensors: `_buffers` names it
-        seen = None
-    kept = pool._gather_out
-    if seen is not None and kept is not None and kept[0] == seen:
-        return kept[1]
+    every tensor checked."""
     into = _buffers(pool, out, n_slots, pages, "out")
     for (names, _), buf in zip(pool.groups, into):
         for i, name in enumerate(names):
             if buf[i].data_ptr() != out[name].data_ptr():
                 raise fail(f"out[{name!r}]", tuple(out[name].shape),
                            "must be a tensor an earlier gather() of this shape returned (its group buffer)")
-    pool._gather_out = (seen, into)
     return into
 
 

@@ -23,7 +23,7 @@ from kvtier.kernels.layouts import host_layout
 from kvtier.kernels.ops import BACKUP, LOAD, LOAD_LAYER, Op
 from kvtier.kernels.index_check import IndexGuard, checks_on
 from kvtier.kernels.copy_rows import check_storage, watch
-from kvtier.kernels.index_memo import on_device
+from kvtier.kernels.index_memo import facts, on_device
 from kvtier.kernels.validate import check_index, is_int
 
 from . import dma
@@ -322,10 +322,19 @@ class HostPool:
         """Shapes checked at once; values by the pool's guard: the verdict word, or None."""
         if not isinstance(host_indices, torch.Tensor):
             raise fail("host_indices", type(host_indices).__name__, "must be a torch.Tensor of int32 or int64")
-        hdev = host_indices.device if host_indices.is_cpu else self.device
-        check_index("host_indices", host_indices, hdev)
+        # Shape checks are kept in each list's facts (keyed by the pool they passed for),
+        # so a per-layer loop checks its lists once.
+        fh = facts(host_indices) if type(host_indices) is torch.Tensor else None
+        if fh is None or self not in fh:
+            check_index("host_indices", host_indices, host_indices.device if host_indices.is_cpu else self.device)
+            if fh is not None:
+                fh[self] = True
+        fd = facts(device_indices) if type(device_indices) is torch.Tensor else None
         for _, pool in slots:
-            check_index("device_indices", device_indices, pool.index_device)
+            if fd is None or pool not in fd:
+                check_index("device_indices", device_indices, pool.index_device)
+                if fd is not None:
+                    fd[pool] = True
         if host_indices.numel() != device_indices.numel():
             raise fail("device_indices", f"{device_indices.numel()} indices",
                        f"host_indices has {host_indices.numel()}; counts must match")
@@ -333,8 +342,8 @@ class HostPool:
             return None
         page = self.page_size if self._layout.paged else 1   # page layouts move whole pages
         limit = slots[0][1].size if len(slots) == 1 else min(pool.size for _, pool in slots)
-        return self.guard.check(self.device, [("host_indices", host_indices, self.size, page),
-                                              ("device_indices", device_indices, limit, page)])
+        return self.guard.check(self.device, [("host_indices", host_indices, self.size, page, fh),
+                                              ("device_indices", device_indices, limit, page, fd)])
 
     def synchronize(self) -> None:
         """Wait for the device and raise the first index failure a device-side check of
