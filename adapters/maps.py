@@ -325,13 +325,15 @@ _KEEP_LANES = 1024      # cleared past this (a model's per-layer calls are a few
 
 
 def arg_key(t) -> object:
-    """What the maps built from tensor ``t`` depend on: first byte, shape, strides, dtype,
-    device index. Where the key matches, the maps built from an earlier tensor with the
-    same key (kept alive by them, so its memory is still its own) address the same bytes
-    the same way. `UNCACHED` for anything that is not a tensor."""
+    """What the maps built from tensor ``t`` depend on: first byte, shape, contiguity,
+    dtype, device index (the buffers an engine addresses by byte arithmetic must be
+    contiguous, so a map exists only for contiguous ones, whose strides follow from their
+    shape). Where the key matches, the maps built from an earlier tensor with the same
+    key (kept alive by them, so its memory is still its own) address the same bytes the
+    same way. `UNCACHED` for anything that is not a tensor."""
     if not isinstance(t, torch.Tensor):
         return UNCACHED
-    return (t.data_ptr(), t.shape, t.stride(), t.dtype, t.get_device())
+    return (t.data_ptr(), t.shape, t.is_contiguous(), t.dtype, t.get_device())
 
 
 def table_key(t) -> object:
@@ -362,12 +364,12 @@ def plain(*values) -> tuple:
     return values
 
 
-def run_keyed(key: tuple, jobs_of: Callable[[], Sequence[Job]], src_indices, dst_indices, *,
-              check: Optional[bool] = None, **kw) -> None:
-    """`run_jobs(jobs_of(), src_indices, dst_indices, check=check, **kw)` for a call whose
-    maps and options depend on nothing but ``key`` (the call's kind, its `plain` scalars,
-    the `arg_key` / `table_key` of its tensors): a call whose key was seen runs the lane
-    found under it, building no map. A key holding `UNCACHED` is never kept."""
+def run_keyed(key: tuple, src_indices, dst_indices, check: Optional[bool], full: Callable[[], Lane]) -> None:
+    """One adapter call whose maps and options depend on nothing but ``key`` (the call's
+    kind, its `plain` scalars, the `arg_key` / `table_key` of its tensors): a call whose
+    key was seen runs the lane kept under it, building no map; otherwise ``full()`` runs
+    the call through `run_jobs` and returns its lane, kept unless the key holds
+    `UNCACHED`."""
     try:
         lane = _LANES.get(key)
     except TypeError:                 # an unhashable argument: the full path names it
@@ -375,7 +377,7 @@ def run_keyed(key: tuple, jobs_of: Callable[[], Sequence[Job]], src_indices, dst
     if lane is not None:
         _run(lane, src_indices, dst_indices, check)
         return
-    lane = run_jobs(jobs_of(), src_indices, dst_indices, check=check, **kw)
+    lane = full()
     if UNCACHED not in key:
         if len(_LANES) >= _KEEP_LANES:
             _LANES.clear()

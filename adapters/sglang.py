@@ -77,23 +77,24 @@ def _layer_id(layer_id, m: RowMap, arg: str = "layer_id") -> int:
 # Each call is keyed by its kind, scalars and tensors (`run_keyed`): a repeated call (the
 # same buffers, often as new views) builds no map.
 def _lf_lf(names, tensors, src_indices, dst_indices, item_size, block_quota, config, check):
-    def jobs():
-        return [([(lf_buffer(sn, s, item_size), lf_buffer(dn, d, item_size))
-                  for sn, s, dn, d in _comps(names, tensors)], 0, 0, None)]
-    run_keyed(("lf_lf", names, *plain(item_size, block_quota, config), *map(arg_key, tensors)), jobs,
-              src_indices, dst_indices, op=LOAD_LAYER, skip_negative=True, block_quota=block_quota,
-              config=config, check=check)
+    def full():
+        pairs = [(lf_buffer(sn, s, item_size), lf_buffer(dn, d, item_size)) for sn, s, dn, d in _comps(names, tensors)]
+        return run_copy(pairs, src_indices, dst_indices, op=LOAD_LAYER, skip_negative=True,
+                        block_quota=block_quota, config=config, check=check)
+    run_keyed(("lf_lf", names, *plain(item_size, block_quota, config), *map(arg_key, tensors)),
+              src_indices, dst_indices, check, full)
 
 
 def _pf_lf(names, tensors, src_indices, dst_indices, layer_id, item_size, src_layout_dim, block_quota,
            config, check):
-    def jobs():
+    def full():
         pairs = [(pf_buffer(sn, s, item_size, src_layout_dim), lf_buffer(dn, d, item_size))
                  for sn, s, dn, d in _comps(names, tensors)]
-        return [(pairs, _layer_id(layer_id, pairs[0][0]), 0, 1)]
+        return run_copy(pairs, src_indices, dst_indices, src_layer=_layer_id(layer_id, pairs[0][0]),
+                        num_layers=1, op=LOAD_LAYER, skip_negative=True, block_quota=block_quota,
+                        config=config, check=check)
     run_keyed(("pf_lf", names, *plain(layer_id, item_size, src_layout_dim, block_quota, config),
-               *map(arg_key, tensors)), jobs, src_indices, dst_indices, op=LOAD_LAYER, skip_negative=True,
-              block_quota=block_quota, config=config, check=check)
+               *map(arg_key, tensors)), src_indices, dst_indices, check, full)
 
 
 def transfer_kv_per_layer(src_k, dst_k, src_v, dst_v, src_indices, dst_indices, item_size: int,
@@ -142,13 +143,13 @@ def transfer_kv_per_layer_ph_lf(src_k, dst_k, src_v, dst_v, src_indices, dst_ind
     SGLang's page-head kernel does not skip them."""
     tensors = (src_k, dst_k, src_v, dst_v)
 
-    def jobs():
+    def full():
         pairs = [(ph_buffer(sn, s, item_size, src_layout_dim, page_size, head_num), lf_buffer(dn, d, item_size))
                  for sn, s, dn, d in _comps(_KV, tensors)]
-        return [(pairs, _layer_id(layer_id, pairs[0][0]), 0, 1)]
+        return run_copy(pairs, src_indices, dst_indices, src_layer=_layer_id(layer_id, pairs[0][0]),
+                        num_layers=1, op=LOAD_LAYER, block_quota=block_quota, config=config, check=check)
     run_keyed(("ph_lf", *plain(layer_id, item_size, src_layout_dim, page_size, head_num, block_quota, config),
-               *map(arg_key, tensors)), jobs, src_indices, dst_indices, op=LOAD_LAYER,
-              block_quota=block_quota, config=config, check=check)
+               *map(arg_key, tensors)), src_indices, dst_indices, check, full)
 
 
 # ------------------------------------------------------------------ all layers, tables
@@ -156,15 +157,16 @@ def _all_layer(kind, names, tensors, host_side, src_indices, dst_indices, item_s
                skip_negative, block_quota, config, check):
     """Every layer from per-layer source tables: to tables (``host_side`` None) or to the
     host buffers ``host_side(name, tensor)`` builds (``scalars``: what that depends on)."""
-    def jobs():
-        return [([(layer_table(sn, s, item_size, num_layers),
-                   layer_table(dn, d, item_size, num_layers, exact=False) if host_side is None
-                   else host_side(dn, d)) for sn, s, dn, d in _comps(names, tensors)], 0, 0, num_layers)]
+    def full():
+        pairs = [(layer_table(sn, s, item_size, num_layers),
+                  layer_table(dn, d, item_size, num_layers, exact=False) if host_side is None else host_side(dn, d))
+                 for sn, s, dn, d in _comps(names, tensors)]
+        return run_copy(pairs, src_indices, dst_indices, num_layers=num_layers, op=BACKUP,
+                        skip_negative=skip_negative, block_quota=block_quota, config=config, check=check)
     dst_key = table_key if host_side is None else arg_key
     keys = [table_key(t) if i % 2 == 0 else dst_key(t) for i, t in enumerate(tensors)]
-    run_keyed((kind, names, *plain(item_size, num_layers, *scalars, block_quota, config), *keys), jobs,
-              src_indices, dst_indices, op=BACKUP, skip_negative=skip_negative, block_quota=block_quota,
-              config=config, check=check)
+    run_keyed((kind, names, *plain(item_size, num_layers, *scalars, block_quota, config), *keys),
+              src_indices, dst_indices, check, full)
 
 
 def transfer_kv_all_layer(src_k_layers, dst_k_layers, src_v_layers, dst_v_layers, src_indices,

@@ -22,6 +22,7 @@ from kvtier.kernels.errors import KvtierError, fail
 from kvtier.kernels.index_check import IndexGuard
 from kvtier.kernels.validate import is_int
 
+from .gather import gather as _gather, scatter as _scatter
 from .spec import Component, check_bool, check_positive
 
 Buffers = Dict[str, Union[torch.Tensor, Sequence[torch.Tensor]]]
@@ -90,6 +91,9 @@ class DevicePool:
         # Index value checks of gather/scatter/CPU copies: None follows KVTIER_CHECK (on).
         self.check: Optional[bool] = None
         self.guard = IndexGuard()
+        # A key in index lists' facts meaning "its shape passed for this pool" (a token,
+        # not the pool: facts must not keep a pool alive).
+        self.shape_token = object()
         # gather(out=...): the last out checked and its bound copies (pool/gather.py)
         self._gather_out = None
         self._gather_layouts: Dict[tuple, tuple] = {}    # new result buffers, per shape
@@ -137,13 +141,11 @@ class DevicePool:
         component one contiguous ``(L, n, *row)`` tensor (``(L, n, P, *row)`` for pages).
         ``out``: what an earlier gather of the same size returned, filled again instead
         of new buffers (no allocation, and its maps and launch plans are kept)."""
-        from .gather import gather
-        return gather(self, indices, pages=pages, out=out)
+        return _gather(self, indices, pages=pages, out=out)
 
     def scatter(self, indices: torch.Tensor, data: Dict[str, torch.Tensor], *, pages: bool = False) -> None:
         """The reverse of `gather`: write ``data`` back at ``indices``."""
-        from .gather import scatter
-        scatter(self, indices, data, pages=pages)
+        _scatter(self, indices, data, pages=pages)
 
     def get_cpu_copy(self, indices: torch.Tensor, chunk_size: int = 8192):
         """All components of all layers at ``indices`` on the CPU, in chunks (see `CpuCopy`)."""

@@ -12,6 +12,7 @@ from kvtier.kernels.copy_rows import _runner, rebased
 from kvtier.kernels.rowmap import kept, tensor_key
 from kvtier.kernels.errors import fail
 from kvtier.kernels.index_check import checks_on
+from kvtier.kernels.index_memo import facts
 from kvtier.kernels.validate import check_index
 
 from kvtier.kernels.ops import GATHER, SCATTER, Op
@@ -165,7 +166,11 @@ def _pages_direct(pool, pages: bool) -> bool:
 
 def gather(pool, indices: torch.Tensor, *, pages: bool = False,
            out: Optional[Dict[str, torch.Tensor]] = None) -> Dict[str, torch.Tensor]:
-    check_index("indices", indices, pool.index_device)
+    known = facts(indices) if type(indices) is torch.Tensor else None
+    if known is None or pool.shape_token not in known:      # a list's shape check is kept in its facts
+        check_index("indices", indices, pool.index_device)
+        if known is not None:
+            known[pool.shape_token] = True
     if out is not None:
         return _gather_out(pool, indices, pages, out)
     if _pages_direct(pool, pages):
@@ -190,12 +195,15 @@ def _gather_out(pool, indices: torch.Tensor, pages: bool, out: Dict[str, torch.T
         slots, verdict = indices, check_values(pool, indices, pages)
     else:
         slots, verdict = slots_of(pool, indices, pages)
-    if slots.numel():
+    n = slots.numel()
+    if n:
         state = lookup_state()
         if kept.state != state:
             kept.bounds = _bind_groups(pool, GATHER, kept.into, pages, direct, n_slots, keep=True)
             kept.state = state
-        launcher.run_all(GATHER, kept.bounds, slots, iota(slots.numel(), slots.dtype, slots.device), verdict)
+        if kept.iota is None or kept.iota.dtype != slots.dtype:
+            kept.iota = iota(n, slots.dtype, slots.device)
+        launcher.run_all(GATHER, kept.bounds, slots, kept.iota, verdict)
     return out
 
 
@@ -209,6 +217,7 @@ class _OutRoute:
         self.ptrs = tuple(t.data_ptr() for t in self.values)
         self.n_slots, self.pages, self.into = n_slots, pages, into
         self.state, self.bounds = None, None
+        self.iota = None        # the buffer side's indices (one count per route)
 
     def serves(self, out, n_slots: int, pages: bool) -> bool:
         """Whether ``out`` is the checked dict, unchanged, for the same count and mode."""
@@ -226,11 +235,15 @@ def _out_buffers(pool, out, n_slots: int, pages: bool) -> List[torch.Tensor]:
     """The group buffers behind ``out`` (what an earlier gather of this shape returned),
     every tensor checked."""
     into = _buffers(pool, out, n_slots, pages, "out")
+    why = "must be a tensor an earlier gather() of this shape returned (its group buffer)"
     for (names, _), buf in zip(pool.groups, into):
+        base = out[names[0]]._base        # the group buffer the first one is a view of
         for i, name in enumerate(names):
-            if buf[i].data_ptr() != out[name].data_ptr():
-                raise fail(f"out[{name!r}]", tuple(out[name].shape),
-                           "must be a tensor an earlier gather() of this shape returned (its group buffer)")
+            t = out[name]
+            if base is None or t._base is not base or t.data_ptr() != base[i].data_ptr():
+                raise fail(f"out[{name!r}]", tuple(t.shape), why)
+        if buf is not base:               # views of a buffer no gather made (not contiguous)
+            raise fail(f"out[{names[0]!r}]", tuple(out[names[0]].shape), why)
     return into
 
 

@@ -150,6 +150,9 @@ class HostPool:
         self._routes: Dict[tuple, List[Step]] = {}
         self._by_page = self._layout.paged and self.page_size > 1   # page layouts move whole pages
         self.guard = IndexGuard()
+        # A key in index lists' facts meaning "its shape passed for this pool" (a token,
+        # not the pool: facts must not keep a pool alive).
+        self.shape_token = object()
 
     # ------------------------------------------------------------------ construction
     def _size(self, size_tokens, size_gb) -> int:
@@ -325,16 +328,16 @@ class HostPool:
         # Shape checks are kept in each list's facts (keyed by the pool they passed for),
         # so a per-layer loop checks its lists once.
         fh = facts(host_indices) if type(host_indices) is torch.Tensor else None
-        if fh is None or self not in fh:
+        if fh is None or self.shape_token not in fh:
             check_index("host_indices", host_indices, host_indices.device if host_indices.is_cpu else self.device)
             if fh is not None:
-                fh[self] = True
+                fh[self.shape_token] = True
         fd = facts(device_indices) if type(device_indices) is torch.Tensor else None
         for _, pool in slots:
-            if fd is None or pool not in fd:
+            if fd is None or pool.shape_token not in fd:
                 check_index("device_indices", device_indices, pool.index_device)
                 if fd is not None:
-                    fd[pool] = True
+                    fd[pool.shape_token] = True
         if host_indices.numel() != device_indices.numel():
             raise fail("device_indices", f"{device_indices.numel()} indices",
                        f"host_indices has {host_indices.numel()}; counts must match")

@@ -183,3 +183,62 @@ def test_new_gather_buffers_reuse_their_layout_and_are_right(monkeypatch, pages)
             g = got[n].reshape(w.shape)
             assert torch.equal(g.view(torch.uint8), w.view(torch.uint8)), n
     assert built == [], "a map was built for a shape whose layout is kept"
+
+
+def test_gather_out_mutated_in_place_is_checked_again():
+    """The same ``out`` dict with one of its tensors replaced is checked again (and refused
+    when the new tensor is no gather result); a new index count rebinds and stays exact."""
+    pool = MHADevicePool(32, 4, 2, 2, 8, dtype=torch.float16, storage="layers")
+    for t in pool.buffers["k"] + pool.buffers["v"]:
+        t.copy_(torch.randn(t.shape).to(t.dtype))
+    out = pool.gather(torch.tensor([1, 3]), pages=True)
+    pool.gather(torch.tensor([2, 0]), pages=True, out=out)
+    saved = out["v"]
+    out["v"] = torch.empty_like(saved)
+    with pytest.raises(KvtierError, match=r"out\['v'\]"):
+        pool.gather(torch.tensor([2, 0]), pages=True, out=out)
+    out["v"] = saved
+    for idx in (torch.tensor([5, 4]), torch.tensor([7, 6, 0]), torch.tensor([6, 1])):
+        if idx.numel() != 2:
+            with pytest.raises(KvtierError, match="out"):
+                pool.gather(idx, pages=True, out=out)
+            continue
+        pool.gather(idx, pages=True, out=out)
+        want = pool.gather(idx, pages=True)
+        assert all(torch.equal(out[n].view(torch.uint8), want[n].view(torch.uint8)) for n in out)
+
+
+@pytest.mark.parametrize("call", ["gather", "host per-layer load"])
+def test_an_index_list_reshaped_in_place_is_checked_again(call):
+    """A list's shape check is kept while the tensor is unchanged; ``resize_`` in place
+    (a new version) is checked again and refused by name, with no byte moved."""
+    from kvtier.pool import HostPool
+    pool = MHADevicePool(32, 4, 2, 2, 8, dtype=torch.float16, storage="layers")
+    host = HostPool(pool, layout="layer_first", size_tokens=32, pin_memory=False, strategy="kernel")
+    idx = torch.tensor([4, 5, 6, 7])
+    run = (lambda i: pool.gather(i)) if call == "gather" else \
+        (lambda i: host.load_to_device_per_layer(pool, i, i, 0))
+    run(idx)
+    run(idx)
+    before = [t.clone() for t in pool.buffers["k"] + pool.buffers["v"]]
+    idx.resize_(2, 2)
+    with pytest.raises(KvtierError, match=r"indices\.shape=\(2, 2\)"):
+        run(idx)
+    assert all(torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+               for a, b in zip(before, pool.buffers["k"] + pool.buffers["v"]))
+
+
+def test_index_lists_do_not_keep_a_pool_alive():
+    """What a list's facts keep about the pools it was checked for does not hold them."""
+    import gc
+    import weakref
+    from kvtier.pool import HostPool
+    idx = torch.tensor([0, 1, 2, 3])
+    pool = MHADevicePool(16, 4, 2, 2, 8, dtype=torch.float16, storage="layers")
+    host = HostPool(pool, layout="layer_first", size_tokens=16, pin_memory=False, strategy="kernel")
+    pool.gather(idx)
+    host.load_to_device_per_layer(pool, idx, idx, 0)
+    refs = [weakref.ref(pool), weakref.ref(host)]
+    del pool, host
+    gc.collect()
+    assert all(r() is None for r in refs), "an index list's facts keep a pool alive"
