@@ -117,6 +117,9 @@ class HostPool:
         for i, p in enumerate(pools[1:], 1):
             _check_rows(f"device_pools[{i}]", p, target)
         self.pools, self.layout, self.strategy, self.check = pools, layout, strategy, check
+        # What _resolve answers: every (slot, pool), and each alone.
+        self._every = tuple(enumerate(pools))
+        self._each = tuple(((i, p),) for i, p in self._every)
         self.page_size = target.page_size
         self.device = target.device
         # Host layers per component: each pool's layers, target first.
@@ -310,16 +313,16 @@ class HostPool:
         return config.strategy if self._kernel_reaches else "dma"
 
     # ------------------------------------------------------------------ resolution and checks
-    def _resolve(self, device_pool, whole: bool) -> List[Tuple[int, DevicePool]]:
+    def _resolve(self, device_pool, whole: bool) -> Sequence[Tuple[int, DevicePool]]:
         """(packed slot, pool) pairs a call moves: the target moves every packed pool
         for all-layer calls; another pool with the target's rows stands in for it."""
-        for i, p in enumerate(self.pools):
+        for i, p in self._every:
             if p is device_pool:
-                return list(enumerate(self.pools)) if i == 0 and whole else [(i, p)]
+                return self._every if i == 0 and whole else self._each[i]
         if not isinstance(device_pool, DevicePool):
             raise fail("device_pool", type(device_pool).__name__, "must be a DevicePool")
         _check_rows("device_pool", device_pool, self.pools[0], layers=True)
-        return [(0, device_pool)]
+        return ((0, device_pool),)
 
     def _check_indices(self, slots, host_indices, device_indices) -> Optional[torch.Tensor]:
         """Shapes checked at once; values by the pool's guard: the verdict word, or None."""
