@@ -191,7 +191,7 @@ class IndexGuard:
         return self._cpu
 
     def _slot(self, device: torch.device) -> _Slot:
-        stream = platforms.current_stream(device) if device.type != "cpu" else None
+        stream = platforms.stream_key(device) if device.type != "cpu" else None
         key = (device, stream)
         slot = self._slots.get(key)
         if slot is None:

@@ -84,7 +84,7 @@ def on_device(idx: torch.Tensor, device: torch.device) -> torch.Tensor:
     if idx.device == device:
         return idx
     known = facts(idx)
-    key = ("on", device, platforms.current_stream(device))
+    key = ("on", device, platforms.stream_key(device))
     staged = known.get(key) if known is not None else None
     if staged is None:
         staged = idx if device.type == "cpu" or idx.is_pinned() else idx.pin_memory()

@@ -38,7 +38,7 @@ from .ascend import (NPU_MIN_PIECE_BYTES, NPU_MIN_ROWS, load_torch_npu, npu_avai
 
 __all__ = [
     "Platform", "PLATFORMS", "PlatformUnavailable", "get", "of", "platform_of", "detect_platform",
-    "default_device", "default_config", "device_name", "synchronize", "current_stream",
+    "default_device", "default_config", "device_name", "synchronize", "current_stream", "stream_key",
     "accelerator_present", "pin", "pinned_empty", "device_properties", "host_device_address",
     "platform_info",
 ]
@@ -172,6 +172,18 @@ def current_stream(device=None):
     device = _resolve(device)
     mod = _runtime_of(device.type)
     return None if mod is None else mod.current_stream(device)
+
+
+def stream_key(device: torch.device):
+    """A hashable identity of ``device``'s current stream, cheap enough for every hot-path
+    call: on CUDA/ROCm (``device`` with its index) the raw stream handle, read as Triton's
+    launcher reads it, without making a Stream object; elsewhere `current_stream`."""
+    if _RAW_STREAM is not None and device.type == "cuda" and device.index is not None:
+        return device.index, _RAW_STREAM(device.index)
+    return current_stream(device)
+
+
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
 # ------------------------------------------------------------------ host memory

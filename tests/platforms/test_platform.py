@@ -157,6 +157,7 @@ def test_working_torch_npu_routes_to_torch_npu(tmp_path):
         p.synchronize("npu:0")
         assert torch_npu.CALLS == [("synchronize", "npu:1"), ("synchronize", "npu:0")], torch_npu.CALLS
         assert p.current_stream("npu") == ("stream", "npu:1")
+        assert p.stream_key(torch.device("npu", 1)) == ("stream", "npu:1")   # the stream itself
         props = p.device_properties("npu:0")
         assert props["name"] == "Ascend910B1" and props["ub_bytes"] == 256 << 10, props
         lim = p.npu_launch_limits("npu:0")
@@ -181,7 +182,7 @@ def test_cpu_helpers(monkeypatch):
     monkeypatch.setenv(plat.ENV_PLATFORM, "cpu")
     assert plat.default_device() == torch.device("cpu")
     plat.synchronize()
-    assert plat.current_stream("cpu") is None
+    assert plat.current_stream("cpu") is None and plat.stream_key(torch.device("cpu")) is None
     t = torch.arange(10, dtype=torch.int16)
     assert plat.pin(t) is t and not t.is_pinned()
     e = plat.pinned_empty((3, 5), torch.bfloat16)
@@ -239,3 +240,14 @@ def test_both_tritons_installed_is_reported(monkeypatch, caplog):
     assert any("both installed" in r.getMessage() for r in caplog.records)
     monkeypatch.setattr(md, "version", real)
     assert plat.triton_conflict() is None
+
+
+@pytest.mark.cuda
+def test_stream_key_names_the_current_stream_without_a_stream_object():
+    dev = torch.device("cuda", torch.cuda.current_device())
+    key = plat.stream_key(dev)
+    assert key == plat.stream_key(dev) == (dev.index, torch.cuda.current_stream(dev).cuda_stream)
+    side = torch.cuda.Stream(dev)
+    with torch.cuda.stream(side):
+        assert plat.stream_key(dev) == (dev.index, side.cuda_stream) != key
+    assert plat.stream_key(dev) == key
