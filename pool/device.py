@@ -88,6 +88,9 @@ class DevicePool:
         self.device = first.device
         self.num_layers = first.num_layers
         self.groups: List[Tuple[Tuple[str, ...], RowMap]] = group_maps(self.components, self.maps)
+        # Whether every group stores a page as one contiguous run (page indices then
+        # address the pool directly: pool/gather.py).
+        self.page_runs = self.page_size > 1 and all(m.page_contiguous for _, m in self.groups)
         # Index value checks of gather/scatter/CPU copies: None follows KVTIER_CHECK (on).
         self.check: Optional[bool] = None
         self.guard = IndexGuard()

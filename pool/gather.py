@@ -154,14 +154,8 @@ def _sides(pool_map: RowMap, buf_map: RowMap, page_indices: bool):
 
 def _pages_direct(pool, pages: bool) -> bool:
     """Whether page indices address the pool directly (every group stores a page as one
-    contiguous run): then no slot list is made from them. Worked out once per pool."""
-    if not pages:
-        return False
-    direct = pool.__dict__.get("_pages_direct")
-    if direct is None:
-        direct = pool.__dict__["_pages_direct"] = pool.page_size > 1 and all(
-            m.page_contiguous for _, m in pool.groups)
-    return direct
+    contiguous run, `DevicePool.page_runs`): then no slot list is made from them."""
+    return pages and pool.page_runs
 
 
 def gather(pool, indices: torch.Tensor, *, pages: bool = False,
