@@ -66,7 +66,7 @@ class _Slot:
     verdict: torch.Tensor        # int32 [1] on the device: 0, or the failure code
     record: torch.Tensor         # int64 [4]: code, argument id, position, value
     host_visible: bool           # the record is host memory the kernel writes (no copy needed)
-    host: Optional[object] = None    # numpy view of a host-visible record (read per call)
+    host: Optional[object] = None    # memoryview of a host-visible record (read per call)
     # What the verdict word holds the answer for: the last check's lists (their index
     # facts, limits, pages) on this slot. A call with the same unchanged index tensors
     # reuses the word instead of checking again (`kvtier.kernels.index_memo`).
@@ -91,13 +91,13 @@ class IndexGuard:
         must read, or None when nothing was left to the device. At most two lists go to
         the device per call."""
         self.raise_pending()
-        on_device = []
         # Index lists live on the host or where the copy runs (their callers checked that):
         # those on the compute device are checked there, where the check kernel runs.
         known_device = self._devices.get(id(device))
         if known_device is None or known_device[0] is not device:
             known_device = self._device_facts(device)
         _, on_cpu, kernel_runs = known_device
+        a = b = None                    # the (at most two) lists left to the device
         for lst in lists:
             idx, page = lst[1], lst[3]
             n = idx.numel()
@@ -106,7 +106,12 @@ class IndexGuard:
             if n == 0:
                 continue
             if kernel_runs and idx.is_cpu == on_cpu:
-                on_device.append(lst)
+                if a is None:
+                    a = lst
+                elif b is None:
+                    b = lst
+                else:
+                    raise KvtierError("internal: more than 2 device index lists in one check")
                 continue
             arg, limit = lst[0], lst[2]
             known = lst[4] if len(lst) > 4 else facts(idx)
@@ -115,23 +120,26 @@ class IndexGuard:
                 _check_on_host(arg, idx, limit, page, negatives_skip)
                 if known is not None:
                     known[key] = True
-        if not on_device:
+        if a is None:
             return None
-        if len(on_device) > 2:
-            raise KvtierError(f"internal: {len(on_device)} device index lists in one check (at most 2)")
-        slot = self._cpu_slot(device) if on_cpu else self._slot(device)
-        a = on_device[0]
-        b = on_device[1] if len(on_device) > 1 else a
+        two = b is not None
+        if not two:
+            b = a
+        slot = (self._cpu or self._cpu_slot(device)) if on_cpu else self._slot(device)
         fa = a[4] if len(a) > 4 else facts(a[1])
-        fb = fa if b is a else b[4] if len(b) > 4 else facts(b[1])
-        signature = (a[2], a[3], b[2], b[3], len(on_device), negatives_skip)
+        fb = fa if not two else b[4] if len(b) > 4 else facts(b[1])
+        signature = (a[2], a[3], b[2], b[3], two, negatives_skip)
         last = slot.last
         if last is not None and last[0] is fa and last[1] is fb and last[2] == signature:
             return slot.verdict             # the word already holds these lists' verdict
         slot.last = None
+        ids = self._ids
+        ia, ib = ids.get((a[0], a[2], a[3])), ids.get((b[0], b[2], b[3]))
+        if ia is None or ib is None:
+            ia, ib = self._arg_id(a), self._arg_id(b)
         (_CHECK_MODULE or _check_module())._check_indices_kernel[(1,)](
-            a[1], a[1].numel(), a[2], self._arg_id(a), b[1], b[1].numel(), b[2], self._arg_id(b),
-            slot.verdict, slot.record, a[3], b[3], len(on_device) > 1, negatives_skip, 1024)
+            a[1], a[1].numel(), a[2], ia, b[1], b[1].numel(), b[2], ib,
+            slot.verdict, slot.record, a[3], b[3], two, negatives_skip, 1024)
         # (compile-time A_PAGE, B_PAGE, TWO, NEG_SKIPS, BLOCK by position: cheaper to pass)
         # Where the check has already run (the interpreter runs kernels at once; a fast
         # device may have), its failure is raised before the copies are enqueued.
@@ -144,7 +152,7 @@ class IndexGuard:
         """Raise the first failure a device check has recorded (host memory: no sync).
         ``this_call``: the check just launched has already run (the message says so)."""
         for slot in self._slots.values():
-            if slot.host is not None and slot.host[0]:
+            if slot.host is not None and slot.host[0]:      # a memoryview: reads a Python int
                 self._raise(slot, this_call=this_call)
 
     def synchronize(self, device=None) -> None:
@@ -200,7 +208,8 @@ class IndexGuard:
             visible = platforms.host_device_address(record, platforms.platform_of(device)) is not None
             if not visible:
                 record = torch.zeros(4, dtype=torch.int64, device=device)
-            slot = self._slots[key] = _Slot(verdict, record, visible, record.numpy() if visible else None)
+            slot = self._slots[key] = _Slot(verdict, record, visible,
+                                            memoryview(record.numpy()) if visible else None)
         return slot
 
 
