@@ -337,22 +337,17 @@ def arg_key(t) -> object:
 
 
 def table_key(t) -> object:
-    """A key for an address table: a token kept with the table's facts, so it stands for
-    this tensor object at this version (`kvtier.kernels.index_memo`); a table rewritten
-    through torch gets a new one. `UNCACHED` for lists of tensors, inference tensors and
-    during graph capture (nothing is kept for those)."""
+    """A key for an address table: the tensor object at its version (torch bumps it on
+    every in-place write through torch, so a rewritten table gets a new key). The lane
+    kept under it pins the tensor (`run_keyed`'s ``pins``), so no other object takes its
+    id while the key is kept. `UNCACHED` for a list of tensors and for an inference
+    tensor (no version counter: its writes would not be seen)."""
     if not isinstance(t, torch.Tensor):
         return UNCACHED
-    known = facts(t)
-    if known is None:
+    try:
+        return id(t), t._version
+    except RuntimeError:            # an inference tensor
         return UNCACHED
-    token = known.get(_TOKEN)
-    if token is None:
-        token = known[_TOKEN] = object()
-    return token
-
-
-_TOKEN = ("adapter key",)
 
 
 def plain(*values) -> tuple:
@@ -364,24 +359,25 @@ def plain(*values) -> tuple:
     return values
 
 
-def run_keyed(key: tuple, src_indices, dst_indices, check: Optional[bool], full: Callable[[], Lane]) -> None:
+def run_keyed(key: tuple, src_indices, dst_indices, check: Optional[bool], full: Callable[[], Lane],
+              pins: tuple = ()) -> None:
     """One adapter call whose maps and options depend on nothing but ``key`` (the call's
     kind, its `plain` scalars, the `arg_key` / `table_key` of its tensors): a call whose
     key was seen runs the lane kept under it, building no map; otherwise ``full()`` runs
     the call through `run_jobs` and returns its lane, kept unless the key holds
-    `UNCACHED`."""
+    `UNCACHED`. ``pins``: objects the key names by id (tables), kept alive with the lane."""
     try:
-        lane = _LANES.get(key)
+        found = _LANES.get(key)
     except TypeError:                 # an unhashable argument: the full path names it
-        lane, key = None, (UNCACHED,)
-    if lane is not None:
-        _run(lane, src_indices, dst_indices, check)
+        found, key = None, (UNCACHED,)
+    if found is not None:
+        _run(found[0], src_indices, dst_indices, check)
         return
     lane = full()
     if UNCACHED not in key:
         if len(_LANES) >= _KEEP_LANES:
             _LANES.clear()
-        _LANES[key] = lane
+        _LANES[key] = (lane, pins)
 
 
 class _Route:

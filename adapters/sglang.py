@@ -166,7 +166,7 @@ def _all_layer(kind, names, tensors, host_side, src_indices, dst_indices, item_s
     dst_key = table_key if host_side is None else arg_key
     keys = [table_key(t) if i % 2 == 0 else dst_key(t) for i, t in enumerate(tensors)]
     run_keyed((kind, names, *plain(item_size, num_layers, *scalars, block_quota, config), *keys),
-              src_indices, dst_indices, check, full)
+              src_indices, dst_indices, check, full, tensors)
 
 
 def transfer_kv_all_layer(src_k_layers, dst_k_layers, src_v_layers, dst_v_layers, src_indices,
