@@ -32,12 +32,14 @@ def slots_of(pool, indices: torch.Tensor, pages: bool):
     return (indices[:, None] * p + iota(p, indices.dtype, indices.device)).reshape(-1), verdict
 
 
-def check_values(pool, indices: torch.Tensor, pages: bool):
-    """The pool guard's value check of slot or page ``indices`` (its verdict word, or None)."""
+def check_values(pool, indices: torch.Tensor, pages: bool, known: Optional[dict] = None):
+    """The pool guard's value check of slot or page ``indices`` (its verdict word, or
+    None); ``known``: their facts, where the caller has them."""
     if not checks_on(pool.check):
         return None
     limit = pool.size // pool.page_size if pages else pool.size
-    return pool.guard.check(pool.device, [("indices", indices, limit, 1)])
+    lst = ("indices", indices, limit, 1) if known is None else ("indices", indices, limit, 1, known)
+    return pool.guard.check(pool.device, [lst])
 
 
 _IOTA = {}
@@ -166,7 +168,7 @@ def gather(pool, indices: torch.Tensor, *, pages: bool = False,
         if known is not None:
             known[pool.shape_token] = True
     if out is not None:
-        return _gather_out(pool, indices, pages, out)
+        return _gather_out(pool, indices, pages, out, known)
     if _pages_direct(pool, pages):
         bufs = gather_groups(pool, indices, pages, verdict=check_values(pool, indices, pages), page_indices=True)
     else:
@@ -175,7 +177,8 @@ def gather(pool, indices: torch.Tensor, *, pages: bool = False,
     return {name: buf[i] for (names, _), buf in zip(pool.groups, bufs) for i, name in enumerate(names)}
 
 
-def _gather_out(pool, indices: torch.Tensor, pages: bool, out: Dict[str, torch.Tensor]):
+def _gather_out(pool, indices: torch.Tensor, pages: bool, out: Dict[str, torch.Tensor],
+                known: Optional[dict]):
     """`gather` into ``out`` (an engine refills one ``out`` per call): while the same dict
     comes back holding the same tensors at the same addresses, for indices of the same
     count, nothing but the value check and the launches is done again."""
@@ -186,7 +189,7 @@ def _gather_out(pool, indices: torch.Tensor, pages: bool, out: Dict[str, torch.T
         kept = pool._gather_out = _OutRoute(out, n_slots, pages, into)
     direct = _pages_direct(pool, pages)
     if direct:
-        slots, verdict = indices, check_values(pool, indices, pages)
+        slots, verdict = indices, check_values(pool, indices, pages, known)
     else:
         slots, verdict = slots_of(pool, indices, pages)
     n = slots.numel()
@@ -215,14 +218,12 @@ class _OutRoute:
 
     def serves(self, out, n_slots: int, pages: bool) -> bool:
         """Whether ``out`` is the checked dict, unchanged, for the same count and mode."""
-        if out is not self.out or n_slots != self.n_slots or pages != self.pages:
+        if out is not self.out or n_slots != self.n_slots or pages != self.pages or len(out) != len(self.values):
             return False
-        values = tuple(out.values())
-        return (len(values) == len(self.values) and all(a is b for a, b in zip(values, self.values))
-                and tuple(map(_DATA_PTR, values)) == self.ptrs)
-
-
-_DATA_PTR = torch.Tensor.data_ptr
+        for t, kept, ptr in zip(out.values(), self.values, self.ptrs):
+            if t is not kept or t.data_ptr() != ptr:
+                return False
+        return True
 
 
 def _out_buffers(pool, out, n_slots: int, pages: bool) -> List[torch.Tensor]:

@@ -152,6 +152,7 @@ class HostPool:
         self._moves: Dict[int, List[Move]] = {}
         self._routes: Dict[tuple, List[Step]] = {}
         self._by_page = self._layout.paged and self.page_size > 1   # page layouts move whole pages
+        self._index_page = self.page_size if self._layout.paged else 1   # indices come in whole pages
         self.guard = IndexGuard()
         # A key in index lists' facts meaning "its shape passed for this pool" (a token,
         # not the pool: facts must not keep a pool alive).
@@ -266,7 +267,7 @@ class HostPool:
                 if h is None:
                     h = on_device(host_indices, self.device)
                 si, di = (device_indices, h) if op.from_device else (h, device_indices)
-                launcher.run_bound(op, step.bound, si, di, verdict, step.strategy, watched=True)  # (a test seam)
+                launcher.run_bound(op, step.bound, si, di, verdict, step.strategy, True)  # watched; a test seam
                 continue
             if run_list is None:
                 hc = host_indices.cpu()
@@ -326,7 +327,7 @@ class HostPool:
 
     def _check_indices(self, slots, host_indices, device_indices) -> Optional[torch.Tensor]:
         """Shapes checked at once; values by the pool's guard: the verdict word, or None."""
-        if not isinstance(host_indices, torch.Tensor):
+        if type(host_indices) is not torch.Tensor and not isinstance(host_indices, torch.Tensor):
             raise fail("host_indices", type(host_indices).__name__, "must be a torch.Tensor of int32 or int64")
         # Shape checks are kept in each list's facts (keyed by the pool they passed for),
         # so a per-layer loop checks its lists once.
@@ -346,7 +347,7 @@ class HostPool:
                        f"host_indices has {host_indices.numel()}; counts must match")
         if not checks_on(self.check):
             return None
-        page = self.page_size if self._layout.paged else 1   # page layouts move whole pages
+        page = self._index_page
         limit = slots[0][1].size if len(slots) == 1 else min(pool.size for _, pool in slots)
         return self.guard.check(self.device, [("host_indices", host_indices, self.size, page, fh),
                                               ("device_indices", device_indices, limit, page, fd)])

@@ -20,6 +20,7 @@ from kvtier.kernels.ops import Op
 from kvtier.kernels.validate import compute_device
 
 log = logging.getLogger("kvtier")
+_DEBUG = logging.DEBUG
 _FORCED: ContextVar[Optional[CopyConfig]] = ContextVar("kvtier_forced_config", default=None)
 
 
@@ -91,7 +92,7 @@ def run_bound(op: Op, bound: BoundCopy, si: torch.Tensor, di: torch.Tensor,
     """`launch` for a kept `BoundCopy` (only the indices and the verdict are new);
     ``watched``: its tensors' storage was checked by the caller (`check_storage`);
     ``dst_buffer``: the buffer of a copy bound to a destination layout."""
-    if log.isEnabledFor(logging.DEBUG):
+    if log.isEnabledFor(_DEBUG):
         src = bound.origin[0]
         log_launch(op, strategy or bound.config.strategy, bound.config, si.numel(),
                    si.numel() * src.row_bytes * bound.num_layers * src.num_components)
@@ -105,9 +106,12 @@ def run_all(op: Op, bounds, si: torch.Tensor, di: torch.Tensor, verdict: Optiona
     ``dst_buffers``: one buffer per copy bound to a destination layout."""
     for bound in bounds:
         check_storage(bound.watch)
-    for k, bound in enumerate(bounds):
-        run_bound(op, bound, si, di, verdict, watched=True,
-                  dst_buffer=None if dst_buffers is None else dst_buffers[k])
+    if dst_buffers is None:
+        for bound in bounds:
+            run_bound(op, bound, si, di, verdict, None, True)      # watched above
+    else:
+        for bound, buf in zip(bounds, dst_buffers):
+            run_bound(op, bound, si, di, verdict, None, True, buf)
 
 
 def log_launch(op: Op, strategy: str, config: CopyConfig, rows: int, nbytes: int) -> None:
