@@ -303,7 +303,11 @@ def _run(lane: Lane, src_indices, dst_indices, check: Optional[bool]) -> None:
     except KvtierError as e:
         raise _renamed(e, names) from None
     if n:
-        launcher.run_all(route.op, route.bound(n, skip_negative), si, di, verdict)
+        bounds = route.bound(n, skip_negative)
+        if len(bounds) == 1:            # run_bound checks its one copy's storage itself
+            launcher.run_bound(route.op, bounds[0], si, di, verdict)
+        else:
+            launcher.run_all(route.op, bounds, si, di, verdict)
 
 
 def _renamed(e: KvtierError, names: Tuple[str, str]) -> KvtierError:
@@ -403,11 +407,16 @@ class _Route:
         _require_runnable(maps, self.device)
         self.op, self.by_page, self.config = op, by_page, config
         self.bounds = {}
+        self.last = None        # (n, lookup state, bound copies) of the last call
 
     def bound(self, n: int, skip_negative: bool) -> list:
         """The bound copies for ``n`` index pairs (per rows bucket, under the current
         lookup state)."""
-        key = (rows_bucket(n), *lookup_state())
+        state = lookup_state()
+        last = self.last
+        if last is not None and last[0] == n and last[1] == state:    # a per-layer loop's next call
+            return last[2]
+        key = (rows_bucket(n), *state)
         found = self.bounds.get(key)
         if found is None:
             found = []
@@ -420,6 +429,7 @@ class _Route:
             if len(self.bounds) >= _KEEP_ROUTES:
                 self.bounds.clear()
             self.bounds[key] = found
+        self.last = (n, state, found)
         return found
 
 
