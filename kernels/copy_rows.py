@@ -340,7 +340,8 @@ class BoundCopy:
         """Enqueue the copy. ``watched``: the caller has run `check_storage` on this copy's
         watch already (a call of several launches checks them all before the first).
         ``dst_buffer``: for a copy bound to a destination *layout* (a stacked map without
-        tensors, see `rebased`), the contiguous buffer this call writes, laid out as it."""
+        tensors, see `rebased`), the contiguous buffer this call writes, laid out as it
+        (already viewed as the kernel's word type, or it is viewed here)."""
         if not watched:
             check_storage(self.watch)
         if not si.is_contiguous():      # the kernel reads indices as dense arrays
@@ -353,8 +354,9 @@ class BoundCopy:
             if self.page:           # the reference reads page numbers
                 si, di = page_starts(si, self.page), page_starts(di, self.page)
             return _reference(src, si, dst, di, *self.layers, self.num_layers, self.skip_negative)
-        launch(src, si, dst, di, self, verdict,
-               None if dst_buffer is None else dst_buffer.view(-1).view(self.plan.dp_dtype))
+        if dst_buffer is not None and dst_buffer.dtype is not self.plan.dp_dtype:
+            dst_buffer = dst_buffer.view(-1).view(self.plan.dp_dtype)
+        launch(src, si, dst, di, self, verdict, dst_buffer)
 
 
 def rebased(m: RowMap) -> RowMap:

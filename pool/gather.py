@@ -77,31 +77,60 @@ def gather_groups(pool, slots: torch.Tensor, pages: bool, op: Op = GATHER,
                   verdict: Optional[torch.Tensor] = None, page_indices: bool = False) -> List[torch.Tensor]:
     """One new contiguous buffer per group in ``pool.groups``, filled from ``slots``
     (with ``page_indices``: page numbers, ``pages`` then being true)."""
-    n_slots = slots.numel() * (pool.page_size if page_indices else 1)
-    into = [torch.empty(group_shape(pool, names, n_slots, pages), dtype=pool.components[names[0]].dtype,
-                        device=pool.device) for names, _ in pool.groups]
-    if slots.numel():
-        dst_idx = iota(slots.numel(), slots.dtype, slots.device)
-        laid = _layout_gathers(pool, op, into, pages, page_indices, n_slots)
-        bounds = laid or _bind_groups(pool, op, into, pages, page_indices, n_slots, keep=False)
-        launcher.run_all(op, bounds, slots, dst_idx, verdict, dst_buffers=into if laid else None)
+    n = slots.numel()
+    n_slots = n * (pool.page_size if page_indices else 1)
+    key = (op, pages, page_indices, n_slots, *lookup_state())
+    laid = pool._gather_layouts.get(key)
+    shapes = laid.shapes if laid is not None else [
+        (group_shape(pool, names, n_slots, pages), pool.components[names[0]].dtype) for names, _ in pool.groups]
+    into = [torch.empty(shape, dtype=dtype, device=pool.device) for shape, dtype in shapes]
+    if not n:
+        return into
+    if laid is None and _runner(pool.device.type) == "kernel":
+        laid = _remember(pool._gather_layouts, key, _Layout(pool, op, into, pages, page_indices, n_slots, shapes))
+    if laid is not None and laid.takes(into):
+        launcher.run_all(op, laid.bounds, slots, laid.iota(n, slots), verdict, dst_buffers=laid.words(into))
+    else:
+        bounds = _bind_groups(pool, op, into, pages, page_indices, n_slots, keep=False)
+        launcher.run_all(op, bounds, slots, iota(n, slots.dtype, slots.device), verdict)
     return into
 
 
-def _layout_gathers(pool, op: Op, bufs: List[torch.Tensor], pages: bool, page_indices: bool, n_slots: int):
-    """Bound copies into new result buffers of this shape, bound to their *layout* (a map
-    without tensors, `kvtier.kernels.copy_rows.rebased`) so each call only hands over its
-    buffers: kept per pool and shape (no buffer is kept alive by them). None where only
-    the torch reference runs, or a buffer is less aligned than the layout assumes."""
-    if _runner(pool.device.type) != "kernel":
-        return None
-    key = (op, pages, page_indices, n_slots, lookup_state())
-    found = pool._gather_layouts.get(key)
-    if found is None:
-        bounds = _bind_groups(pool, op, bufs, pages, page_indices, n_slots, keep=False, layout=True)
-        found = _remember(pool._gather_layouts, key, (bounds, min(b.origin[1].align for b in bounds)))
-    bounds, align = found
-    return bounds if all(b.data_ptr() % align == 0 for b in bufs) else None
+class _Layout:
+    """New result buffers of one shape (per pool, call shape and lookup state): the copies
+    bound to their *layout* (a map without tensors, `kvtier.kernels.copy_rows.rebased`),
+    so each call only hands over its buffers and no buffer is kept alive; the buffers'
+    shapes, the alignment the layout assumes, how a buffer is viewed as the kernel's
+    words, and the buffer side's indices. Made from the first call's buffers."""
+
+    def __init__(self, pool, op: Op, bufs: List[torch.Tensor], pages: bool, page_indices: bool, n_slots: int,
+                 shapes: list):
+        self.shapes = shapes
+        self.bounds = _bind_groups(pool, op, bufs, pages, page_indices, n_slots, keep=False, layout=True)
+        self.align = min(b.origin[1].align for b in self.bounds)
+        # Each buffer as the kernel's words: in one view where its last dim is whole
+        # words, else through a flat view.
+        self.direct = [b.shape[-1] * b.element_size() % bound.plan.dp_dtype.itemsize == 0
+                       for b, bound in zip(bufs, self.bounds)]
+        self._iota = None
+
+    def takes(self, bufs: List[torch.Tensor]) -> bool:
+        """Whether ``bufs`` are aligned as the layout assumes (fresh allocations are)."""
+        align = self.align
+        for b in bufs:
+            if b.data_ptr() % align:
+                return False
+        return True
+
+    def words(self, bufs: List[torch.Tensor]) -> List[torch.Tensor]:
+        return [b.view(bound.plan.dp_dtype) if direct else b.view(-1).view(bound.plan.dp_dtype)
+                for b, bound, direct in zip(bufs, self.bounds, self.direct)]
+
+    def iota(self, n: int, slots: torch.Tensor) -> torch.Tensor:
+        kept = self._iota
+        if kept is None or kept.dtype != slots.dtype:
+            kept = self._iota = iota(n, slots.dtype, slots.device)
+        return kept
 
 
 def _bind_groups(pool, op: Op, bufs: List[torch.Tensor], pages: bool, page_indices: bool, n_slots: int,
@@ -170,7 +199,8 @@ def gather(pool, indices: torch.Tensor, *, pages: bool = False,
     if out is not None:
         return _gather_out(pool, indices, pages, out, known)
     if _pages_direct(pool, pages):
-        bufs = gather_groups(pool, indices, pages, verdict=check_values(pool, indices, pages), page_indices=True)
+        bufs = gather_groups(pool, indices, pages, verdict=check_values(pool, indices, pages, known),
+                             page_indices=True)
     else:
         slots, verdict = slots_of(pool, indices, pages)
         bufs = gather_groups(pool, slots, pages, verdict=verdict)
