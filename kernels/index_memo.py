@@ -71,11 +71,6 @@ def page_starts(idx: torch.Tensor, page_size: int) -> torch.Tensor:
     return out
 
 
-def dense(idx: torch.Tensor) -> torch.Tensor:
-    """``idx`` as a contiguous tensor (the kernel reads indices as dense arrays)."""
-    return idx if idx.is_contiguous() else idx.contiguous()
-
-
 def on_device(idx: torch.Tensor, device: torch.device) -> torch.Tensor:
     """``idx`` on ``device`` without waiting: an index list from the host is staged through
     page-locked memory (torch's caching host allocator keeps the block until the copy has
