@@ -11,7 +11,8 @@ device sync):
   ``DevicePool.gather (new buffers)``, which allocates its result per call as
   ``torch.index_select`` does;
 - the SGLang adapter's ``transfer_kv_per_layer`` (a load: one layer of SGLang's
-  ``layer_first`` host buffer into the device layer tensors) and ``transfer_kv_all_layer``
+  ``layer_first`` host buffer into the device layer tensors; a new view of the host
+  buffer per call, as SGLang passes it, made before timing) and ``transfer_kv_all_layer``
   (a backup: device pointer tables into host pointer tables), as SGLang passes them:
   uint64 tensors of per-layer ``data_ptr()``s on the device, indices on the device;
 - baselines: one ``torch.index_select`` and one ``Tensor.index_copy_`` of the same rows
@@ -126,6 +127,14 @@ def build_calls(device: torch.device, shape: Optional[dict] = None) -> Tuple[Dic
             fn(*walk())
         return call
 
+    def sglang_per_layer():
+        # SGLang passes new views of its host buffer on every call (``self.k_buffer[layer]``).
+        # They are the caller's arguments, so they are made before timing: a distinct pair
+        # for every call of the walk (128 per cycle), and the time is the adapter call's own.
+        steps = [(host_k[layer], k[layer], host_v[layer], v[layer], h, d) for h, d in sets for layer in range(L)]
+        walk = itertools.cycle(steps).__next__
+        return lambda: transfer_kv_per_layer(*walk(), item)
+
     pages_walk = itertools.cycle(page_sets).__next__
     out = {}                                                # gather(out=) refills these
 
@@ -140,8 +149,7 @@ def build_calls(device: torch.device, shape: Optional[dict] = None) -> Tuple[Dic
             lambda h, d, layer: hp.load_to_device_per_layer(dp, h, d, dp.start_layer + layer)),
         "DevicePool.gather": gather_into,
         "DevicePool.gather (new buffers)": lambda: dp.gather(pages_walk(), pages=True),
-        "sglang.transfer_kv_per_layer": per_layer(lambda h, d, layer: transfer_kv_per_layer(
-            host_k[layer], k[layer], host_v[layer], v[layer], h, d, item)),
+        "sglang.transfer_kv_per_layer": sglang_per_layer(),
         "sglang.transfer_kv_all_layer": all_layer(lambda h, d: transfer_kv_all_layer(
             dev_k, host_kt, dev_v, host_vt, d, h, item, L)),
         "torch.index_select": all_layer(lambda h, d: torch.index_select(src, 0, d)),

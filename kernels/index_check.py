@@ -82,6 +82,9 @@ class IndexGuard:
         self._cpu: Optional[_Slot] = None
         self._args: List[Tuple[str, int, int]] = []     # argument id -> (name, limit, page)
         self._ids: Dict[Tuple[str, int, int], int] = {}
+        # (slot, its `last` record) of the last check that returned a verdict word: a
+        # caller that keeps the verdict asks `holds(ticket)` before reusing it.
+        self.ticket: Optional[tuple] = None
 
     # ------------------------------------------------------------------ checking
     def check(self, device: torch.device, lists: Sequence[IndexList], *,
@@ -131,6 +134,7 @@ class IndexGuard:
         signature = (a[2], a[3], b[2], b[3], two, negatives_skip)
         last = slot.last
         if last is not None and last[0] is fa and last[1] is fb and last[2] == signature:
+            self.ticket = (slot, last)
             return slot.verdict             # the word already holds these lists' verdict
         slot.last = None
         ids = self._ids
@@ -146,7 +150,16 @@ class IndexGuard:
         self.raise_pending(this_call=True)
         if fa is not None and fb is not None:     # inference tensors are checked every time
             slot.last = (fa, fb, signature)
+        self.ticket = (slot, slot.last)
         return slot.verdict
+
+    def holds(self, ticket: tuple) -> bool:
+        """Whether the verdict word of ``ticket`` (`ticket` after a `check` that returned
+        a word) still holds that check's verdict: no other list was checked on it since,
+        and no failure reset it. Pending failures are raised first (`raise_pending`)."""
+        self.raise_pending()
+        slot, last = ticket
+        return last is not None and slot.last is last
 
     def raise_pending(self, this_call: bool = False) -> None:
         """Raise the first failure a device check has recorded (host memory: no sync).

@@ -125,3 +125,103 @@ def test_an_inference_table_is_never_kept(full_paths):
     assert not adapter_maps._LANES
     for l in range(2):
         assert torch.equal(dst[l][idx].view(torch.int16), src[l][idx].view(torch.int16))
+
+
+# ------------------------------------------------------------------ the last call's index lists
+@pytest.fixture
+def checks(monkeypatch):
+    """Counts index-check launches (the real check still runs)."""
+    from kvtier.kernels import index_check_kernel as mod
+    real, seen = mod._check_indices_kernel, []
+
+    class Spy:
+        def __getitem__(self, grid):
+            seen.append(grid)
+            return real[grid]
+    monkeypatch.setattr(mod, "_check_indices_kernel", Spy())
+    adapter_maps._RECENT = None
+    return seen
+
+
+def _layers(n_layers, seed):
+    host = _rand(2, n_layers, N, *ROW, seed=seed)
+    dev = [[torch.zeros(N, *ROW, dtype=torch.bfloat16) for _ in range(n_layers)] for _ in range(2)]
+    return host, dev
+
+
+def _load(host, dev, layer, si, di):
+    adapters.transfer_kv_per_layer(host[0][layer], dev[0][layer], host[1][layer], dev[1][layer], si, di, ITEM)
+
+
+@needs_cpu_kernel
+def test_a_layer_loop_checks_its_lists_once_and_moves_every_layer(checks):
+    host, dev = _layers(4, seed=50)
+    si, di = torch.tensor([3, 0, 9]), torch.tensor([7, 1, 2])
+    for layer in range(4):
+        before = [d[layer].clone() for d in dev]
+        _load(host, dev, layer, si, di)
+        _expect_per_layer(host[0][layer], dev[0][layer], host[1][layer], dev[1][layer], si, di, *before)
+    assert len(checks) == 1
+
+
+@needs_cpu_kernel
+def test_lists_rewritten_in_place_are_checked_again(checks):
+    host, dev = _layers(2, seed=51)
+    si, di = torch.tensor([3, 0]), torch.tensor([7, 1])
+    _load(host, dev, 0, si, di)
+    di[1] = N + 5                                   # through torch: a new version
+    before = [d[1].clone() for d in dev]
+    with pytest.raises(KvtierError, match=f"dst_indices={N + 5}"):
+        _load(host, dev, 1, si, di)
+    assert all(torch.equal(d[1], b) for d, b in zip(dev, before)), "bytes moved for a bad list"
+    assert len(checks) == 2
+
+
+@needs_cpu_kernel
+def test_a_check_of_other_lists_in_between_is_not_mistaken_for_theirs(checks):
+    """The verdict word holds the last check's verdict only: after another call's lists
+    were checked on it, the first lists are checked again (and stay correct)."""
+    host, dev = _layers(3, seed=52)
+    si, di = torch.tensor([3, 0]), torch.tensor([7, 1])
+    _load(host, dev, 0, si, di)
+    _load(host, dev, 1, torch.tensor([5]), torch.tensor([6]))
+    before = [d[2].clone() for d in dev]
+    _load(host, dev, 2, si, di)
+    _expect_per_layer(host[0][2], dev[0][2], host[1][2], dev[1][2], si, di, *before)
+    assert len(checks) == 3
+
+
+@needs_cpu_kernel
+def test_the_same_lists_against_a_smaller_buffer_are_checked_again(checks):
+    host, dev = _layers(1, seed=53)
+    small = [torch.zeros(4, *ROW, dtype=torch.bfloat16) for _ in range(2)]
+    si, di = torch.tensor([3, 0]), torch.tensor([7, 1])
+    _load(host, dev, 0, si, di)
+    with pytest.raises(KvtierError, match="dst_indices=7"):
+        adapters.transfer_kv_per_layer(host[0][0], small[0], host[1][0], small[1], si, di, ITEM)
+    assert all(not t.any() for t in small)
+
+
+@needs_cpu_kernel
+def test_nothing_is_reused_while_a_graph_is_captured(checks, monkeypatch):
+    import kvtier.platforms as platforms
+    host, dev = _layers(3, seed=54)
+    si, di = torch.tensor([3, 0]), torch.tensor([7, 1])
+    _load(host, dev, 0, si, di)
+    monkeypatch.setattr(platforms, "capturing", lambda: True)
+    _load(host, dev, 1, si, di)
+    _load(host, dev, 2, si, di)
+    assert len(checks) == 3
+
+
+@needs_cpu_kernel
+def test_checks_turned_off_and_on_between_calls(checks, monkeypatch):
+    host, dev = _layers(3, seed=55)
+    si, di = torch.tensor([3, 0]), torch.tensor([7, 1])
+    _load(host, dev, 0, si, di)
+    monkeypatch.setenv("KVTIER_CHECK", "0")
+    _load(host, dev, 1, si, di)
+    monkeypatch.delenv("KVTIER_CHECK")
+    di[0] = N                                       # out of range, checks on again
+    with pytest.raises(KvtierError, match=f"dst_indices={N}"):
+        _load(host, dev, 2, si, di)
