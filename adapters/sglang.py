@@ -164,7 +164,10 @@ def _all_layer(kind, names, tensors, host_side, src_indices, dst_indices, item_s
         return run_copy(pairs, src_indices, dst_indices, num_layers=num_layers, op=BACKUP,
                         skip_negative=skip_negative, block_quota=block_quota, config=config, check=check)
     dst_key = table_key if host_side is None else arg_key
-    keys = [table_key(t) if i % 2 == 0 else dst_key(t) for i, t in enumerate(tensors)]
+    if len(tensors) == 4:       # K and V: the sources are tables, the destinations tables or buffers
+        keys = (table_key(tensors[0]), dst_key(tensors[1]), table_key(tensors[2]), dst_key(tensors[3]))
+    else:
+        keys = (table_key(tensors[0]), dst_key(tensors[1]))
     run_keyed((kind, names, *plain(item_size, num_layers, *scalars, block_quota, config), *keys),
               src_indices, dst_indices, check, full, tensors)
 

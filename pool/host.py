@@ -151,6 +151,8 @@ class HostPool:
         self.allocator = PageAllocator(self.size, self.page_size)
         self._moves: Dict[int, List[Move]] = {}
         self._routes: Dict[tuple, List[Step]] = {}
+        self._last_route = None     # (op, device pool, layer, rows, lookup state, route) of the last call
+        self._cpu_pool = self.device.type == "cpu"
         self._by_page = self._layout.paged and self.page_size > 1   # page layouts move whole pages
         self._index_page = self.page_size if self._layout.paged else 1   # indices come in whole pages
         self.guard = IndexGuard()
@@ -256,16 +258,22 @@ class HostPool:
         n = device_indices.numel()
         if n == 0:
             return
-        key = (op, device_pool, local, rows_bucket(n))
-        kept = self._routes.get(key)
-        route = kept[1] if kept is not None and kept[0] == lookup_state() else self._route(key, slots)
+        state, last = lookup_state(), self._last_route
+        if (last is not None and last[0] is op and last[1] is device_pool and last[2] == local and last[3] == n
+                and last[4] == state):
+            route = last[5]             # an all-layer call of the same shape as the last one
+        else:
+            key = (op, device_pool, local, rows_bucket(n))
+            kept = self._routes.get(key)
+            route = kept[1] if kept is not None and kept[0] == state else self._route(key, slots)
+            self._last_route = (op, device_pool, local, n, state, route)
         for step in route:          # every tensor the call rests on, before the first byte moves
             check_storage(step.watch)
         h = run_list = None
         for step in route:
             if step.bound is not None:
-                if h is None:
-                    h = on_device(host_indices, self.device)
+                if h is None:       # on a CPU pool the host indices are where the copy runs
+                    h = host_indices if self._cpu_pool else on_device(host_indices, self.device)
                 si, di = (device_indices, h) if op.from_device else (h, device_indices)
                 launcher.run_bound(op, step.bound, si, di, verdict, step.strategy, True)  # watched; a test seam
                 continue
