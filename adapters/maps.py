@@ -306,15 +306,15 @@ def _run(lane: Lane, src_indices, dst_indices, check: Optional[bool]) -> None:
         else:
             si, di, fs, fd = indices(src_indices, dst_indices, route.device)
             n = si.numel()
-            verdict = None
+            verdict, ticket = None, []
             if n and checking:
                 verdict = GUARD.check(route.device, [("src_indices", si, *route.src_limit, fs),
                                                      ("dst_indices", di, *route.dst_limit, fd)],
-                                      negatives_skip=skip_negative)
+                                      negatives_skip=skip_negative, ticket=ticket)
             if fs is not None and fd is not None:
                 _RECENT = (src_indices, dst_indices, src_indices._version, dst_indices._version, route.device,
                            (route.limits, skip_negative, checking), route.stream_key(), si, di, n,
-                           GUARD.ticket if verdict is not None else None, verdict)
+                           ticket[0] if verdict is not None else None, verdict)
     except KvtierError as e:
         raise _renamed(e, names) from None
     if n:

@@ -82,17 +82,15 @@ class IndexGuard:
         self._cpu: Optional[_Slot] = None
         self._args: List[Tuple[str, int, int]] = []     # argument id -> (name, limit, page)
         self._ids: Dict[Tuple[str, int, int], int] = {}
-        # (slot, its `last` record) of the last check that returned a verdict word: a
-        # caller that keeps the verdict asks `holds(ticket)` before reusing it.
-        self.ticket: Optional[tuple] = None
 
     # ------------------------------------------------------------------ checking
     def check(self, device: torch.device, lists: Sequence[IndexList], *,
-              negatives_skip: bool = False) -> Optional[torch.Tensor]:
+              negatives_skip: bool = False, ticket: Optional[list] = None) -> Optional[torch.Tensor]:
         """Check ``lists`` for a copy on ``device``: host-resident lists here (raising at
         once), device-resident ones on the device. Returns the verdict word the copies
         must read, or None when nothing was left to the device. At most two lists go to
-        the device per call."""
+        the device per call. ``ticket``: a list that receives, with a returned word, what
+        `holds` asks later to reuse that word's verdict."""
         self.raise_pending()
         # Index lists live on the host or where the copy runs (their callers checked that):
         # those on the compute device are checked there, where the check kernel runs.
@@ -134,7 +132,8 @@ class IndexGuard:
         signature = (a[2], a[3], b[2], b[3], two, negatives_skip)
         last = slot.last
         if last is not None and last[0] is fa and last[1] is fb and last[2] == signature:
-            self.ticket = (slot, last)
+            if ticket is not None:
+                ticket.append((slot, last))
             return slot.verdict             # the word already holds these lists' verdict
         slot.last = None
         ids = self._ids
@@ -150,13 +149,14 @@ class IndexGuard:
         self.raise_pending(this_call=True)
         if fa is not None and fb is not None:     # inference tensors are checked every time
             slot.last = (fa, fb, signature)
-        self.ticket = (slot, slot.last)
+        if ticket is not None:
+            ticket.append((slot, slot.last))
         return slot.verdict
 
     def holds(self, ticket: tuple) -> bool:
-        """Whether the verdict word of ``ticket`` (`ticket` after a `check` that returned
-        a word) still holds that check's verdict: no other list was checked on it since,
-        and no failure reset it. Pending failures are raised first (`raise_pending`)."""
+        """Whether the verdict word of ``ticket`` (what a `check` put in its ``ticket``)
+        still holds that check's verdict: no other list was checked on it since, and no
+        failure reset it. Pending failures are raised first (`raise_pending`)."""
         self.raise_pending()
         slot, last = ticket
         return last is not None and slot.last is last
