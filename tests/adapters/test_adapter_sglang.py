@@ -332,6 +332,12 @@ def _bad_cases():
         ("item_size in elements", "lf", per_layer(item_size=lambda w: w.item // 2), "item_size"),
         ("item_size zero", "lf", per_layer(item_size=0), "item_size"),
         ("non-contiguous layer", "lf", per_layer(dst_k=lambda w: w.dev["k"][0][::2]), "dst_k"),
+        ("sparse layer", "lf", per_layer(src_v=lambda w: torch.zeros(16, 4).to_sparse()), "src_v.layout"),
+        ("meta layer", "lf", per_layer(dst_v=lambda w: torch.empty_like(w.dev["v"][0], device="meta")),
+         "dst_v.device"),
+        ("sparse pf host", "pf", lambda w, si, di: adapters.transfer_kv_per_layer_pf_lf(
+            w.host["k"].to_sparse(), w.dev["k"][0], w.host["v"], w.dev["v"][0], si, di, 0, w.item,
+            w.layout_dim), "src_k.layout"),
         ("layer_id out of range", "pf", lambda w, si, di: adapters.transfer_kv_per_layer_pf_lf(
             w.host["k"], w.dev["k"][0], w.host["v"], w.dev["v"][0], si, di, w.layers, w.item,
             w.layout_dim), "layer_id"),
