@@ -18,10 +18,11 @@ device sync):
 - baselines: one ``torch.index_select`` and one ``Tensor.index_copy_`` of the same rows
   (count and bytes) of one device layer.
 
-Index lists: every all-layer call, gather and torch op takes the next of 8 distinct lists
-(an engine's batches bring new ones); a per-layer call takes one list for every layer in
-turn, as HiCache's layer loop does. So what kvtier keeps per index tensor (its checks, its
-copy on the device) is reused exactly where an engine would reuse it.
+Index lists: every all-layer call, gather and torch op takes new index tensors (an
+engine's batches bring new ones; they are made before timing, and come round again only
+after every timed call of the series); a per-layer call takes one pair for every layer in
+turn, as HiCache's layer loop does. So what kvtier keeps per index tensor (its checks,
+its copy on the device) is reused exactly where an engine would reuse it.
 
 Shape: K and V, 16 layers, 1 KiB rows (8 heads x 64 bf16), 16-token pages, 256 tokens in
 scattered page order, ``layer_first`` host layout (`autotune/workload.py`'s `Pools`).
@@ -79,12 +80,14 @@ SHAPE = dict(layers=16, heads=8, head_dim=64, dtype=torch.bfloat16, page_size=16
 # Timed calls per series, warm-up calls, calls per batch; by mode.
 COUNTS = {"cpu": dict(calls=400, warmup=20, batch=50), "gpu": dict(calls=1000, warmup=20, batch=50)}
 MIN_BUSY_S, MAX_BUSY_S = 2e-3, 0.5
-ROTATE = 8              # distinct index lists per series (see build_calls)
+LISTS = 512             # new index lists per series before they come round (see build_calls)
 
 
 # ------------------------------------------------------------------ the calls
-def build_calls(device: torch.device, shape: Optional[dict] = None) -> Tuple[Dict[str, Callable], dict]:
-    """(name -> callable for every call of ``CALLS`` and ``TORCH_OPS``, what they move)."""
+def build_calls(device: torch.device, shape: Optional[dict] = None,
+                lists: int = LISTS) -> Tuple[Dict[str, Callable], dict]:
+    """(name -> callable for every call of ``CALLS`` and ``TORCH_OPS``, what they move);
+    ``lists``: the calls each series makes before its index lists come round again."""
     from kvtier.adapters import transfer_kv_all_layer, transfer_kv_per_layer
     from kvtier.autotune.workload import Pools, PoolShape
 
@@ -106,12 +109,15 @@ def build_calls(device: torch.device, shape: Optional[dict] = None) -> Tuple[Dic
     item = ps.row_bytes
     src, dst = k[L - 1], v[L - 1]                           # one device layer
     rows = torch.index_select(src, 0, di)
-    # Index lists as an engine hands them over: every all-layer call (and gather) gets the
-    # next of ROTATE distinct lists (each batch brings new ones), and a per-layer call
-    # takes one list for every layer in turn (HiCache's layer loop), so nothing kvtier
-    # keeps per index tensor is reused where an engine would not reuse it.
-    sets = [(hi.clone(), di.clone()) for _ in range(ROTATE)]
-    page_sets = [d[::P] // P for _, d in sets]
+    # Index lists as an engine hands them over: every all-layer call (and gather) gets a new
+    # pair of index tensors (each batch brings new ones), and a per-layer call takes one
+    # pair for every layer in turn (HiCache's layer loop), so what kvtier keeps per index
+    # tensor is reused only where an engine would reuse it. They are made before timing.
+    def fresh(n):
+        return [(hi.clone(), di.clone()) for _ in range(n)]
+
+    sets = fresh(-(-lists // L))                            # per-layer walks: a pair per L calls
+
     def per_layer(fn):              # each series walks the lists on its own
         walk = itertools.cycle([(h, d, layer) for h, d in sets for layer in range(L)]).__next__
 
@@ -121,7 +127,7 @@ def build_calls(device: torch.device, shape: Optional[dict] = None) -> Tuple[Dic
         return call
 
     def all_layer(fn):
-        walk = itertools.cycle(sets).__next__
+        walk = itertools.cycle(fresh(lists)).__next__
 
         def call():
             fn(*walk())
@@ -135,20 +141,23 @@ def build_calls(device: torch.device, shape: Optional[dict] = None) -> Tuple[Dic
         walk = itertools.cycle(steps).__next__
         return lambda: transfer_kv_per_layer(*walk(), item)
 
-    pages_walk = itertools.cycle(page_sets).__next__
+    def page_walk():
+        return itertools.cycle([d[::P] // P for _, d in fresh(lists)]).__next__
+
+    gather_walk, new_walk = page_walk(), page_walk()
     out = {}                                                # gather(out=) refills these
 
     def gather_into():
         if not out:                                         # the first (warm-up) call makes them
-            out.update(dp.gather(page_sets[0], pages=True))
-        dp.gather(pages_walk(), pages=True, out=out)
+            out.update(dp.gather(pages, pages=True))
+        dp.gather(gather_walk(), pages=True, out=out)
     fns = {
         "HostPool.backup_from_device_all_layer": all_layer(lambda h, d: hp.backup_from_device_all_layer(dp, h, d)),
         "HostPool.load_to_device_all_layer": all_layer(lambda h, d: hp.load_to_device_all_layer(dp, h, d)),
         "HostPool.load_to_device_per_layer": per_layer(
             lambda h, d, layer: hp.load_to_device_per_layer(dp, h, d, dp.start_layer + layer)),
         "DevicePool.gather": gather_into,
-        "DevicePool.gather (new buffers)": lambda: dp.gather(pages_walk(), pages=True),
+        "DevicePool.gather (new buffers)": lambda: dp.gather(new_walk(), pages=True),
         "sglang.transfer_kv_per_layer": sglang_per_layer(),
         "sglang.transfer_kv_all_layer": all_layer(lambda h, d: transfer_kv_all_layer(
             dev_k, host_kt, dev_v, host_vt, d, h, item, L)),
@@ -159,7 +168,8 @@ def build_calls(device: torch.device, shape: Optional[dict] = None) -> Tuple[Dic
             "dtype": str(s["dtype"]).replace("torch.", ""), "page_size": P, "tokens": pools.tokens,
             "host_layout": s["host_layout"], "device_pool_slots": dp.size, "host_pool_slots": hp.size,
             "indices": f"int64 on the device, whole pages in scattered order; all-layer calls, gather "
-                       f"and the torch ops take the next of {ROTATE} distinct lists per call",
+                       f"and the torch ops take new index tensors for every call (up to {lists} per series, "
+                       f"made before timing)",
             "per_layer_calls": f"each list for layers 0..{L - 1} in turn (HiCache's layer loop)",
             "torch_ops": f"one device layer: {pools.tokens} rows of {item} B",
             "sglang": "transfer_kv_per_layer: load, host layer_first buffer -> device layer tensors; "
@@ -231,7 +241,7 @@ def measure_overhead(device: Optional[torch.device] = None, *, calls: Optional[i
     counts = dict(COUNTS["cpu" if on_cpu else "gpu"])
     counts.update({k: v for k, v in (("calls", calls), ("warmup", warmup), ("batch", batch)) if v})
     counts["batch"] = min(counts["batch"], counts["calls"])
-    fns, what = build_calls(device, shape)
+    fns, what = build_calls(device, shape, lists=counts["warmup"] + counts["batch"] + counts["calls"])
     keeper = None if on_cpu or prelaunch else busy_keeper(device)
     threads = torch.get_num_threads()
     with ExitStack() as stack:
