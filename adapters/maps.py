@@ -205,18 +205,20 @@ def per_layer_list(arg: str, layers: Sequence[torch.Tensor], page_size: int = 1)
 
 
 # ---------------------------------------------------------------- indices
-def indices(src_indices, dst_indices, device: torch.device) -> tuple:
+def indices(src_indices, dst_indices, device: torch.device, keep: bool = True) -> tuple:
     """Both index lists checked for shape (tensor, int32/int64, 1-D, equal lengths) and
     moved to the device where the copy runs (asynchronously, once per unchanged list:
     `kvtier.kernels.index_memo.on_device`): (src, dst, their facts) where the facts are
     the `kvtier.kernels.index_memo.facts` dicts (None where nothing is kept). A list's
-    shape check is kept in its facts per device, so a per-layer loop checks it once."""
-    fs = facts(src_indices) if type(src_indices) is torch.Tensor else None
-    fd = facts(dst_indices) if type(dst_indices) is torch.Tensor else None
+    shape check is kept in its facts per device, so a per-layer loop checks it once;
+    ``keep=False`` (an all-layer call's lists, seen once) keeps facts only where they
+    exist already."""
+    fs = facts(src_indices, keep) if type(src_indices) is torch.Tensor else None
+    fd = facts(dst_indices, keep) if type(dst_indices) is torch.Tensor else None
     if fs is None or fs.get(device) is not _HERE:
-        src_indices, fs = _index("src_indices", src_indices, fs, device)
+        src_indices, fs = _index("src_indices", src_indices, fs, device, keep)
     if fd is None or fd.get(device) is not _HERE:
-        dst_indices, fd = _index("dst_indices", dst_indices, fd, device)
+        dst_indices, fd = _index("dst_indices", dst_indices, fd, device, keep)
     if src_indices.numel() != dst_indices.numel():
         raise fail("dst_indices", f"{dst_indices.numel()} indices",
                    f"src_indices has {src_indices.numel()}; counts must match")
@@ -226,7 +228,7 @@ def indices(src_indices, dst_indices, device: torch.device) -> tuple:
 _HERE, _STAGED = "here", "staged"     # where a checked list lives, kept in its facts per device
 
 
-def _index(arg: str, idx, known: Optional[dict], device: torch.device):
+def _index(arg: str, idx, known: Optional[dict], device: torch.device, keep: bool = True):
     """(``idx`` checked and on ``device``, its facts) for a list not yet known to be
     there."""
     where = known.get(device) if known is not None else None
@@ -238,7 +240,7 @@ def _index(arg: str, idx, known: Optional[dict], device: torch.device):
     if where is _HERE:
         return idx, known
     staged = on_device(idx, device)
-    return staged, facts(staged)
+    return staged, facts(staged, keep)
 
 
 def page_count(indices_numel: int, page_size: int, arg: str = "src_indices") -> None:
@@ -316,7 +318,7 @@ def _run(lane: Lane, src_indices, dst_indices, check: Optional[bool]) -> None:
         if found is not None:
             si, di, n, verdict = found
         else:
-            si, di, fs, fd = indices(src_indices, dst_indices, route.device)
+            si, di, fs, fd = indices(src_indices, dst_indices, route.device, route.keeps_lists)
             n = si.numel()
             verdict, ticket = None, []
             if n and checking:
@@ -445,7 +447,7 @@ class _Route:
         maps = [m for pairs, *_ in jobs for p in pairs for m in p]
         # One object per device, so calls on different routes compare devices by identity.
         self.device = _DEVICES.setdefault(compute_device(*maps), compute_device(*maps))
-        si, di, _, _ = indices(src_indices, dst_indices, self.device)
+        si, di, _, _ = indices(src_indices, dst_indices, self.device, keep=False)
         self.plans = []
         for pairs, src_layer, dst_layer, num_layers in jobs:
             for s, d in _stacked(list(pairs)):
@@ -456,6 +458,9 @@ class _Route:
         self.src_limit = (min(m.num_rows for m in srcs), _whole_pages(srcs[0], by_page))
         self.dst_limit = (min(m.num_rows for m in dsts), _whole_pages(dsts[0], by_page))
         self.limits = (self.src_limit, self.dst_limit)
+        # A per-layer call's lists come again for the next layer; an all-layer call's
+        # do not: what is learnt about them is kept for the former only.
+        self.keeps_lists = op.scope != "all"
         self._on_cpu = self.device.type == "cpu"
         self.quota = None if block_quota is None else _positive("block_quota", block_quota)
         _require_runnable(maps, self.device)

@@ -29,11 +29,13 @@ import kvtier.platforms as platforms
 _MEMO: Dict[int, Tuple[weakref.ref, int, dict]] = {}
 
 
-def facts(t: torch.Tensor) -> Optional[dict]:
+def facts(t: torch.Tensor, create: bool = True) -> Optional[dict]:
     """The dict of facts kept for ``t`` at its current version (empty when ``t`` is new to
     kvtier or was written since; the same dict object for as long as ``t`` is unchanged);
     callers store and read their own keys in it. None for an inference tensor, and while a
-    graph is being captured."""
+    graph is being captured. ``create=False``: None rather than a new dict, for a list a
+    call expects to see once (an all-layer call's): keeping it would cost more than it
+    saves."""
     if platforms.capturing():
         return None
     try:
@@ -45,6 +47,8 @@ def facts(t: torch.Tensor) -> Optional[dict]:
     if entry is not None and entry[0]() is t:
         if entry[1] == version:
             return entry[2]
+    if not create:
+        return None
     found = {}
     _MEMO[key] = (weakref.ref(t, _forget(key)), version, found)
     return found

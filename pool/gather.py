@@ -21,24 +21,27 @@ from . import launch as launcher
 from .launch import bind_launch, launch, lookup, lookup_state
 
 
-def slots_of(pool, indices: torch.Tensor, pages: bool):
+_ASK = object()     # check_values: the guard looks the facts up itself
+
+
+def slots_of(pool, indices: torch.Tensor, pages: bool, known=_ASK):
     """(token slots, verdict) for slot or page ``indices`` whose shape the caller checked
     (`check_index`): the value checks by the pool's index guard (no device sync; the
-    verdict word gates the copies)."""
-    verdict = check_values(pool, indices, pages)
+    verdict word gates the copies); ``known`` as for `check_values`."""
+    verdict = check_values(pool, indices, pages, known)
     if not pages:
         return indices, verdict
     p = pool.page_size
     return (indices[:, None] * p + iota(p, indices.dtype, indices.device)).reshape(-1), verdict
 
 
-def check_values(pool, indices: torch.Tensor, pages: bool, known: Optional[dict] = None):
+def check_values(pool, indices: torch.Tensor, pages: bool, known=_ASK):
     """The pool guard's value check of slot or page ``indices`` (its verdict word, or
-    None); ``known``: their facts, where the caller has them."""
+    None); ``known``: their facts (None: none kept), where the caller looked them up."""
     if not checks_on(pool.check):
         return None
     limit = pool.size // pool.page_size if pages else pool.size
-    lst = ("indices", indices, limit, 1) if known is None else ("indices", indices, limit, 1, known)
+    lst = ("indices", indices, limit, 1) if known is _ASK else ("indices", indices, limit, 1, known)
     return pool.guard.check(pool.device, [lst])
 
 
@@ -191,7 +194,8 @@ def _pages_direct(pool, pages: bool) -> bool:
 
 def gather(pool, indices: torch.Tensor, *, pages: bool = False,
            out: Optional[Dict[str, torch.Tensor]] = None) -> Dict[str, torch.Tensor]:
-    known = facts(indices) if type(indices) is torch.Tensor else None
+    # A gather's list is kept only where its facts exist already (it is seldom passed again).
+    known = facts(indices, False) if type(indices) is torch.Tensor else None
     if known is None or pool.shape_token not in known:      # a list's shape check is kept in its facts
         check_index("indices", indices, pool.index_device)
         if known is not None:
@@ -202,7 +206,7 @@ def gather(pool, indices: torch.Tensor, *, pages: bool = False,
         bufs = gather_groups(pool, indices, pages, verdict=check_values(pool, indices, pages, known),
                              page_indices=True)
     else:
-        slots, verdict = slots_of(pool, indices, pages)
+        slots, verdict = slots_of(pool, indices, pages, known)
         bufs = gather_groups(pool, slots, pages, verdict=verdict)
     return {name: buf[i] for (names, _), buf in zip(pool.groups, bufs) for i, name in enumerate(names)}
 
@@ -221,7 +225,7 @@ def _gather_out(pool, indices: torch.Tensor, pages: bool, out: Dict[str, torch.T
     if direct:
         slots, verdict = indices, check_values(pool, indices, pages, known)
     else:
-        slots, verdict = slots_of(pool, indices, pages)
+        slots, verdict = slots_of(pool, indices, pages, known)
     n = slots.numel()
     if n:
         state = lookup_state()

@@ -254,7 +254,7 @@ class HostPool:
         whole = op.scope == "all"
         slots = self._resolve(device_pool, whole=whole)
         local = None if whole else slots[0][1].local_layer(layer_id)   # checked before anything moves
-        verdict = self._check_indices(slots, host_indices, device_indices)
+        verdict = self._check_indices(slots, host_indices, device_indices, keep=not whole)
         n = device_indices.numel()
         if n == 0:
             return
@@ -333,18 +333,20 @@ class HostPool:
         _check_rows("device_pool", device_pool, self.pools[0], layers=True)
         return ((0, device_pool),)
 
-    def _check_indices(self, slots, host_indices, device_indices) -> Optional[torch.Tensor]:
-        """Shapes checked at once; values by the pool's guard: the verdict word, or None."""
+    def _check_indices(self, slots, host_indices, device_indices, keep: bool = True) -> Optional[torch.Tensor]:
+        """Shapes checked at once; values by the pool's guard: the verdict word, or None.
+        ``keep``: remember what is learnt about the lists (a per-layer loop passes them
+        again; an all-layer call's lists are kept only if something keeps them already)."""
         if type(host_indices) is not torch.Tensor and not isinstance(host_indices, torch.Tensor):
             raise fail("host_indices", type(host_indices).__name__, "must be a torch.Tensor of int32 or int64")
         # Shape checks are kept in each list's facts (keyed by the pool they passed for),
         # so a per-layer loop checks its lists once.
-        fh = facts(host_indices) if type(host_indices) is torch.Tensor else None
+        fh = facts(host_indices, keep) if type(host_indices) is torch.Tensor else None
         if fh is None or self.shape_token not in fh:
             check_index("host_indices", host_indices, host_indices.device if host_indices.is_cpu else self.device)
             if fh is not None:
                 fh[self.shape_token] = True
-        fd = facts(device_indices) if type(device_indices) is torch.Tensor else None
+        fd = facts(device_indices, keep) if type(device_indices) is torch.Tensor else None
         for _, pool in slots:
             if fd is None or pool.shape_token not in fd:
                 check_index("device_indices", device_indices, pool.index_device)

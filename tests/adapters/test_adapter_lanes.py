@@ -225,3 +225,18 @@ def test_checks_turned_off_and_on_between_calls(checks, monkeypatch):
     di[0] = N                                       # out of range, checks on again
     with pytest.raises(KvtierError, match=f"dst_indices={N}"):
         _load(host, dev, 2, si, di)
+
+
+@needs_cpu_kernel
+def test_an_all_layer_calls_lists_are_not_remembered_but_a_layer_loops_are():
+    from kvtier.kernels import index_memo
+    src = [_rand(N, *ROW, seed=60 + l) for l in range(2)]
+    dst = [torch.zeros(N, *ROW, dtype=torch.bfloat16) for _ in range(2)]
+    si, di = torch.tensor([6, 1]), torch.tensor([0, 9])
+    adapters.transfer_kv_all_layer(table(src), table(dst), table(src), table(dst), si, di, ITEM, 2)
+    assert id(si) not in index_memo._MEMO and id(di) not in index_memo._MEMO
+    for l in range(2):
+        assert torch.equal(dst[l][di].view(torch.int16), src[l][si].view(torch.int16))
+    host, dev = _layers(1, seed=61)
+    _load(host, dev, 0, si, di)
+    assert id(si) in index_memo._MEMO and id(di) in index_memo._MEMO
