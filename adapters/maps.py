@@ -23,7 +23,7 @@ from kvtier.kernels.index_memo import facts, on_device
 from kvtier.kernels.ops import BACKUP, LOAD, Op
 from kvtier.kernels.errors import KvtierError, fail
 from kvtier.kernels.rowmap import RowMap, keep as _keep, kept as _kept, tensor_key as _tensor_key
-from kvtier.kernels.validate import check_copy, check_index, compute_device
+from kvtier.kernels.validate import check_copy, check_dense, check_index, compute_device
 from kvtier.autotune.key import rows_bucket
 from kvtier.pool import launch as launcher
 from kvtier.pool.launch import bind_launch, lookup, lookup_state
@@ -35,11 +35,12 @@ UNSIZED_ROWS = 1 << 40
 
 # ---------------------------------------------------------------- tensors by byte arithmetic
 def _dense_bytes(arg: str, t, outer: int) -> int:
-    """Bytes of tensor ``t`` (`_addressable`), which an engine kernel addresses as
+    """Bytes of dense tensor ``t`` (`check_dense`), which an engine kernel addresses as
     ``base + i * outer + ...``: it must be contiguous (byte arithmetic ignores strides)
-    and hold at least one ``outer`` run; where it has a leading dim, that dim's stride must be ``outer`` (which catches an
-    ``item_size`` given in elements rather than bytes), or, for a page-major buffer of 4
-    or more dims (see `_page_of`), a whole number of ``outer`` runs."""
+    and hold at least one ``outer`` run; where it has a leading dim, that dim's stride
+    must be ``outer`` (which catches an ``item_size`` given in elements rather than
+    bytes), or, for a page-major buffer of 4 or more dims (see `_page_of`), a whole
+    number of ``outer`` runs."""
     if not t.is_contiguous():
         raise fail(arg, tuple(t.stride()), "must be contiguous: the call addresses it by byte offsets")
     nbytes = t.numel() * t.element_size()
@@ -50,17 +51,6 @@ def _dense_bytes(arg: str, t, outer: int) -> int:
         raise fail(arg, tuple(t.shape), f"rows {t.stride(0) * t.element_size()} bytes apart along dim 0; "
                    f"the call implies {outer} (item_size and layout_dim are in bytes)")
     return nbytes
-
-
-def _addressable(arg: str, t) -> None:
-    """``t`` must be a tensor whose bytes a kernel can address: dense (strided) and with
-    memory (not meta)."""
-    if not isinstance(t, torch.Tensor):
-        raise fail(arg, type(t).__name__, "must be a torch.Tensor")
-    if t.layout != torch.strided:
-        raise fail(f"{arg}.layout", t.layout, "must be a dense (strided) tensor: the call addresses it by byte offsets")
-    if t.is_meta:
-        raise fail(f"{arg}.device", str(t.device), "a meta tensor holds no bytes")
 
 
 def _page_of(t: torch.Tensor, item_size: int) -> int:
@@ -90,7 +80,7 @@ def _layers_in(layout_dim: int, item_size: int, arg: str = "layout_dim") -> int:
 def lf_buffer(arg: str, t: torch.Tensor, item_size: int) -> RowMap:
     """One layer, rows packed: row i at ``base + i * item_size`` (SGLang's ``lf``)."""
     _positive("item_size", item_size)   # before the lookup: 32.0 == 32 would find an int's map
-    _addressable(arg, t)
+    check_dense(arg, t, "bytes")
     return _kept(("lf", arg, item_size, *_tensor_key(t)), lambda: _lf_buffer(arg, t, item_size))
 
 
@@ -108,7 +98,7 @@ def pf_buffer(arg: str, t: torch.Tensor, item_size: int, layout_dim: int) -> Row
     (SGLang's ``pf``; ``layout_dim`` = layers x item_size bytes)."""
     _positive("item_size", item_size)   # before the lookup, as in lf_buffer
     _layers_in(layout_dim, item_size)
-    _addressable(arg, t)
+    check_dense(arg, t, "bytes")
     return _kept(("pf", arg, item_size, layout_dim, *_tensor_key(t)),
                  lambda: _pf_buffer(arg, t, item_size, layout_dim))
 
@@ -128,7 +118,7 @@ def ph_buffer(arg: str, t: torch.Tensor, item_size: int, layout_dim: int, page_s
     _positive("item_size", item_size)
     _positive("page_size", page_size)
     _positive("head_num", head_num)
-    _addressable(arg, t)
+    check_dense(arg, t, "bytes")
     if item_size % head_num:
         raise fail("head_num", head_num, f"must divide item_size={item_size}")
     layers = _layers_in(layout_dim, item_size)

@@ -27,13 +27,19 @@ def compute_device(*maps: RowMap) -> torch.device:
     return found if found is not None else _CPU
 
 
+def check_dense(arg: str, t, holds: str, tensor_of: str = "") -> None:
+    """``t`` must be a dense (strided) tensor with memory (not meta); ``holds`` names
+    what it holds and ``tensor_of`` the dtypes wanted, for the errors."""
+    if not isinstance(t, torch.Tensor):
+        raise fail(arg, type(t).__name__, f"must be a torch.Tensor{tensor_of}")
+    if t.layout != torch.strided:
+        raise fail(f"{arg}.layout", t.layout, "must be a dense (strided) tensor")
+    if t.is_meta:
+        raise fail(f"{arg}.device", str(t.device), f"a meta tensor holds no {holds}")
+
+
 def check_index(arg: str, idx, device: torch.device) -> None:
-    if not isinstance(idx, torch.Tensor):
-        raise fail(arg, type(idx).__name__, "must be a torch.Tensor of int32 or int64")
-    if idx.layout != torch.strided:
-        raise fail(f"{arg}.layout", idx.layout, "must be a dense (strided) tensor")
-    if idx.is_meta:
-        raise fail(f"{arg}.device", str(idx.device), "a meta tensor holds no indices")
+    check_dense(arg, idx, "indices", " of int32 or int64")
     if idx.dtype not in INDEX_DTYPES:
         raise fail(f"{arg}.dtype", idx.dtype, "must be torch.int32 or torch.int64")
     if idx.dim() != 1:
