@@ -302,11 +302,9 @@ def _run(lane: Lane, src_indices, dst_indices, check: Optional[bool]) -> None:
     checking = checks_on(check)
     try:
         r = _RECENT
-        found = None
-        if r is not None and r[0] is src_indices and r[1] is dst_indices:
-            found = _recent(r, route, skip_negative, checking)
-        if found is not None:
-            si, di, n, verdict = found
+        if r is not None and r.src is src_indices and r.dst is dst_indices \
+                and _still(r, route, skip_negative, checking):
+            si, di, n, verdict = r.si, r.di, r.n, r.verdict
         else:
             si, di, fs, fd = indices(src_indices, dst_indices, route.device, route.keeps_lists)
             n = si.numel()
@@ -316,9 +314,9 @@ def _run(lane: Lane, src_indices, dst_indices, check: Optional[bool]) -> None:
                                                      ("dst_indices", di, *route.dst_limit, fd)],
                                       negatives_skip=skip_negative, ticket=ticket)
             if fs is not None and fd is not None:
-                _RECENT = (src_indices, dst_indices, src_indices._version, dst_indices._version, route.device,
-                           (route.limits, skip_negative, checking), route.stream_key(), si, di, n,
-                           ticket[0] if verdict is not None else None, verdict)
+                _RECENT = _Recent(src_indices, dst_indices, src_indices._version, dst_indices._version,
+                                  route.device, (route.limits, skip_negative, checking), route.stream_key(),
+                                  si, di, n, ticket[0] if verdict is not None else None, verdict)
     except KvtierError as e:
         raise _renamed(e, names) from None
     if n:
@@ -329,25 +327,39 @@ def _run(lane: Lane, src_indices, dst_indices, check: Optional[bool]) -> None:
             launcher.run_all(route.op, bounds, si, di, verdict)
 
 
-# The last call's index lists as prepared and checked: HiCache's per-layer loop passes
-# one pair of index tensors for every layer. One tuple, replaced whole (threads see a
-# whole record or the next one).
-_RECENT: Optional[tuple] = None
+class _Recent(NamedTuple):
+    """The last call's index lists as prepared and checked (HiCache's per-layer loop
+    passes one pair of index tensors for every layer): the caller's tensors and their
+    torch versions, what the check depended on, and what it gave."""
+
+    src: torch.Tensor
+    dst: torch.Tensor
+    src_version: int
+    dst_version: int
+    device: torch.device
+    signature: tuple            # (route limits, skip_negative, checks on)
+    stream: object              # `_Route.stream_key` (None on the CPU)
+    si: torch.Tensor
+    di: torch.Tensor
+    n: int
+    ticket: Optional[tuple]     # `IndexGuard.holds` asks it; None when no verdict word
+    verdict: Optional[torch.Tensor]
 
 
-def _recent(r: tuple, route: "_Route", skip_negative: bool, checking: bool):
-    """(src, dst, count, verdict) of the last call ``r``, whose index tensors this call
-    passes again, if they are at the same torch versions, for the same device (and
-    stream), limits and checks, nothing is being captured, and the guard's word still
-    holds their verdict; else None."""
-    if (r[4] is not route.device or r[5] != (route.limits, skip_negative, checking)
-            or r[0]._version != r[2] or r[1]._version != r[3] or platforms.capturing()):
-        return None
-    if r[6] is not None and r[6] != route.stream_key():
-        return None
-    if r[10] is not None and not GUARD.holds(r[10]):
-        return None
-    return r[7:10] + (r[11],)
+# One record, replaced whole (threads see a whole record or the next one).
+_RECENT: Optional[_Recent] = None
+
+
+def _still(r: _Recent, route: "_Route", skip_negative: bool, checking: bool) -> bool:
+    """Whether the last call's lists ``r``, which this call passes again, can be reused:
+    the same torch versions, device (and stream), limits and checks, nothing being
+    captured, and the guard's word still holding their verdict."""
+    if (r.device is not route.device or r.signature != (route.limits, skip_negative, checking)
+            or r.src._version != r.src_version or r.dst._version != r.dst_version or platforms.capturing()):
+        return False
+    if r.stream is not None and r.stream != route.stream_key():
+        return False
+    return r.ticket is None or GUARD.holds(r.ticket)
 
 
 def _renamed(e: KvtierError, names: Tuple[str, str]) -> KvtierError:
@@ -436,7 +448,8 @@ class _Route:
     def __init__(self, jobs, src_indices, dst_indices, op: Op, by_page: bool, config, block_quota):
         maps = [m for pairs, *_ in jobs for p in pairs for m in p]
         # One object per device, so calls on different routes compare devices by identity.
-        self.device = _DEVICES.setdefault(compute_device(*maps), compute_device(*maps))
+        device = compute_device(*maps)
+        self.device = _DEVICES.setdefault(device, device)
         si, di, _, _ = indices(src_indices, dst_indices, self.device, keep=False)
         self.plans = []
         for pairs, src_layer, dst_layer, num_layers in jobs:

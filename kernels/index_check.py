@@ -94,7 +94,7 @@ class IndexGuard:
         self.raise_pending()
         # Index lists live on the host or where the copy runs (their callers checked that):
         # those on the compute device are checked there, where the check kernel runs.
-        known_device = self._devices.get(id(device))
+        known_device = self._devices.get(id(device))     # kept per device object
         if known_device is None or known_device[0] is not device:
             known_device = self._device_facts(device)
         _, on_cpu, kernel_runs = known_device
@@ -198,12 +198,10 @@ class IndexGuard:
         return i
 
     def _device_facts(self, device: torch.device) -> tuple:
-        """(device, on the CPU, the check kernel runs there), kept per device object
-        (reading a torch.device's type or hash costs more than the rest of a check)."""
-        facts_ = self._devices.get(id(device))
-        if facts_ is None or facts_[0] is not device:
-            facts_ = self._devices[id(device)] = (device, device.type == "cpu",
-                                                  _runner()(device.type) == "kernel")
+        """(device, on the CPU, the check kernel runs there), worked out for a device
+        object `check` does not know yet and kept per object (reading a torch.device's
+        type or hash costs more than the rest of a check)."""
+        facts_ = self._devices[id(device)] = (device, device.type == "cpu", _runner()(device.type) == "kernel")
         return facts_
 
     def _cpu_slot(self, device: torch.device) -> _Slot:

@@ -48,6 +48,17 @@ def check_index(arg: str, idx, device: torch.device) -> None:
         raise fail(f"{arg}.device", str(idx.device), f"must be on {device}, where the copy runs")
 
 
+def check_index_kept(arg: str, idx, device: torch.device, known: Optional[dict], token) -> None:
+    """`check_index`, skipped where ``known`` (the list's `kvtier.kernels.index_memo.facts`,
+    or None) records that it passed for ``token`` (a pool's ``shape_token``), and recorded
+    there when it passes: a per-layer loop checks its lists once."""
+    if known is not None and token in known:
+        return
+    check_index(arg, idx, device)
+    if known is not None:
+        known[token] = True
+
+
 def check_range(arg: str, idx: torch.Tensor, limit: int) -> None:
     """0 <= idx < limit; one reduction (a device sync when idx lives on a GPU)."""
     if idx.numel() == 0:

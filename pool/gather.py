@@ -13,7 +13,7 @@ from kvtier.kernels.rowmap import kept, tensor_key
 from kvtier.kernels.errors import fail
 from kvtier.kernels.index_check import checks_on
 from kvtier.kernels.index_memo import facts
-from kvtier.kernels.validate import check_index
+from kvtier.kernels.validate import check_index, check_index_kept
 
 from kvtier.kernels.ops import GATHER, SCATTER, Op
 
@@ -92,7 +92,7 @@ def gather_groups(pool, slots: torch.Tensor, pages: bool, op: Op = GATHER,
     if laid is None and _runner(pool.device.type) == "kernel":
         laid = _remember(pool._gather_layouts, key, _Layout(pool, op, into, pages, page_indices, n_slots, shapes))
     if laid is not None and laid.takes(into):
-        launcher.run_all(op, laid.bounds, slots, laid.iota(n, slots), verdict, dst_buffers=laid.words(into))
+        launcher.run_all(op, laid.bounds, slots, _buffer_side(laid, n, slots), verdict, dst_buffers=laid.words(into))
     else:
         bounds = _bind_groups(pool, op, into, pages, page_indices, n_slots, keep=False)
         launcher.run_all(op, bounds, slots, iota(n, slots.dtype, slots.device), verdict)
@@ -115,7 +115,7 @@ class _Layout:
         # words, else through a flat view.
         self.direct = [b.shape[-1] * b.element_size() % bound.plan.dp_dtype.itemsize == 0
                        for b, bound in zip(bufs, self.bounds)]
-        self._iota = None
+        self.buffer_side = None     # see _buffer_side
 
     def takes(self, bufs: List[torch.Tensor]) -> bool:
         """Whether ``bufs`` are aligned as the layout assumes (fresh allocations are)."""
@@ -129,11 +129,15 @@ class _Layout:
         return [b.view(bound.plan.dp_dtype) if direct else b.view(-1).view(bound.plan.dp_dtype)
                 for b, bound, direct in zip(bufs, self.bounds, self.direct)]
 
-    def iota(self, n: int, slots: torch.Tensor) -> torch.Tensor:
-        kept = self._iota
-        if kept is None or kept.dtype != slots.dtype:
-            kept = self._iota = iota(n, slots.dtype, slots.device)
-        return kept
+
+
+def _buffer_side(holder, n: int, slots: torch.Tensor) -> torch.Tensor:
+    """The contiguous side's indices (`iota`) for ``n`` slots, kept on ``holder`` (a
+    `_Layout` or `_OutRoute`: one count each) for slots of this dtype."""
+    kept = holder.buffer_side
+    if kept is None or kept.dtype != slots.dtype:
+        kept = holder.buffer_side = iota(n, slots.dtype, slots.device)
+    return kept
 
 
 def _bind_groups(pool, op: Op, bufs: List[torch.Tensor], pages: bool, page_indices: bool, n_slots: int,
@@ -196,10 +200,7 @@ def gather(pool, indices: torch.Tensor, *, pages: bool = False,
            out: Optional[Dict[str, torch.Tensor]] = None) -> Dict[str, torch.Tensor]:
     # A gather's list is kept only where its facts exist already (it is seldom passed again).
     known = facts(indices, False) if type(indices) is torch.Tensor else None
-    if known is None or pool.shape_token not in known:      # a list's shape check is kept in its facts
-        check_index("indices", indices, pool.index_device)
-        if known is not None:
-            known[pool.shape_token] = True
+    check_index_kept("indices", indices, pool.index_device, known, pool.shape_token)
     if out is not None:
         return _gather_out(pool, indices, pages, out, known)
     if _pages_direct(pool, pages):
@@ -232,9 +233,7 @@ def _gather_out(pool, indices: torch.Tensor, pages: bool, out: Dict[str, torch.T
         if kept.state != state:
             kept.bounds = _bind_groups(pool, GATHER, kept.into, pages, direct, n_slots, keep=True)
             kept.state = state
-        if kept.iota is None or kept.iota.dtype != slots.dtype:
-            kept.iota = iota(n, slots.dtype, slots.device)
-        launcher.run_all(GATHER, kept.bounds, slots, kept.iota, verdict)
+        launcher.run_all(GATHER, kept.bounds, slots, _buffer_side(kept, n, slots), verdict)
     return out
 
 
@@ -248,7 +247,7 @@ class _OutRoute:
         self.ptrs = tuple(t.data_ptr() for t in self.values)
         self.n_slots, self.pages, self.into = n_slots, pages, into
         self.state, self.bounds = None, None
-        self.iota = None        # the buffer side's indices (one count per route)
+        self.buffer_side = None     # see _buffer_side
 
     def serves(self, out, n_slots: int, pages: bool) -> bool:
         """Whether ``out`` is the checked dict, unchanged, for the same count and mode."""

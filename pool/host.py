@@ -24,7 +24,7 @@ from kvtier.kernels.ops import BACKUP, LOAD, LOAD_LAYER, Op
 from kvtier.kernels.index_check import IndexGuard, checks_on
 from kvtier.kernels.copy_rows import check_storage, watch
 from kvtier.kernels.index_memo import facts, on_device
-from kvtier.kernels.validate import check_index, is_int
+from kvtier.kernels.validate import check_index_kept, is_int
 
 from . import dma
 from .allocator import PageAllocator
@@ -337,21 +337,15 @@ class HostPool:
         """Shapes checked at once; values by the pool's guard: the verdict word, or None.
         ``keep``: remember what is learnt about the lists (a per-layer loop passes them
         again; an all-layer call's lists are kept only if something keeps them already)."""
-        if type(host_indices) is not torch.Tensor and not isinstance(host_indices, torch.Tensor):
+        if not isinstance(host_indices, torch.Tensor):
             raise fail("host_indices", type(host_indices).__name__, "must be a torch.Tensor of int32 or int64")
-        # Shape checks are kept in each list's facts (keyed by the pool they passed for),
-        # so a per-layer loop checks its lists once.
+        # Shape checks are kept in each list's facts (keyed by the pool they passed for).
         fh = facts(host_indices, keep) if type(host_indices) is torch.Tensor else None
-        if fh is None or self.shape_token not in fh:
-            check_index("host_indices", host_indices, host_indices.device if host_indices.is_cpu else self.device)
-            if fh is not None:
-                fh[self.shape_token] = True
+        check_index_kept("host_indices", host_indices, host_indices.device if host_indices.is_cpu else self.device,
+                         fh, self.shape_token)
         fd = facts(device_indices, keep) if type(device_indices) is torch.Tensor else None
         for _, pool in slots:
-            if fd is None or pool.shape_token not in fd:
-                check_index("device_indices", device_indices, pool.index_device)
-                if fd is not None:
-                    fd[pool.shape_token] = True
+            check_index_kept("device_indices", device_indices, pool.index_device, fd, pool.shape_token)
         if host_indices.numel() != device_indices.numel():
             raise fail("device_indices", f"{device_indices.numel()} indices",
                        f"host_indices has {host_indices.numel()}; counts must match")
