@@ -48,15 +48,15 @@ def check_index(arg: str, idx, device: torch.device) -> None:
         raise fail(f"{arg}.device", str(idx.device), f"must be on {device}, where the copy runs")
 
 
-def check_index_kept(arg: str, idx, device: torch.device, known: Optional[dict], token) -> None:
-    """`check_index`, skipped where ``known`` (the list's `kvtier.kernels.index_memo.facts`,
-    or None) records that it passed for ``token`` (a pool's ``shape_token``), and recorded
-    there when it passes: a per-layer loop checks its lists once."""
-    if known is not None and token in known:
-        return
-    check_index(arg, idx, device)
-    if known is not None:
-        known[token] = True
+def index_ok(idx, device: torch.device) -> bool:
+    """Whether `check_index` passes ``idx`` for a copy on ``device``, answered fast for the
+    usual case (a plain tensor on ``device`` itself); False sends the caller to
+    `check_index`, which passes the rest it accepts or names what is wrong."""
+    return (type(idx) is torch.Tensor and idx.dtype in INDEX_DTYPES and idx.dim() == 1
+            and idx.layout is _STRIDED and idx.device == device)
+
+
+_STRIDED = torch.strided
 
 
 def check_range(arg: str, idx: torch.Tensor, limit: int) -> None:

@@ -94,9 +94,6 @@ class DevicePool:
         # Index value checks of gather/scatter/CPU copies: None follows KVTIER_CHECK (on).
         self.check: Optional[bool] = None
         self.guard = IndexGuard()
-        # A key in index lists' facts meaning "its shape passed for this pool" (a token,
-        # not the pool: facts must not keep a pool alive).
-        self.shape_token = object()
         # gather(out=...): the last out checked and its bound copies (pool/gather.py)
         self._gather_out = None
         self._gather_layouts: Dict[tuple, tuple] = {}    # new result buffers, per shape

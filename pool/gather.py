@@ -13,7 +13,7 @@ from kvtier.kernels.rowmap import kept, tensor_key
 from kvtier.kernels.errors import fail
 from kvtier.kernels.index_check import checks_on
 from kvtier.kernels.index_memo import facts
-from kvtier.kernels.validate import check_index, check_index_kept
+from kvtier.kernels.validate import check_index, index_ok
 
 from kvtier.kernels.ops import GATHER, SCATTER, Op
 
@@ -198,9 +198,10 @@ def _pages_direct(pool, pages: bool) -> bool:
 
 def gather(pool, indices: torch.Tensor, *, pages: bool = False,
            out: Optional[Dict[str, torch.Tensor]] = None) -> Dict[str, torch.Tensor]:
+    if not index_ok(indices, pool.index_device):
+        check_index("indices", indices, pool.index_device)
     # A gather's list is kept only where its facts exist already (it is seldom passed again).
-    known = facts(indices, False) if type(indices) is torch.Tensor else None
-    check_index_kept("indices", indices, pool.index_device, known, pool.shape_token)
+    known = facts(indices, False)
     if out is not None:
         return _gather_out(pool, indices, pages, out, known)
     if _pages_direct(pool, pages):

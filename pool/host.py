@@ -24,7 +24,7 @@ from kvtier.kernels.ops import BACKUP, LOAD, LOAD_LAYER, Op
 from kvtier.kernels.index_check import IndexGuard, checks_on
 from kvtier.kernels.copy_rows import check_storage, watch
 from kvtier.kernels.index_memo import facts, on_device
-from kvtier.kernels.validate import check_index_kept, is_int
+from kvtier.kernels.validate import check_index, index_ok, is_int
 
 from . import dma
 from .allocator import PageAllocator
@@ -32,6 +32,8 @@ from .device import DevicePool
 from . import launch as launcher
 from .launch import bind_launch, lookup, lookup_state
 from .spec import Component
+
+_CPU = torch.device("cpu")
 
 STRATEGIES = ("auto",) + LINK_STRATEGIES   # "auto": the tuned configuration decides
 
@@ -156,9 +158,6 @@ class HostPool:
         self._by_page = self._layout.paged and self.page_size > 1   # page layouts move whole pages
         self._index_page = self.page_size if self._layout.paged else 1   # indices come in whole pages
         self.guard = IndexGuard()
-        # A key in index lists' facts meaning "its shape passed for this pool" (a token,
-        # not the pool: facts must not keep a pool alive).
-        self.shape_token = object()
 
     # ------------------------------------------------------------------ construction
     def _size(self, size_tokens, size_gb) -> int:
@@ -335,24 +334,25 @@ class HostPool:
 
     def _check_indices(self, slots, host_indices, device_indices, keep: bool = True) -> Optional[torch.Tensor]:
         """Shapes checked at once; values by the pool's guard: the verdict word, or None.
-        ``keep``: remember what is learnt about the lists (a per-layer loop passes them
-        again; an all-layer call's lists are kept only if something keeps them already)."""
-        if not isinstance(host_indices, torch.Tensor):
-            raise fail("host_indices", type(host_indices).__name__, "must be a torch.Tensor of int32 or int64")
-        # Shape checks are kept in each list's facts (keyed by the pool they passed for).
-        fh = facts(host_indices, keep) if type(host_indices) is torch.Tensor else None
-        check_index_kept("host_indices", host_indices, host_indices.device if host_indices.is_cpu else self.device,
-                         fh, self.shape_token)
-        fd = facts(device_indices, keep) if type(device_indices) is torch.Tensor else None
+        ``keep``: remember what is learnt about the lists' values (a per-layer loop passes
+        them again; an all-layer call's lists come once)."""
+        # Host indices live on the host or where the copy runs; device indices where it runs.
+        if not (type(host_indices) is torch.Tensor
+                and index_ok(host_indices, _CPU if host_indices.is_cpu else self.device)):
+            check_index("host_indices", host_indices, host_indices.device
+                        if isinstance(host_indices, torch.Tensor) and host_indices.is_cpu else self.device)
         for _, pool in slots:
-            check_index_kept("device_indices", device_indices, pool.index_device, fd, pool.shape_token)
-        if host_indices.numel() != device_indices.numel():
+            if not index_ok(device_indices, pool.index_device):
+                check_index("device_indices", device_indices, pool.index_device)
+        n = host_indices.numel()
+        if n != device_indices.numel():
             raise fail("device_indices", f"{device_indices.numel()} indices",
-                       f"host_indices has {host_indices.numel()}; counts must match")
+                       f"host_indices has {n}; counts must match")
         if not checks_on(self.check):
             return None
         page = self._index_page
         limit = slots[0][1].size if len(slots) == 1 else min(pool.size for _, pool in slots)
+        fh, fd = (facts(host_indices), facts(device_indices)) if keep else (None, None)
         return self.guard.check(self.device, [("host_indices", host_indices, self.size, page, fh),
                                               ("device_indices", device_indices, limit, page, fd)])
 
