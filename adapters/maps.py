@@ -23,7 +23,7 @@ from kvtier.kernels.index_memo import facts, on_device
 from kvtier.kernels.ops import BACKUP, LOAD, Op
 from kvtier.kernels.errors import KvtierError, fail
 from kvtier.kernels.rowmap import RowMap, keep as _keep, kept as _kept, tensor_key as _tensor_key
-from kvtier.kernels.validate import check_copy, check_dense, check_index, compute_device
+from kvtier.kernels.validate import check_copy, check_dense, check_index, compute_device, index_ok
 from kvtier.autotune.key import rows_bucket
 from kvtier.pool import launch as launcher
 from kvtier.pool.launch import bind_launch, lookup, lookup_state
@@ -199,12 +199,14 @@ def indices(src_indices, dst_indices, device: torch.device, keep: bool = True) -
     """Both index lists checked for shape (tensor, int32/int64, 1-D, equal lengths) and
     moved to the device where the copy runs (asynchronously, once per unchanged list:
     `kvtier.kernels.index_memo.on_device`): (src, dst, their facts) where the facts are
-    the `kvtier.kernels.index_memo.facts` dicts (None where nothing is kept). A list's
-    shape check is kept in its facts per device, so a per-layer loop checks it once;
-    ``keep=False`` (an all-layer call's lists, seen once) keeps facts only where they
-    exist already."""
-    fs = facts(src_indices, keep) if type(src_indices) is torch.Tensor else None
-    fd = facts(dst_indices, keep) if type(dst_indices) is torch.Tensor else None
+    the `kvtier.kernels.index_memo.facts` dicts (None where nothing is kept). Where a
+    checked list lives is kept in its facts per device, so a per-layer loop checks it
+    once; ``keep=False`` (an all-layer call's lists, seen once) keeps nothing."""
+    if keep:
+        fs = facts(src_indices) if type(src_indices) is torch.Tensor else None
+        fd = facts(dst_indices) if type(dst_indices) is torch.Tensor else None
+    else:
+        fs = fd = None
     if fs is None or fs.get(device) is not _HERE:
         src_indices, fs = _index("src_indices", src_indices, fs, device, keep)
     if fd is None or fd.get(device) is not _HERE:
@@ -223,14 +225,17 @@ def _index(arg: str, idx, known: Optional[dict], device: torch.device, keep: boo
     there."""
     where = known.get(device) if known is not None else None
     if where is None:
-        check_index(arg, idx, idx.device if isinstance(idx, torch.Tensor) else device)
-        where = _HERE if idx.device == device else _STAGED
+        if index_ok(idx, device):
+            where = _HERE
+        else:
+            check_index(arg, idx, idx.device if isinstance(idx, torch.Tensor) else device)
+            where = _HERE if idx.device == device else _STAGED
         if known is not None:
             known[device] = where
     if where is _HERE:
         return idx, known
     staged = on_device(idx, device)
-    return staged, facts(staged, keep)
+    return staged, facts(staged) if keep else None
 
 
 def page_count(indices_numel: int, page_size: int, arg: str = "src_indices") -> None:

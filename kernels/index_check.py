@@ -82,6 +82,8 @@ class IndexGuard:
         self._cpu: Optional[_Slot] = None
         self._args: List[Tuple[str, int, int]] = []     # argument id -> (name, limit, page)
         self._ids: Dict[Tuple[str, int, int], int] = {}
+        self._pair_ids: Dict[tuple, Tuple[int, int]] = {}     # check signature -> both ids
+        self._hosts: tuple = ()         # the host-visible records' memoryviews, one per slot
 
     # ------------------------------------------------------------------ checking
     def check(self, device: torch.device, lists: Sequence[IndexList], *,
@@ -91,7 +93,9 @@ class IndexGuard:
         must read, or None when nothing was left to the device. At most two lists go to
         the device per call. ``ticket``: a list that receives, with a returned word, what
         `holds` asks later to reuse that word's verdict."""
-        self.raise_pending()
+        for h in self._hosts:           # raise_pending, inline: one memoryview read per slot
+            if h[0]:
+                self.raise_pending()
         # Index lists live on the host or where the copy runs (their callers checked that):
         # those on the compute device are checked there, where the check kernel runs.
         known_device = self._devices.get(id(device))     # kept per device object
@@ -108,9 +112,9 @@ class IndexGuard:
                 continue
             if kernel_runs and idx.is_cpu == on_cpu:
                 if a is None:
-                    a = lst
+                    a, na = lst, n
                 elif b is None:
-                    b = lst
+                    b, nb = lst, n
                 else:
                     raise KvtierError("internal: more than 2 device index lists in one check")
                 continue
@@ -125,28 +129,29 @@ class IndexGuard:
             return None
         two = b is not None
         if not two:
-            b = a
+            b, nb = a, na
         slot = (self._cpu or self._cpu_slot(device)) if on_cpu else self._slot(device)
         fa = a[4] if len(a) > 4 else facts(a[1])
         fb = fa if not two else b[4] if len(b) > 4 else facts(b[1])
-        signature = (a[2], a[3], b[2], b[3], two, negatives_skip)
+        signature = (a[0], a[2], a[3], b[0], b[2], b[3], two, negatives_skip)
         last = slot.last
         if last is not None and last[0] is fa and last[1] is fb and last[2] == signature:
             if ticket is not None:
                 ticket.append((slot, last))
             return slot.verdict             # the word already holds these lists' verdict
         slot.last = None
-        ids = self._ids
-        ia, ib = ids.get((a[0], a[2], a[3])), ids.get((b[0], b[2], b[3]))
-        if ia is None or ib is None:
-            ia, ib = self._arg_id(a), self._arg_id(b)
+        ids = self._pair_ids.get(signature)
+        if ids is None:
+            ids = self._pair_ids[signature] = (self._arg_id(a), self._arg_id(b))
         (_CHECK_MODULE or _check_module())._check_indices_kernel[(1,)](
-            a[1], a[1].numel(), a[2], ia, b[1], b[1].numel(), b[2], ib,
+            a[1], na, a[2], ids[0], b[1], nb, b[2], ids[1],
             slot.verdict, slot.record, a[3], b[3], two, negatives_skip, 1024)
         # (compile-time A_PAGE, B_PAGE, TWO, NEG_SKIPS, BLOCK by position: cheaper to pass)
         # Where the check has already run (the interpreter runs kernels at once; a fast
         # device may have), its failure is raised before the copies are enqueued.
-        self.raise_pending(this_call=True)
+        for h in self._hosts:
+            if h[0]:
+                self.raise_pending(this_call=True)
         if fa is not None and fb is not None:     # inference tensors are checked every time
             slot.last = (fa, fb, signature)
         if ticket is not None:
@@ -221,6 +226,8 @@ class IndexGuard:
                 record = torch.zeros(4, dtype=torch.int64, device=device)
             slot = self._slots[key] = _Slot(verdict, record, visible,
                                             memoryview(record.numpy()) if visible else None)
+            if visible:
+                self._hosts += (slot.host,)
         return slot
 
 
