@@ -12,7 +12,6 @@ from kvtier.kernels.copy_rows import _runner, rebased
 from kvtier.kernels.rowmap import kept, tensor_key
 from kvtier.kernels.errors import fail
 from kvtier.kernels.index_check import checks_on
-from kvtier.kernels.index_memo import facts
 from kvtier.kernels.validate import check_index, index_ok
 
 from kvtier.kernels.ops import GATHER, SCATTER, Op
@@ -21,28 +20,24 @@ from . import launch as launcher
 from .launch import bind_launch, launch, lookup, lookup_state
 
 
-_ASK = object()     # check_values: the guard looks the facts up itself
-
-
-def slots_of(pool, indices: torch.Tensor, pages: bool, known=_ASK):
+def slots_of(pool, indices: torch.Tensor, pages: bool):
     """(token slots, verdict) for slot or page ``indices`` whose shape the caller checked
     (`check_index`): the value checks by the pool's index guard (no device sync; the
-    verdict word gates the copies); ``known`` as for `check_values`."""
-    verdict = check_values(pool, indices, pages, known)
+    verdict word gates the copies)."""
+    verdict = check_values(pool, indices, pages)
     if not pages:
         return indices, verdict
     p = pool.page_size
     return (indices[:, None] * p + iota(p, indices.dtype, indices.device)).reshape(-1), verdict
 
 
-def check_values(pool, indices: torch.Tensor, pages: bool, known=_ASK):
+def check_values(pool, indices: torch.Tensor, pages: bool):
     """The pool guard's value check of slot or page ``indices`` (its verdict word, or
-    None); ``known``: their facts (None: none kept), where the caller looked them up."""
+    None). A gather's or scatter's list comes once: nothing is kept about it."""
     if not checks_on(pool.check):
         return None
     limit = pool.size // pool.page_size if pages else pool.size
-    lst = ("indices", indices, limit, 1) if known is _ASK else ("indices", indices, limit, 1, known)
-    return pool.guard.check(pool.device, [lst])
+    return pool.guard.check(pool.device, [("indices", indices, limit, 1, None)])
 
 
 _IOTA = {}
@@ -200,21 +195,17 @@ def gather(pool, indices: torch.Tensor, *, pages: bool = False,
            out: Optional[Dict[str, torch.Tensor]] = None) -> Dict[str, torch.Tensor]:
     if not index_ok(indices, pool.index_device):
         check_index("indices", indices, pool.index_device)
-    # A gather's list is kept only where its facts exist already (it is seldom passed again).
-    known = facts(indices, False)
     if out is not None:
-        return _gather_out(pool, indices, pages, out, known)
+        return _gather_out(pool, indices, pages, out)
     if _pages_direct(pool, pages):
-        bufs = gather_groups(pool, indices, pages, verdict=check_values(pool, indices, pages, known),
-                             page_indices=True)
+        bufs = gather_groups(pool, indices, pages, verdict=check_values(pool, indices, pages), page_indices=True)
     else:
-        slots, verdict = slots_of(pool, indices, pages, known)
+        slots, verdict = slots_of(pool, indices, pages)
         bufs = gather_groups(pool, slots, pages, verdict=verdict)
     return {name: buf[i] for (names, _), buf in zip(pool.groups, bufs) for i, name in enumerate(names)}
 
 
-def _gather_out(pool, indices: torch.Tensor, pages: bool, out: Dict[str, torch.Tensor],
-                known: Optional[dict]):
+def _gather_out(pool, indices: torch.Tensor, pages: bool, out: Dict[str, torch.Tensor]):
     """`gather` into ``out`` (an engine refills one ``out`` per call): while the same dict
     comes back holding the same tensors at the same addresses, for indices of the same
     count, nothing but the value check and the launches is done again."""
@@ -225,9 +216,9 @@ def _gather_out(pool, indices: torch.Tensor, pages: bool, out: Dict[str, torch.T
         kept = pool._gather_out = _OutRoute(out, n_slots, pages, into)
     direct = _pages_direct(pool, pages)
     if direct:
-        slots, verdict = indices, check_values(pool, indices, pages, known)
+        slots, verdict = indices, check_values(pool, indices, pages)
     else:
-        slots, verdict = slots_of(pool, indices, pages, known)
+        slots, verdict = slots_of(pool, indices, pages)
     n = slots.numel()
     if n:
         state = lookup_state()
