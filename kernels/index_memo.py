@@ -29,13 +29,13 @@ import kvtier.platforms as platforms
 _MEMO: Dict[int, Tuple[weakref.ref, int, dict]] = {}
 
 
-def facts(t: torch.Tensor, create: bool = True) -> Optional[dict]:
+def facts(t: torch.Tensor) -> Optional[dict]:
     """The dict of facts kept for ``t`` at its current version (empty when ``t`` is new to
     kvtier or was written since; the same dict object for as long as ``t`` is unchanged);
     callers store and read their own keys in it. None for an inference tensor, and while a
-    graph is being captured. ``create=False``: None rather than a new dict, for a list a
-    call expects to see once (an all-layer call's): keeping it would cost more than it
-    saves."""
+    graph is being captured. Only calls that expect a list again ask (a per-layer loop's);
+    an all-layer call's or a gather's list comes once, and keeping it would cost more than
+    it saves."""
     if platforms.capturing():
         return None
     try:
@@ -47,8 +47,6 @@ def facts(t: torch.Tensor, create: bool = True) -> Optional[dict]:
     if entry is not None and entry[0]() is t:
         if entry[1] == version:
             return entry[2]
-    if not create:
-        return None
     found = {}
     _MEMO[key] = (weakref.ref(t, _forget(key)), version, found)
     return found
@@ -75,14 +73,15 @@ def page_starts(idx: torch.Tensor, page_size: int) -> torch.Tensor:
     return out
 
 
-def on_device(idx: torch.Tensor, device: torch.device) -> torch.Tensor:
+def on_device(idx: torch.Tensor, device: torch.device, keep: bool = True) -> torch.Tensor:
     """``idx`` on ``device`` without waiting: an index list from the host is staged through
     page-locked memory (torch's caching host allocator keeps the block until the copy has
     read it), so the copy is asynchronous. Kept per index tensor and stream while the
-    tensor is unchanged: a per-layer loop copies its list once."""
+    tensor is unchanged: a per-layer loop copies its list once. ``keep=False``: a list that
+    comes once (an all-layer call's) is copied and nothing is kept."""
     if idx.device == device:
         return idx
-    known = facts(idx)
+    known = facts(idx) if keep else None
     key = ("on", device, platforms.stream_key(device))
     staged = known.get(key) if known is not None else None
     if staged is None:

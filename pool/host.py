@@ -272,7 +272,7 @@ class HostPool:
         for step in route:
             if step.bound is not None:
                 if h is None:       # on a CPU pool the host indices are where the copy runs
-                    h = host_indices if self._cpu_pool else on_device(host_indices, self.device)
+                    h = host_indices if self._cpu_pool else on_device(host_indices, self.device, not whole)
                 si, di = (device_indices, h) if op.from_device else (h, device_indices)
                 launcher.run_bound(op, step.bound, si, di, verdict, step.strategy, True)  # watched; a test seam
                 continue
