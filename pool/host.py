@@ -153,7 +153,7 @@ class HostPool:
         self.allocator = PageAllocator(self.size, self.page_size)
         self._moves: Dict[int, List[Move]] = {}
         self._routes: Dict[tuple, List[Step]] = {}
-        self._last_route = None     # (op, device pool, layer, rows, lookup state, route) of the last call
+        self._last_routes = None    # (op, device pool, rows, lookup state, {layer: route}) of the last call
         self._cpu_pool = self.device.type == "cpu"
         self._by_page = self._layout.paged and self.page_size > 1   # page layouts move whole pages
         self._index_page = self.page_size if self._layout.paged else 1   # indices come in whole pages
@@ -257,15 +257,16 @@ class HostPool:
         n = device_indices.numel()
         if n == 0:
             return
-        state, last = lookup_state(), self._last_route
-        if (last is not None and last[0] is op and last[1] is device_pool and last[2] == local and last[3] == n
-                and last[4] == state):
-            route = last[5]             # an all-layer call of the same shape as the last one
-        else:
+        # The routes of the last call's op, pool, count and lookup state, by layer: the
+        # next all-layer call of that shape, or the layer loop's next layer, finds its own.
+        state, last = lookup_state(), self._last_routes
+        if not (last is not None and last[0] is op and last[1] is device_pool and last[2] == n and last[3] == state):
+            last = self._last_routes = (op, device_pool, n, state, {})
+        route = last[4].get(local)
+        if route is None:
             key = (op, device_pool, local, rows_bucket(n))
             kept = self._routes.get(key)
-            route = kept[1] if kept is not None and kept[0] == state else self._route(key, slots)
-            self._last_route = (op, device_pool, local, n, state, route)
+            route = last[4][local] = kept[1] if kept is not None and kept[0] == state else self._route(key, slots)
         for step in route:          # every tensor the call rests on, before the first byte moves
             check_storage(step.watch)
         h = run_list = None
