@@ -147,3 +147,21 @@ def test_full_call_mode_runs_the_kernels():
     assert o["mode"] == "full call" and o["kernels_run"] is True and o["note"] == overhead.FULL_NOTE
     assert "launches_recorded" not in o and set(o["calls"]) == set(CALLS)
     assert all(r["median_us"] > 0 for r in o["calls"].values())
+
+
+def test_floor_script_times_every_piece_of_the_calls():
+    """`bench/scripts/overhead_floor.py` runs here and prints each piece it times, the two
+    sums and the torch op, all positive."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+    script = Path(__file__).resolve().parents[2] / "bench" / "scripts" / "overhead_floor.py"
+    r = subprocess.run([sys.executable, str(script), "200"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    figures = dict(re.findall(r"^(.+?)\s+(\d+\.\d+) us", r.stdout, re.M))
+    for name in ("storage watch (34 tensors)", "value check of two new lists", "one recorded copy launch",
+                 "allocation of the gather's result", "every all-layer call and gather",
+                 "a gather into new buffers", "torch.index_select"):
+        assert float(figures[name]) > 0, r.stdout
+    assert float(figures["a gather into new buffers"]) > float(figures["every all-layer call and gather"])
