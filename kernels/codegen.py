@@ -141,17 +141,22 @@ def _compile(target: str, config: CopyConfig, shape: dict):
     sig = {n: ptrs.get(n, "constexpr" if n in const else "i32" if n in counts else "i64") for n in names}
     # Pointer arguments from torch allocations are 16-byte aligned; Triton specializes them so.
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n in ptrs}
-    src = ASTSource(fn=_compilable(_copy_rows_kernel), signature=sig, constexprs=const, attrs=attrs)
+    src = ASTSource(fn=compilable(_copy_rows_kernel), signature=sig, constexprs=const, attrs=attrs)
     kind, arch, warp = TARGETS[target]
     options = {"num_warps": config.num_warps}
     return triton.compile(src, target=GPUTarget(kind, arch, warp), options=options)
 
 
-def _compilable(kernel):
+def compilable(kernel):
     """The kernel as a JITFunction, also when Triton's interpreter wrapped it (the
-    compiler needs the JIT form; the interpreter form only runs on CPU tensors)."""
+    compiler needs the JIT form; the interpreter form only runs on CPU tensors, and
+    drops the arguments its module does not specialize on, ``NOT_SPECIALIZED``)."""
+    import sys
     from triton.runtime.jit import JITFunction
-    return kernel if isinstance(kernel, JITFunction) else JITFunction(kernel.fn)
+    if isinstance(kernel, JITFunction):
+        return kernel
+    plain = getattr(sys.modules[kernel.fn.__module__], "NOT_SPECIALIZED", ())
+    return JITFunction(kernel.fn, do_not_specialize=list(plain))
 
 
 def _fill_cuda(rep: KernelReport, compiled) -> None:

@@ -6,8 +6,15 @@ at import time whether kernels run compiled or in its CPU interpreter.
 import triton
 import triton.language as tl
 
+# The rows and start layers change from call to call (a layer loop passes every layer,
+# batches bring every count) and nothing in the code gains from knowing that one is 1 or
+# a multiple of 16: Triton would compile a variant for each such class as it first
+# meets it (a stall of a second or more in the middle of serving), so they are not
+# specialized on. (Tools that compile the kernel from its source pass this on.)
+NOT_SPECIALIZED = ("n_rows", "src_layer0", "dst_layer0")
 
-@triton.jit
+
+@triton.jit(do_not_specialize=NOT_SPECIALIZED)
 def _copy_rows_kernel(
     src_ptr, src_table, src_idx, dst_ptr, dst_table, dst_idx,
     n_rows, n_layers, src_layer0, dst_layer0, src_table_layers, dst_table_layers,

@@ -57,12 +57,12 @@ def interpreter_patched() -> bool:
 
 def kernel_fn(kernel: str = "copy"):
     """The kernel as a JITFunction, also when TRITON_INTERPRET=1 made it an interpreted one."""
-    from triton.runtime.jit import JITFunction
+    from kvtier.kernels.codegen import compilable
     if kernel == "check":
         from kvtier.kernels.index_check_kernel import _check_indices_kernel as k
     else:
         from kvtier.kernels.copy_rows_kernel import _copy_rows_kernel as k
-    return k if isinstance(k, JITFunction) else JITFunction(k.fn)
+    return compilable(k)
 
 
 class _Recorder:
@@ -109,7 +109,8 @@ def recorded_launches(floors: dict, checks: list = None):
 def source(launch: Launch):
     """The ASTSource triton-ascend would build for this launch: pointer types from the
     tensors, ints typed as Triton types them, and ints equal to 1 specialised to
-    constants (as Triton does at launch)."""
+    constants (as Triton does at launch, except for the kernel's ``do_not_specialize``
+    arguments)."""
     from triton.compiler.compiler import ASTSource
     sig, constants = signature(launch)
     return ASTSource(fn=kernel_fn(launch.kernel), signature=sig, constants=constants)
@@ -120,13 +121,14 @@ def signature(launch: Launch):
     from triton.runtime.jit import mangle_type
     fn = kernel_fn(launch.kernel)
     constants = dict(launch.constants)
+    plain = {p.name for p in fn.params if p.do_not_specialize}     # never specialised on
     sig = {}
     for name in fn.arg_names:
         if name in constants:
             sig[name] = "constexpr"
             continue
         v = launch.args[name]
-        if isinstance(v, int) and not isinstance(v, bool) and v == 1:
+        if isinstance(v, int) and not isinstance(v, bool) and v == 1 and name not in plain:
             constants[name] = 1
             sig[name] = "constexpr"
         else:
