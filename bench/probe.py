@@ -28,14 +28,14 @@ class NoKernel(RuntimeError):
 class _Recorder:
     def __init__(self):
         self.grids = []
+        self.last = None        # (args, kwargs) of the latest launch
 
     def __getitem__(self, grid):
         self.grids.append(grid)
-        return _no_launch
+        return self._record
 
-
-def _no_launch(*args, **kwargs):
-    return None
+    def _record(self, *args, **kwargs):
+        self.last = (args, kwargs)
 
 
 class LaunchProbe:
@@ -75,6 +75,11 @@ class LaunchProbe:
     @property
     def check_grids(self):
         return self._check_rec.grids
+
+    def last_launches(self) -> dict:
+        """The latest recorded launch of each kernel, as (args, kwargs): {"copy": ...,
+        "check": ...}, None where that kernel has not launched."""
+        return {"copy": self._rec.last, "check": self._check_rec.last}
 
     def programs(self) -> int:
         """Programs of the largest row-copy launch seen (0 if nothing launched)."""

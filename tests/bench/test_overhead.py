@@ -165,3 +165,21 @@ def test_floor_script_times_every_piece_of_the_calls():
                  "a gather into new buffers", "torch.index_select"):
         assert float(figures[name]) > 0, r.stdout
     assert float(figures["a gather into new buffers"]) > float(figures["every all-layer call and gather"])
+
+
+def test_launch_binding_script_binds_every_calls_launches():
+    """`bench/scripts/launch_binding.py` binds each call's recorded launches with Triton's
+    own binder: every call launches one row copy, the all-layer calls and gathers one
+    index check too, and each binding takes time."""
+    pytest.importorskip("triton.backends.nvidia", reason="needs community Triton's CUDA backend")
+    import subprocess
+    import sys
+    from pathlib import Path
+    script = Path(__file__).resolve().parents[2] / "bench" / "scripts" / "launch_binding.py"
+    r = subprocess.run([sys.executable, str(script), "20"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = {line[:40].strip(): line[40:].split() for line in r.stdout.splitlines()[1:] if line[:40].strip() in CALLS}
+    assert set(rows) == set(CALLS)
+    for name, (copies, checks, per_copy, per_check, total) in rows.items():
+        assert int(copies) == 1 and float(per_copy) > 0 and float(total) >= float(per_copy), (name, r.stdout)
+        assert int(checks) == (0 if "per_layer" in name else 1), (name, r.stdout)
