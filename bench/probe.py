@@ -26,21 +26,33 @@ class NoKernel(RuntimeError):
 
 
 class _Recorder:
-    def __init__(self):
+    """Records every launch's grid; with ``keep_args``, the latest launch's arguments too
+    (off by default: the overhead measurement times calls with this recorder in them)."""
+
+    def __init__(self, keep_args: bool = False):
         self.grids = []
-        self.last = None        # (args, kwargs) of the latest launch
+        self.last = None        # (args, kwargs) of the latest launch, with keep_args
+        self._launch = self._keep if keep_args else _no_launch
 
     def __getitem__(self, grid):
         self.grids.append(grid)
-        return self._record
+        return self._launch
 
-    def _record(self, *args, **kwargs):
+    def _keep(self, *args, **kwargs):
         self.last = (args, kwargs)
+
+
+def _no_launch(*args, **kwargs):
+    return None
 
 
 class LaunchProbe:
     """Context manager; ``.grids`` lists the grid of every row-copy launch made inside it,
-    ``.check_grids`` every index-check launch (neither kernel runs)."""
+    ``.check_grids`` every index-check launch (neither kernel runs). ``keep_args``: keep
+    each kernel's latest launch arguments too (`last_launches`)."""
+
+    def __init__(self, keep_args: bool = False):
+        self.keep_args = keep_args
 
     def __enter__(self) -> "LaunchProbe":
         if _core._triton() is None:
@@ -50,7 +62,7 @@ class LaunchProbe:
         self._check_mod = importlib.import_module("kvtier.kernels.index_check_kernel")
         self._maps = importlib.import_module("kvtier.adapters.maps")
         self._memo = importlib.import_module("kvtier.kernels.index_memo")
-        self._rec, self._check_rec = _Recorder(), _Recorder()
+        self._rec, self._check_rec = _Recorder(self.keep_args), _Recorder(self.keep_args)
         self._saved = (_core._kernel, _core.interpreter_active, self._check_mod._check_indices_kernel,
                        self._maps.interpreter_active, _core._RUNNERS, self._memo._MEMO)
         self._memo._MEMO = {}
@@ -78,7 +90,7 @@ class LaunchProbe:
 
     def last_launches(self) -> dict:
         """The latest recorded launch of each kernel, as (args, kwargs): {"copy": ...,
-        "check": ...}, None where that kernel has not launched."""
+        "check": ...}, None where that kernel has not launched (or ``keep_args`` is off)."""
         return {"copy": self._rec.last, "check": self._check_rec.last}
 
     def programs(self) -> int:

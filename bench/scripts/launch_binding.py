@@ -75,7 +75,7 @@ def main(argv) -> int:
     torch.set_num_threads(1)
     fns, _ = build_calls(torch.device("cpu"), lists=64)
     print(f"{'call':<40} {'copies':>6} {'checks':>6} {'us/copy':>8} {'us/check':>8} {'us/call':>8}")
-    with LaunchProbe() as probe:
+    with LaunchProbe(keep_args=True) as probe:
         for name in CALLS:
             for _ in range(40):          # past the first calls (maps, routes, lanes built)
                 fns[name]()
