@@ -49,11 +49,13 @@ def _load_kernel() -> list:
         conflict = platforms.triton_conflict()
         if conflict:
             logging.getLogger("kvtier").warning("kvtier: %s", conflict)
+        import inspect
         from .copy_rows_kernel import _copy_rows_kernel
-        params = _copy_rows_kernel.arg_names
         # The launch passes the compile-time constants by position (cheaper than by
-        # keyword): they are every parameter after ``verdict``.
-        _kernel_loaded.extend((_copy_rows_kernel, tuple(params[params.index("verdict") + 1:])))
+        # keyword), in the order the kernel declares them.
+        params = inspect.signature(_copy_rows_kernel.fn).parameters.values()
+        constants = tuple(p.name for p in params if "constexpr" in str(p.annotation))
+        _kernel_loaded.extend((_copy_rows_kernel, constants))
     return _kernel_loaded
 
 
@@ -307,7 +309,7 @@ class BoundCopy:
     """
 
     __slots__ = ("config", "num_layers", "skip_negative", "page", "runner", "plan", "maps", "origin",
-                 "scalars", "constants", "tail", "checked_tail", "items", "watch", "layers")
+                 "constants", "rest", "items", "watch", "layers")
 
     def __init__(self, src: RowMap, dst: RowMap, src_layer: int, dst_layer: int, num_layers: int,
                  by_page: bool, config: CopyConfig, device: torch.device, n_bucket: int, skip_negative: bool):
@@ -324,13 +326,13 @@ class BoundCopy:
         if self.runner != "kernel":
             return
         p = self.plan = _make_plan(src, dst, n_bucket, config, device)
-        self.scalars = (num_layers, src_layer, dst_layer, p.src_layers, p.dst_layers, *p.strides)
+        scalars = (num_layers, src_layer, dst_layer, p.src_layers, p.dst_layers, *p.strides)
         base = dict(p.const, SKIP_NEG=skip_negative, IDX_STEP=max(self.page, 1))
         self.constants = dict(base, CHECKED=False)
         names = constexpr_names()
-        # Positional launch arguments after the verdict: unchecked and checked forms.
-        self.tail = tuple(self.constants[k] for k in names)
-        self.checked_tail = tuple(dict(base, CHECKED=True)[k] for k in names)
+        # The launch arguments after the verdict, as one tuple: (unchecked, checked).
+        self.rest = tuple((p.dp, p.dt, p.sp, p.st, *scalars, *(dict(base, CHECKED=c)[k] for k in names))
+                          for c in (False, True))
         c = p.const   # work items per tile of rows: one per (component, layer), and with SPLIT
         blocks = c["N_CHUNKS"] * -(-c["CHUNK_WORDS"] // c["BLOCK"]) if c.get("SPLIT") else 1
         self.items = p.n_comp * num_layers * blocks          # per chunk and column block
@@ -415,13 +417,14 @@ def launch(src: RowMap, si: torch.Tensor, dst: RowMap, di: torch.Tensor, bound: 
         return
     config = bound.config
     grid = min(config.num_programs, bound.items * -(-n // p.rows))
-    dp, dt = (p.dp, p.dt) if dst_words is None else (dst_words, dst_words)   # a rebased destination
-    if verdict is None:
-        _kernel()[(grid,)](p.sp, p.st, si, dp, dt, di, n, *bound.scalars, si, *bound.tail,
-                           num_warps=config.num_warps)
+    if verdict is None:         # unchecked: any tensor stands in for the unread word
+        verdict, rest = si, bound.rest[0]
     else:
-        _kernel()[(grid,)](p.sp, p.st, si, dp, dt, di, n, *bound.scalars, verdict, *bound.checked_tail,
-                           num_warps=config.num_warps)
+        rest = bound.rest[1]
+    if dst_words is None:
+        _kernel()[(grid,)](si, di, n, verdict, *rest, num_warps=config.num_warps)
+    else:                       # a rebased destination: this call's buffer
+        _kernel()[(grid,)](si, di, n, verdict, dst_words, dst_words, *rest[2:], num_warps=config.num_warps)
 
 
 def _make_plan(src: RowMap, dst: RowMap, n_bucket: int, config: CopyConfig, device: torch.device) -> LaunchPlan:

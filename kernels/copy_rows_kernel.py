@@ -16,11 +16,12 @@ NOT_SPECIALIZED = ("n_rows", "src_layer0", "dst_layer0")
 
 @triton.jit(do_not_specialize=NOT_SPECIALIZED)
 def _copy_rows_kernel(
-    src_ptr, src_table, src_idx, dst_ptr, dst_table, dst_idx,
-    n_rows, n_layers, src_layer0, dst_layer0, src_table_layers, dst_table_layers,
+    # What changes from call to call first, then what a bound copy keeps (the launcher
+    # passes the rest as one prebuilt tuple), then the compile-time constants.
+    src_idx, dst_idx, n_rows, verdict, dst_ptr, dst_table, src_ptr, src_table,
+    n_layers, src_layer0, dst_layer0, src_table_layers, dst_table_layers,
     src_comp_stride, src_layer_stride, src_page_stride, src_token_stride, src_chunk_stride,
     dst_comp_stride, dst_layer_stride, dst_page_stride, dst_token_stride, dst_chunk_stride,
-    verdict,
     SRC_TABLE: tl.constexpr, DST_TABLE: tl.constexpr, WORD: tl.constexpr,
     SRC_PAGE: tl.constexpr, DST_PAGE: tl.constexpr,
     N_COMP: tl.constexpr, N_CHUNKS: tl.constexpr, CHUNK_WORDS: tl.constexpr,

@@ -28,7 +28,8 @@ def launched(monkeypatch):
     class Spy:
         def __getitem__(self, grid):
             def run(*args, **kw):
-                seen.append((args[2], args[5], core.launch_arguments(args, kw)["IDX_STEP"], args[6]))
+                a = core.launch_arguments(args, kw)
+                seen.append((a["src_idx"], a["dst_idx"], a["IDX_STEP"], a["n_rows"]))
                 return real[grid](*args, **kw)
             return run
     monkeypatch.setattr(core, "_kernel", lambda: Spy())
