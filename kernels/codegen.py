@@ -14,6 +14,7 @@ tests under tests/ascend with triton-ascend.
 """
 from __future__ import annotations
 
+import inspect
 import os
 import re
 import subprocess
@@ -58,6 +59,12 @@ class KernelReport:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "KernelReport":
+        """A `to_dict` read back from JSON (whose keys are strings: access widths are ints)."""
+        widths = ("load_widths", "store_widths", "cp_async_widths")
+        return cls(**{k: ({int(w): n for w, n in v.items()} if k in widths else v) for k, v in d.items()})
+
     def row(self) -> str:
         if self.error:
             return f"{self.target:7s} {_cfg(self.config):34s} {_shape(self.shape):44s} ERROR {self.error}"
@@ -92,7 +99,46 @@ def compile_report(target: str = "sm90", *, config: Optional[CopyConfig] = None,
     shape = dict(row_bytes=row_bytes, src_table=src_table, dst_table=dst_table, page_size=page_size,
                  n_chunks=n_chunks, num_components=num_components, align=align, index_bits=index_bits,
                  offset_bits=offset_bits)
-    rep = KernelReport(target=target, config=config.to_dict(), shape=shape)
+    if target in TARGETS and _interpreter_ran_here():       # one request: compile_reports' child
+        return compile_reports([(target, config, shape)])[0]
+    return _report(target, config, shape)
+
+
+def compile_reports(requests) -> list:
+    """`compile_report` for each ``(target, config, shape)`` of ``requests`` (``shape``:
+    its keyword arguments), in one process of their own where Triton's interpreter is on
+    in this one: the interpreter leaves ``triton.language`` patched after a kernel that
+    calls a jitted helper (a reduction, for one), and nothing compiles in that process
+    afterwards."""
+    if not _interpreter_ran_here():
+        return [compile_report(t, config=c, **sh) for t, c, sh in requests]
+    # Each shape as compile_report completes it (its defaults), from its own signature.
+    defaults = {k: p.default for k, p in inspect.signature(compile_report).parameters.items()
+                if p.kind is p.KEYWORD_ONLY and k != "config"}
+    requests = [(t, c or CopyConfig(), dict(defaults, **sh)) for t, c, sh in requests]
+    import json
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    todo = [{"target": t, "config": c.to_dict(), "shape": sh} for t, c, sh in requests]
+    r = subprocess.run([sys.executable, "-m", "kvtier.kernels.codegen"], input=json.dumps(todo), env=env,
+                       capture_output=True, text=True, timeout=600 + 60 * len(todo))
+    if r.returncode != 0:
+        why = (r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1][:200]
+        return [KernelReport(target=t, config=c.to_dict(), shape=sh, error=f"compile process failed: {why}")
+                for t, c, sh in requests]
+    return [KernelReport.from_dict(d) for d in json.loads(r.stdout)]
+
+
+def _interpreter_ran_here() -> bool:
+    """Whether Triton runs kernels in its interpreter in this process (then compiling
+    here may fail: see `compile_reports`)."""
+    from .copy_rows import interpreter_active
+    return interpreter_active()
+
+
+def _report(target: str, config: CopyConfig, shape: dict) -> KernelReport:
+    rep = KernelReport(target=target, config=config.to_dict(), shape=dict(shape))
     if target not in TARGETS:
         rep.error = f"unknown target {target!r}; choose from {sorted(TARGETS)}"
         return rep
@@ -252,3 +298,11 @@ def default_sweep(target: str = "sm90"):
             yield c, s
             if c == link and s["src_table"] != s["dst_table"]:
                 yield c, dict(s, offset_bits=64)
+
+
+if __name__ == "__main__":     # compile_reports' child: JSON requests in, JSON reports out
+    import json as _json
+    import sys as _sys
+    _todo = _json.load(_sys.stdin)
+    _json.dump([_report(q["target"], CopyConfig.from_dict(q["config"]), q["shape"]).to_dict() for q in _todo],
+               _sys.stdout)

@@ -8,7 +8,7 @@ import textwrap
 import pytest
 
 triton = pytest.importorskip("triton")
-from kvtier.kernels.codegen import compile_report, default_sweep  # noqa: E402
+from kvtier.kernels.codegen import compile_report, compile_reports, default_sweep  # noqa: E402
 from kvtier.kernels import CopyConfig, default_config  # noqa: E402
 
 if not hasattr(triton, "knobs"):  # triton-ascend 3.2 has no GPU backends to compile for
@@ -107,16 +107,35 @@ def test_sm90_pipelined_configs_issue_cp_async(sm90_sweep):
 
 @pytest.mark.parametrize("row_bytes", [256, 656, 1024])
 def test_default_configs_do_not_spill_on_gfx942(row_bytes):
-    for cfg in (default_config("rocm"), default_config("rocm", crosses_link=False)):
-        for st, dt in MODES[:2]:
-            r = compile_report("gfx942", config=cfg, row_bytes=row_bytes, src_table=st, dst_table=dt)
-            assert r.error is None, r.error
-            assert r.registers is not None and r.registers > 0
-            assert r.spills == 0, r.row()
+    reports = compile_reports([("gfx942", cfg, dict(row_bytes=row_bytes, src_table=st, dst_table=dt))
+                               for cfg in (default_config("rocm"), default_config("rocm", crosses_link=False))
+                               for st, dt in MODES[:2]])
+    assert len(reports) == 4
+    for r in reports:
+        assert r.error is None, r.error
+        assert r.registers is not None and r.registers > 0
+        assert r.spills == 0, r.row()
 
 
-def test_one_stage_config_uses_16_byte_loads_in_process():
-    """Also compiled here, under the interpreter's process: 656-byte rows in one stage."""
+def test_reports_compile_after_interpreted_kernels_with_reductions(monkeypatch, tmp_path):
+    """Triton's interpreter leaves triton.language patched once a kernel that calls a
+    jitted helper (the index check's reductions) has run in the process; with nothing in
+    Triton's cache to fall back on, a compile in that process then fails. compile_report
+    compiles in a process of its own there."""
+    import torch
+    from kvtier.kernels import RowMap, copy_rows
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))       # nothing cached: a real compile
+    src = RowMap.from_stacked(torch.arange(64 * 16, dtype=torch.int32).view(1, 64, 16), 1)
+    dst = RowMap.from_stacked(torch.zeros(64, 16, dtype=torch.int32).view(1, 64, 16), 1)
+    copy_rows(src, torch.tensor([3, 1]), dst, torch.tensor([0, 5]), check=True)   # runs the check kernel
+    r = compile_report("sm90", config=CopyConfig(num_programs=4, rows=4, block_bytes=1024, num_warps=1),
+                       row_bytes=656)
+    assert r.error is None, r.error
+    assert r.store_widths and all(isinstance(w, int) for w in r.store_widths)
+
+
+def test_one_stage_config_uses_16_byte_loads_under_the_interpreter():
+    """Asked for in this process, where the interpreter is on: 656-byte rows in one stage."""
     cfg = CopyConfig(num_programs=4, rows=4, block_bytes=1024, num_warps=1)
     r = compile_report("sm90", config=cfg, row_bytes=656)
     assert r.error is None, r.error
