@@ -8,6 +8,8 @@
 # 470 s; a step starts only with the time it needs left):
 #   cuda-tests     pytest -m cuda                        -> cuda-tests.xml
 #   overhead       kvtier bench --overhead --json        -> overhead.json
+#   binding        bench/scripts/launch_binding.py       -> launch_binding.txt (Triton's binding
+#                  of the same launches, timed on the host CPU)
 #   bench          kvtier bench (kernel-only times, ceilings and baselines in the same run)
 #                                                        -> bench.txt / .json / .png, points.jsonl
 #   interference   kvtier bench --interference           -> interference.txt / .json / .png
@@ -110,6 +112,10 @@ step cuda-tests "0 5" timeout -k 10 "$(within "$TEST_TIMEOUT" 300)" "$PY" -m pyt
 # Host time per call beside torch ops, with the device kept busy.
 step overhead 0 timeout -k 10 "$(within "$OVERHEAD_TIMEOUT" 250)" "$PY" -m kvtier.cli.main bench \
   --overhead --json "$OUT/overhead.json"
+# Triton's own launch binding of the same calls' launches, on this host's CPU (no GPU use):
+# beside overhead.json it splits a call's host time into kvtier's, Triton's and the driver's.
+step binding "0 3" timeout -k 10 "$(within 30 230)" bash -c \
+  "\"$PY\" bench/scripts/launch_binding.py 500 > \"$OUT/launch_binding.txt\""
 budget=$(within "$BENCH_BUDGET" 180)
 step bench 0 timeout -k 10 "$((budget + 60))" "$PY" -m kvtier.cli.main bench --out "$OUT" \
   --time-budget "$budget" --no-overhead

@@ -116,7 +116,8 @@ def readme(folder: Path) -> str:
     if overhead:
         lines += ["## Host overhead (`overhead.json`)", "", str(overhead.get("summary", "")), ""]
     lines += ["## Files", "", "`bench.txt` / `bench.json` / `bench.png` / `points.jsonl` (the sweep), "
-              "`interference.*`, `overhead.json`, `layouts/` (page-major host layouts), `cuda-tests.xml`, "
+              "`interference.*`, `overhead.json`, `launch_binding.txt` (Triton's binding of the same launches), "
+              "`layouts/` (page-major host layouts), `cuda-tests.xml`, "
               "`env.txt`, `steps.txt`, `h200.log`.", "",
               "## Reproduce", "", "```bash", "bash bench/scripts/fetch_baselines.sh   # vLLM's swap kernel source, "
               "where PyPI is reachable", "bash bench/h200.sh                       # results/<date>_<device>/",

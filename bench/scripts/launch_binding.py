@@ -9,7 +9,7 @@ makes, for the CUDA backend (sm_90), on this machine's CPU.
 per launch, this binding, then the driver launch (not measured here: it needs the GPU).
 Each call runs once inside `LaunchProbe`; its launches (row copies, index checks) are
 counted and the latest of each is bound REPEATS times (default 2000; median). Needs
-community Triton with its CUDA backend (no GPU).
+community Triton with its CUDA backend (no GPU); exits 3 where this Triton has neither.
 """
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ def main(argv) -> int:
         bind = binders()
     except ImportError as e:
         print(f"launch binding not measured: {e}", file=sys.stderr)
-        return 1
+        return 3
     torch.set_num_threads(1)
     fns, _ = build_calls(torch.device("cpu"), lists=64)
     print(f"{'call':<40} {'copies':>6} {'checks':>6} {'us/copy':>8} {'us/check':>8} {'us/call':>8}")

@@ -11,7 +11,7 @@ def test_script_parses_and_runs_every_step_in_order():
     subprocess.run(["bash", "-n", str(SCRIPT)], check=True)
     text = SCRIPT.read_text()
     steps = re.findall(r"^\s*step ([\w-]+) ", text, flags=re.M)
-    assert steps == ["env", "cuda-tests", "overhead", "bench", "interference", "bench-layouts", "readme"]
+    assert steps == ["env", "cuda-tests", "overhead", "binding", "bench", "interference", "bench-layouts", "readme"]
     assert "bench --overhead --json" in text.replace("\\\n  ", "")
     assert "--interference --out" in text.replace("\\\n  ", "")
     assert "KVTIER_TOTAL_BUDGET:-470" in text and "results/$(date -u +%F)_" in text
