@@ -19,6 +19,7 @@ import torch
 
 import kvtier.platforms as platforms
 
+from . import direct_launch
 from .config import CopyConfig
 from .errors import KvtierError, fail
 from .index_check import IndexGuard, checks_on
@@ -309,7 +310,7 @@ class BoundCopy:
     """
 
     __slots__ = ("config", "num_layers", "skip_negative", "page", "runner", "plan", "maps", "origin",
-                 "constants", "rest", "items", "watch", "layers")
+                 "constants", "rest", "items", "watch", "layers", "direct")
 
     def __init__(self, src: RowMap, dst: RowMap, src_layer: int, dst_layer: int, num_layers: int,
                  by_page: bool, config: CopyConfig, device: torch.device, n_bucket: int, skip_negative: bool):
@@ -323,8 +324,11 @@ class BoundCopy:
             n_bucket = max(n_bucket // self.page, 1)
         self.maps = (src, dst)
         self.runner = _runner(device.type)
+        self.direct = None
         if self.runner != "kernel":
             return
+        if not interpreter_active() and direct_launch.enabled():
+            self.direct = direct_launch.Launches(config.num_warps)
         p = self.plan = _make_plan(src, dst, n_bucket, config, device)
         scalars = (num_layers, src_layer, dst_layer, p.src_layers, p.dst_layers, *p.strides)
         base = dict(p.const, SKIP_NEG=skip_negative, IDX_STEP=max(self.page, 1))
@@ -421,7 +425,15 @@ def launch(src: RowMap, si: torch.Tensor, dst: RowMap, di: torch.Tensor, bound: 
         verdict, rest = si, bound.rest[0]
     else:
         rest = bound.rest[1]
-    if dst_words is None:
+    direct = bound.direct
+    if direct is not None:      # a compiled kernel: kept and launched directly once checked
+        if dst_words is None:
+            args = (si, di, n, verdict, *rest)
+            direct.launch(_kernel(), grid, args, direct_launch.copy_spec(args, 4))
+        else:
+            args = (si, di, n, verdict, dst_words, dst_words, *rest[2:])
+            direct.launch(_kernel(), grid, args, direct_launch.copy_spec(args, 6))
+    elif dst_words is None:
         _kernel()[(grid,)](si, di, n, verdict, *rest, num_warps=config.num_warps)
     else:                       # a rebased destination: this call's buffer
         _kernel()[(grid,)](si, di, n, verdict, dst_words, dst_words, *rest[2:], num_warps=config.num_warps)

@@ -25,6 +25,7 @@ import torch
 
 import kvtier.platforms as platforms
 
+from . import direct_launch
 from .errors import KvtierError, fail
 from .index_memo import facts
 from .validate import check_page_aligned, check_range
@@ -101,7 +102,7 @@ class IndexGuard:
         known_device = self._devices.get(id(device))     # kept per device object
         if known_device is None or known_device[0] is not device:
             known_device = self._device_facts(device)
-        _, on_cpu, kernel_runs = known_device
+        on_cpu, kernel_runs = known_device[1], known_device[2]
         a = b = None                    # the (at most two) lists left to the device
         for lst in lists:
             idx, page = lst[1], lst[3]
@@ -143,10 +144,14 @@ class IndexGuard:
         ids = self._pair_ids.get(signature)
         if ids is None:
             ids = self._pair_ids[signature] = (self._arg_id(a), self._arg_id(b))
-        (_CHECK_MODULE or _check_module())._check_indices_kernel[(1,)](
-            a[1], na, a[2], ids[0], b[1], nb, b[2], ids[1],
-            slot.verdict, slot.record, a[3], b[3], two, negatives_skip, 1024)
         # (compile-time A_PAGE, B_PAGE, TWO, NEG_SKIPS, BLOCK by position: cheaper to pass)
+        args = (a[1], na, a[2], ids[0], b[1], nb, b[2], ids[1], slot.verdict, slot.record,
+                a[3], b[3], two, negatives_skip, 1024)
+        kernel = (_CHECK_MODULE or _check_module())._check_indices_kernel
+        if known_device[3]:         # compiled: kept and launched directly once checked
+            _CHECK_LAUNCHES.launch(kernel, 1, args, direct_launch.check_spec(args))
+        else:
+            kernel[(1,)](*args, num_warps=_CHECK_WARPS)
         # Where the check has already run (the interpreter runs kernels at once; a fast
         # device may have), its failure is raised before the copies are enqueued.
         for h in self._hosts:
@@ -203,10 +208,13 @@ class IndexGuard:
         return i
 
     def _device_facts(self, device: torch.device) -> tuple:
-        """(device, on the CPU, the check kernel runs there), worked out for a device
-        object `check` does not know yet and kept per object (reading a torch.device's
-        type or hash costs more than the rest of a check)."""
-        facts_ = self._devices[id(device)] = (device, device.type == "cpu", _runner()(device.type) == "kernel")
+        """(device, on the CPU, the check kernel runs there, its compiled kernel is
+        launched directly once kept: `kvtier.kernels.direct_launch`), worked out for a
+        device object `check` does not know yet and kept per object (reading a
+        torch.device's type or hash costs more than the rest of a check)."""
+        runs = _runner()(device.type) == "kernel"
+        direct = runs and not _compiled_off() and direct_launch.enabled()
+        facts_ = self._devices[id(device)] = (device, device.type == "cpu", runs, direct)
         return facts_
 
     def _cpu_slot(self, device: torch.device) -> _Slot:
@@ -254,6 +262,16 @@ def _runner():
 
 
 _RUNNER = None
+
+
+def _compiled_off() -> bool:
+    """Whether Triton's interpreter runs the kernels here (nothing compiled to keep)."""
+    from .copy_rows import interpreter_active
+    return interpreter_active()
+
+
+_CHECK_WARPS = 4
+_CHECK_LAUNCHES = direct_launch.Launches(_CHECK_WARPS)     # the check's compiled kernels
 
 
 def _check_on_host(arg: str, idx: torch.Tensor, limit: int, page: int, negatives_skip: bool) -> None:

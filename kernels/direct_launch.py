@@ -1,0 +1,162 @@
+"""Launching a kept compiled kernel again without Triton's Python launch path.
+
+On every launch Triton's `JITFunction.run` works out the specialization of every
+argument, a cache key, its knobs and hooks, then calls the compiled kernel's launcher.
+For the row copy's 43 arguments that is about 17 µs of host time per launch on the
+development CPU (`bench/scripts/launch_binding.py` times its largest part), more than
+the rest of a pool call. A bound copy passes the same arguments on every launch but its
+indices, row count and verdict word (and a gather's new buffer), so once Triton has
+launched it, its compiled kernel is kept per specialization of those (the current
+device, each tensor's dtype and 16-byte alignment, the row count's integer width), and
+later launches with that specialization call the kernel's launcher directly, with the
+arguments Triton would pass.
+
+Nothing is assumed about Triton's launch: a kept kernel is used directly only after a
+launch through Triton was seen to call it with exactly those arguments (`Launches`:
+each kernel is kept, then checked on its next launch, then used). A Triton whose
+launch differs keeps every launch on its own path. Where Triton's interpreter runs the
+kernels nothing is kept (it returns no compiled kernel). ``KVTIER_DIRECT_LAUNCH=0``
+turns it off for the copies bound after it is set.
+"""
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+DIRECT_ENV = "KVTIER_DIRECT_LAUNCH"
+_REFUSED = object()      # a kernel whose launch through Triton differed from a direct one
+
+
+class _Pending:
+    """A compiled kernel Triton returned, not yet seen launched with our arguments."""
+    __slots__ = ("kernel",)
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+
+
+class _Checked:
+    """A compiled kernel whose launch through Triton matched a direct launch."""
+    __slots__ = ("kernel",)
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+
+
+def enabled() -> bool:
+    """Whether copies bound now keep their compiled kernels (``KVTIER_DIRECT_LAUNCH``)."""
+    return os.environ.get(DIRECT_ENV, "1") != "0"
+
+
+class Launches:
+    """Compiled kernels of one kernel by specialization (see the module doc): a bound
+    copy keeps its own; the index check keeps one for all its launches."""
+
+    __slots__ = ("kernels", "num_warps")
+
+    def __init__(self, num_warps: int):
+        self.kernels = {}
+        self.num_warps = num_warps
+
+    def launch(self, jit_fn, grid: int, args: tuple, spec: tuple) -> None:
+        """Launch ``jit_fn`` over ``grid`` programs with ``args`` (every parameter, in
+        order), whose specialization ``spec`` spells out (`copy_spec`, `check_spec`):
+        directly where a checked kernel of it is kept on the current device, else
+        through Triton (keeping or checking the kernel it launches)."""
+        drv = (_DRIVER or _load())[0].active
+        device = drv.get_current_device()
+        key = (device, spec)
+        kept = self.kernels.get(key)
+        if kept.__class__ is _Checked:
+            stream = drv.get_current_stream(device)
+            k = kept.kernel
+            k.run(*_arguments(k, grid, stream, args))
+        elif kept.__class__ is _Pending:
+            self.kernels[key] = self._check(jit_fn, grid, args, kept.kernel, drv, device)
+        else:
+            kernel = jit_fn[(grid,)](*args, num_warps=self.num_warps)
+            if kept is None and kernel is not None and hasattr(kernel, "packed_metadata"):
+                self.kernels[key] = _Pending(kernel)
+
+    def _check(self, jit_fn, grid: int, args: tuple, kernel, drv, device):
+        """Launch through Triton once more, seeing what it passes to ``kernel``'s
+        launcher; the kernel is used directly from now on only if that is what a direct
+        launch passes."""
+        stream = drv.get_current_stream(device)
+        seen = []
+        real, own = kernel.run, "run" in vars(kernel)
+
+        def watched(*a):
+            seen.append(a)
+            return real(*a)
+        kernel.run = watched
+        try:
+            jit_fn[(grid,)](*args, num_warps=self.num_warps)
+        finally:
+            if own:
+                kernel.run = real
+            else:
+                del kernel.run
+        ours = _arguments(kernel, grid, stream, args)
+        return _Checked(kernel) if len(seen) == 1 and _same(seen[0], ours) else _REFUSED
+
+
+def _arguments(k, grid: int, stream, args: tuple) -> tuple:
+    """What Triton's `JITFunction.run` passes to compiled kernel ``k``'s launcher for a
+    one-dimensional ``grid`` and ``args`` (every kernel parameter, in order)."""
+    runtime = (_DRIVER or _load())[1].runtime
+    return (grid, 1, 1, stream, k.function, k.packed_metadata, k.launch_metadata((grid,), stream, *args),
+            runtime.launch_enter_hook, runtime.launch_exit_hook, *args)
+
+
+_METADATA = 6            # the position of the launch metadata: a new object per launch
+
+
+def _same(theirs: tuple, ours: tuple) -> bool:
+    """Whether two launcher argument lists are the same: the same objects (tensors,
+    hooks, the kernel's handles) or equal plain values, and launch metadata of one type."""
+    if len(theirs) != len(ours):
+        return False
+    for i, (a, b) in enumerate(zip(theirs, ours)):
+        if i == _METADATA:
+            if type(a) is not type(b):
+                return False
+        elif a is not b and (type(a) is not type(b) or not isinstance(a, (int, float, str, tuple, type(None)))
+                             or a != b):
+            return False
+    return True
+
+
+def copy_spec(args: tuple, varying: int) -> tuple:
+    """What Triton specializes the row copy on among its ``varying`` leading arguments
+    (the rest are a bound copy's own): each tensor's dtype and 16-byte alignment, the
+    row count's width (its value is not specialized on)."""
+    si, di, n, verdict = args[:4]
+    spec = (si.dtype, si.data_ptr() & 15, di.dtype, di.data_ptr() & 15, n >> 31,
+            verdict.dtype, verdict.data_ptr() & 15)
+    if varying > 4:                     # a rebased destination: the call's own buffer
+        spec += tuple((t.dtype, t.data_ptr() & 15) for t in args[4:varying])
+    return spec
+
+
+def check_spec(args: tuple) -> tuple:
+    """What Triton specializes the index check on: the lists' dtypes and alignment, the
+    limits (1, a multiple of 16, their width), the counts' and ids' widths, the verdict
+    and record words, and the compile-time constants."""
+    a, an, al, ai, b, bn, bl, bi, verdict, record = args[:10]
+    return (a.dtype, a.data_ptr() & 15, b.dtype, b.data_ptr() & 15, an >> 31, ai >> 31, bn >> 31, bi >> 31,
+            al == 1, al & 15, al >> 31, bl == 1, bl & 15, bl >> 31,
+            verdict.dtype, verdict.data_ptr() & 15, record.dtype, record.data_ptr() & 15, args[10:])
+
+
+_DRIVER: Optional[tuple] = None     # (Triton's driver config, its knobs), once imported
+
+
+def _load() -> tuple:
+    """Triton's driver config (its current device and stream, as its launch reads them)
+    and its knobs (the launch hooks), imported on first use."""
+    global _DRIVER
+    from triton import knobs
+    from triton.runtime import driver
+    _DRIVER = (driver, knobs)
+    return _DRIVER

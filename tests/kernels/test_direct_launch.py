@@ -1,0 +1,237 @@
+"""Direct launches of kept compiled kernels (`kvtier.kernels.direct_launch`), without a GPU.
+
+Triton's own launch path (`JITFunction.run`, compiled mode) runs here with a stand-in
+driver, and a stand-in compiled kernel is planted where Triton's kernel cache would hold
+the real one: what Triton passes to a kernel's launcher is then compared, call by call,
+with what a direct launch passes, on this machine's Triton version. (A `cuda` test in
+tests/pool checks the bytes on a GPU.)"""
+import importlib
+import itertools
+
+import pytest
+import torch
+
+pytest.importorskip("triton.backends.nvidia", reason="needs community Triton's CUDA backend")
+jit = pytest.importorskip("triton.runtime.jit")
+driver_mod = pytest.importorskip("triton.runtime.driver")
+if not (hasattr(jit, "create_function_from_signature") and hasattr(jit, "compute_cache_key")
+        and hasattr(driver_mod.driver, "_active")):
+    pytest.skip("this Triton launches otherwise", allow_module_level=True)
+
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler.compiler import make_backend  # noqa: E402
+
+from kvtier.kernels import CopyConfig, RowMap, direct_launch  # noqa: E402
+from kvtier.kernels.codegen import compilable  # noqa: E402
+from kvtier.kernels.copy_rows_kernel import _copy_rows_kernel  # noqa: E402
+from kvtier.kernels.index_check import IndexGuard  # noqa: E402
+from kvtier.kernels.index_check_kernel import _check_indices_kernel  # noqa: E402
+
+core = importlib.import_module("kvtier.kernels.copy_rows")
+check_module = importlib.import_module("kvtier.kernels.index_check_kernel")
+TARGET = GPUTarget("cuda", 90, 32)
+STREAM = 0x5EA
+
+
+class FakeDriver:
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device):
+        return STREAM
+
+    def get_current_target(self):
+        return TARGET
+
+
+class Metadata:
+    """Launch metadata: a new object per launch, as Triton's."""
+
+
+class FakeKernel:
+    """Stands in for a compiled kernel: its launcher records what it is called with."""
+
+    def __init__(self, launches):
+        self.function, self.packed_metadata = object(), (4, 0, 1)
+        self.run = self._run                     # an instance attribute, as Triton sets it
+        self._launches = launches
+
+    def _run(self, *args):
+        self._launches.append((self, args))
+
+    def launch_metadata(self, grid, stream, *args):
+        return Metadata()
+
+
+@pytest.fixture
+def triton_path(monkeypatch):
+    """(launches, passes): every call of a planted kernel's launcher as (kernel, args),
+    and every launch that went through `JITFunction.run`, for the row copy and the index
+    check as compiled JITFunctions."""
+    backend = make_backend(TARGET)
+    launches, passes = [], []
+    kernel_caches = {}                  # id(a JITFunction's key cache) -> its kernel cache
+    for kernel, install in ((_copy_rows_kernel, lambda jf: monkeypatch.setattr(core, "_kernel", lambda: jf)),
+                            (_check_indices_kernel,
+                             lambda jf: monkeypatch.setattr(check_module, "_check_indices_kernel", jf))):
+        jf = compilable(kernel)
+        kernels, keys = {}, {}
+        kernel_caches[id(keys)] = kernels
+        jf.device_caches[0] = (kernels, keys, TARGET, backend,
+                               jit.create_function_from_signature(jf.signature, jf.params, backend))
+        install(jf)
+    real_key = jit.compute_cache_key
+
+    def planting(keys, specialization, options):      # a compiled kernel for every new key
+        key = real_key(keys, specialization, options)
+        kernel_caches[id(keys)].setdefault(key, FakeKernel(launches))
+        passes.append(key)
+        return key
+    monkeypatch.setattr(jit, "compute_cache_key", planting)
+    saved = driver_mod.driver._active
+    driver_mod.driver.set_active(FakeDriver())
+    monkeypatch.setattr(core, "interpreter_active", lambda: False)      # compiled Triton
+    monkeypatch.setattr(core, "_RUNNERS", {"cpu": "kernel"})
+    monkeypatch.setenv(direct_launch.DIRECT_ENV, "1")
+    yield launches, passes
+    driver_mod.driver._active = saved
+
+
+def bound_copy(rows=64):
+    src = RowMap.from_stacked(torch.arange(rows * 16, dtype=torch.int32).view(1, rows, 16), 1)
+    dst = RowMap.from_stacked(torch.zeros(rows * 16, dtype=torch.int32).view(1, rows, 16), 1)
+    return core.bind(src, dst, src_layer=0, dst_layer=0, num_layers=1, by_page=False,
+                     config=CopyConfig(num_programs=4, rows=8, block_bytes=64, num_warps=4),
+                     device=torch.device("cpu"), n_rows=8, keep=False)
+
+
+def same_launch(a, b):
+    """Two recorded launcher calls pass the same arguments (new metadata objects apart)."""
+    (ka, xa), (kb, xb) = a, b
+    return ka is kb and len(xa) == len(xb) and all(
+        (type(x) is type(y)) if i == 6 else (x is y or (not isinstance(x, torch.Tensor) and x == y))
+        for i, (x, y) in enumerate(zip(xa, xb)))
+
+
+def test_kept_kernel_is_checked_then_launched_directly_with_tritons_arguments(triton_path):
+    launches, passes = triton_path
+    bound = bound_copy()
+    assert bound.direct is not None
+    si, di, verdict = torch.tensor([3, 1, 7]), torch.tensor([0, 5, 2]), torch.zeros(1, dtype=torch.int32)
+    for _ in range(5):
+        bound(si, di, verdict)
+    # Triton launched the first two (the second one watched), the rest went direct.
+    assert len(passes) == 2 and len(launches) == 5
+    assert all(same_launch(launches[0], launch) for launch in launches[1:])
+    kernel, args = launches[-1]
+    assert 1 <= args[0] <= bound.config.num_programs and args[1:4] == (1, 1, STREAM)
+    assert args[4] is kernel.function and args[5] is kernel.packed_metadata
+    assert args[9] is si and args[10] is di and args[11] == 3 and args[12] is verdict
+
+
+def test_each_specialization_is_kept_and_checked_on_its_own(triton_path):
+    launches, passes = triton_path
+    bound = bound_copy()
+    verdict = torch.zeros(1, dtype=torch.int32)
+    base = torch.arange(9, dtype=torch.int64)
+    forms = {"int64": base[:3], "int32": base[:3].to(torch.int32), "8-byte aligned": base[1:4]}
+    di = torch.tensor([0, 5, 2])
+    for (name, si), _ in itertools.product(forms.items(), range(4)):
+        bound(si, di, verdict)
+    # Each form: one launch kept, one watched, two direct, each with its own kernel.
+    assert len(passes) == 6 and len(launches) == 12
+    kernels = [k for k, _ in launches]
+    assert len({id(k) for k in kernels}) == 3
+    for i in range(0, 12, 4):
+        assert all(same_launch(launches[i], launches[i + j]) for j in (1, 2, 3))
+
+
+def test_a_launch_that_differs_from_tritons_is_never_made_directly(triton_path, monkeypatch):
+    launches, passes = triton_path
+    real = direct_launch._arguments
+
+    def swapped(k, grid, stream, args):           # what a Triton with another launch would show
+        a = real(k, grid, stream, args)
+        return a[:9] + (a[10], a[9]) + a[11:]
+    monkeypatch.setattr(direct_launch, "_arguments", swapped)
+    bound = bound_copy()
+    si, di, verdict = torch.tensor([3, 1, 7]), torch.tensor([0, 5, 2]), torch.zeros(1, dtype=torch.int32)
+    for _ in range(5):
+        bound(si, di, verdict)
+    assert len(passes) == 5 and len(launches) == 5      # every launch through Triton
+
+
+def test_switched_off_by_the_environment(triton_path, monkeypatch):
+    launches, passes = triton_path
+    monkeypatch.setenv(direct_launch.DIRECT_ENV, "0")
+    bound = bound_copy(rows=72)
+    assert bound.direct is None
+    for _ in range(3):
+        bound(torch.tensor([3, 1, 7]), torch.tensor([0, 5, 2]), torch.zeros(1, dtype=torch.int32))
+    assert len(passes) == 3 and len(launches) == 3
+
+
+def test_nothing_is_kept_under_the_interpreter():
+    bound = bound_copy(rows=80)      # this test run's kernels run in Triton's interpreter
+    assert bound.direct is None
+
+
+def test_the_index_check_is_launched_directly_too(triton_path):
+    launches, passes = triton_path
+    guard = IndexGuard()
+    a, b = torch.tensor([3, 1, 7]), torch.tensor([0, 5, 2])
+    cpu = torch.device("cpu")
+    for _ in range(4):      # no facts given: every call checks (and launches) again
+        word = guard.check(cpu, [("src_indices", a, 64, 1, None), ("dst_indices", b, 64, 1, None)])
+    assert word is not None
+    assert len(passes) == 2 and len(launches) == 4
+    assert all(same_launch(launches[0], launch) for launch in launches[1:])
+    _, args = launches[-1]
+    assert args[:4] == (1, 1, 1, STREAM) and args[9] is a and args[13] is b
+    # Other limits are another specialization: Triton launches (and its kernel is kept) again.
+    for _ in range(3):
+        guard.check(cpu, [("src_indices", a, 65, 1, None), ("dst_indices", b, 64, 1, None)])
+    assert len(passes) == 4 and len(launches) == 7
+
+
+@pytest.mark.cuda
+def test_on_a_gpu_direct_launches_move_the_same_bytes():
+    """On a GPU: a per-layer load loop and gathers, repeated with index lists of both
+    dtypes and of 8- and 16-byte alignment; after two launches through Triton per
+    specialization the rest are direct, and every byte matches torch's own gather."""
+    from kvtier.pool import HostPool, MHADevicePool
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    jf = core._kernel()
+    through_triton = []
+    real_run = jf.run
+
+    def counted(*args, **kwargs):
+        through_triton.append(1)
+        return real_run(*args, **kwargs)
+    jf.run = counted
+    try:
+        dev = MHADevicePool(512, 16, 4, 2, 64, dtype=torch.bfloat16, device="cuda")
+        for t in dev.buffers["k"] + dev.buffers["v"]:
+            t.copy_(torch.randn_like(t))
+        host = HostPool(dev, layout="layer_first", size_tokens=1024, strategy="kernel")
+        src = torch.arange(64, 96, device="cuda")
+        host_idx = host.alloc(32).cuda()
+        host.backup_from_device_all_layer(dev, host_idx, src)
+        base = torch.arange(200, 240, device="cuda", dtype=torch.int64)
+        forms = [base[:32], base[:32].to(torch.int32), base[1:33]]       # int64, int32, 8-byte aligned
+        for rep in range(6):
+            for dst in forms:
+                for layer in range(4):
+                    host.load_to_device_per_layer(dev, host_idx, dst, layer)
+                torch.cuda.synchronize()
+                for t in dev.buffers["k"] + dev.buffers["v"]:
+                    rows = t.view(-1, 2, 64)
+                    assert torch.equal(rows[dst.long()].view(torch.int16), rows[src].view(torch.int16))
+                    rows[dst.long()] = 0        # the next form's load must write them again
+        host.synchronize()
+        # At most two launches through Triton per bound copy (the backup, one per layer) and
+        # specialization (each form); the other 73 - 26 were direct.
+        assert len(through_triton) <= 2 * (1 + 4 * len(forms)), len(through_triton)
+    finally:
+        del jf.run
