@@ -28,19 +28,17 @@ _REFUSED = object()      # a kernel whose launch through Triton differed from a 
 
 
 class _Pending:
-    """A compiled kernel Triton returned, not yet seen launched with our arguments."""
-    __slots__ = ("kernel",)
+    """A compiled kernel Triton returned for ``jit_fn``, not yet seen launched with our
+    arguments."""
+    __slots__ = ("kernel", "jit_fn")
 
-    def __init__(self, kernel):
-        self.kernel = kernel
+    def __init__(self, kernel, jit_fn):
+        self.kernel, self.jit_fn = kernel, jit_fn
 
 
-class _Checked:
+class _Checked(_Pending):
     """A compiled kernel whose launch through Triton matched a direct launch."""
-    __slots__ = ("kernel",)
-
-    def __init__(self, kernel):
-        self.kernel = kernel
+    __slots__ = ()
 
 
 def enabled() -> bool:
@@ -61,12 +59,15 @@ class Launches:
     def launch(self, jit_fn, grid: int, args: tuple, spec: tuple) -> None:
         """Launch ``jit_fn`` over ``grid`` programs with ``args`` (every parameter, in
         order), whose specialization ``spec`` spells out (`copy_spec`, `check_spec`):
-        directly where a checked kernel of it is kept on the current device, else
-        through Triton (keeping or checking the kernel it launches)."""
+        directly where a checked kernel of this ``jit_fn`` and specialization is kept on
+        the current device, else through Triton (keeping or checking the kernel it
+        launches)."""
         drv = (_DRIVER or _load())[0].active
         device = drv.get_current_device()
-        key = (device, spec)
+        key = (id(jit_fn), device, spec)    # a kernel put in its place (a spy) gets its own
         kept = self.kernels.get(key)
+        if kept is not None and kept is not _REFUSED and kept.jit_fn is not jit_fn:
+            kept = None                 # another function at a freed one's address
         if kept.__class__ is _Checked:
             stream = drv.get_current_stream(device)
             k = kept.kernel
@@ -76,29 +77,42 @@ class Launches:
         else:
             kernel = jit_fn[(grid,)](*args, num_warps=self.num_warps)
             if kept is None and kernel is not None and hasattr(kernel, "packed_metadata"):
-                self.kernels[key] = _Pending(kernel)
+                self.kernels[key] = _Pending(kernel, jit_fn)
 
     def _check(self, jit_fn, grid: int, args: tuple, kernel, drv, device):
         """Launch through Triton once more, seeing what it passes to ``kernel``'s
         launcher; the kernel is used directly from now on only if that is what a direct
         launch passes."""
         stream = drv.get_current_stream(device)
+        slot = _launcher_slot(kernel)
+        if slot is None:            # nowhere to watch the launcher from: never direct
+            jit_fn[(grid,)](*args, num_warps=self.num_warps)
+            return _REFUSED
         seen = []
-        real, own = kernel.run, "run" in vars(kernel)
+        real = kernel.run
 
         def watched(*a):
             seen.append(a)
             return real(*a)
-        kernel.run = watched
+        setattr(kernel, slot, watched)
         try:
             jit_fn[(grid,)](*args, num_warps=self.num_warps)
         finally:
-            if own:
-                kernel.run = real
-            else:
-                del kernel.run
+            setattr(kernel, slot, real)
         ours = _arguments(kernel, grid, stream, args)
-        return _Checked(kernel) if len(seen) == 1 and _same(seen[0], ours) else _REFUSED
+        return _Checked(kernel, jit_fn) if len(seen) == 1 and _same(seen[0], ours) else _REFUSED
+
+
+def _launcher_slot(kernel) -> Optional[str]:
+    """The instance attribute a compiled kernel's ``run`` (its launcher) is read from:
+    ``run`` itself where Triton sets it on the kernel, ``_run`` behind Triton's ``run``
+    property (3.9); None where neither holds it (the launch cannot be watched)."""
+    if "run" in vars(kernel):
+        return "run"
+    prop = getattr(type(kernel), "run", None)
+    if isinstance(prop, property) and "_run" in vars(kernel) and kernel.run is vars(kernel)["_run"]:
+        return "_run"
+    return None
 
 
 def _arguments(k, grid: int, stream, args: tuple) -> tuple:

@@ -49,26 +49,50 @@ class Metadata:
 
 
 class FakeKernel:
-    """Stands in for a compiled kernel: its launcher records what it is called with."""
+    """Stands in for a compiled kernel: its launcher records what it is called with. As
+    in Triton 3.9, ``run`` is a property that returns the launcher held in ``_run``."""
 
     def __init__(self, launches):
         self.function, self.packed_metadata = object(), (4, 0, 1)
-        self.run = self._run                     # an instance attribute, as Triton sets it
+        self._run = self._launcher
         self._launches = launches
 
-    def _run(self, *args):
+    @property
+    def run(self):
+        return self._run
+
+    def _launcher(self, *args):
         self._launches.append((self, args))
 
     def launch_metadata(self, grid, stream, *args):
         return Metadata()
 
 
-@pytest.fixture
-def triton_path(monkeypatch):
+class OlderFakeKernel(FakeKernel):
+    """As Triton sets ``run`` on the kernel itself (an instance attribute)."""
+
+    run = None
+
+    def __init__(self, launches):
+        super().__init__(launches)
+        self.run = self._launcher
+
+
+class SealedFakeKernel(FakeKernel):
+    """A launcher with no attribute to watch it from (computed on every read)."""
+
+    @property
+    def run(self):
+        return lambda *a: self._launcher(*a)
+
+
+@pytest.fixture(params=[FakeKernel, OlderFakeKernel])
+def triton_path(monkeypatch, request):
     """(launches, passes): every call of a planted kernel's launcher as (kernel, args),
     and every launch that went through `JITFunction.run`, for the row copy and the index
     check as compiled JITFunctions."""
     backend = make_backend(TARGET)
+    kernel_class = getattr(request, "param", FakeKernel)
     launches, passes = [], []
     kernel_caches = {}                  # id(a JITFunction's key cache) -> its kernel cache
     for kernel, install in ((_copy_rows_kernel, lambda jf: monkeypatch.setattr(core, "_kernel", lambda: jf)),
@@ -84,7 +108,7 @@ def triton_path(monkeypatch):
 
     def planting(keys, specialization, options):      # a compiled kernel for every new key
         key = real_key(keys, specialization, options)
-        kernel_caches[id(keys)].setdefault(key, FakeKernel(launches))
+        kernel_caches[id(keys)].setdefault(key, kernel_class(launches))
         passes.append(key)
         return key
     monkeypatch.setattr(jit, "compute_cache_key", planting)
@@ -159,6 +183,16 @@ def test_a_launch_that_differs_from_tritons_is_never_made_directly(triton_path, 
     for _ in range(5):
         bound(si, di, verdict)
     assert len(passes) == 5 and len(launches) == 5      # every launch through Triton
+
+
+@pytest.mark.parametrize("triton_path", [SealedFakeKernel], indirect=True)
+def test_a_launcher_that_cannot_be_watched_is_never_called_directly(triton_path):
+    launches, passes = triton_path
+    bound = bound_copy(rows=88)
+    si, di, verdict = torch.tensor([3, 1, 7]), torch.tensor([0, 5, 2]), torch.zeros(1, dtype=torch.int32)
+    for _ in range(4):
+        bound(si, di, verdict)
+    assert len(passes) == 4 and len(launches) == 4
 
 
 def test_switched_off_by_the_environment(triton_path, monkeypatch):
