@@ -52,9 +52,9 @@ class Launches:
 
     __slots__ = ("kernels", "num_warps")
 
-    def __init__(self, num_warps: int):
+    def __init__(self, num_warps: Optional[int] = None):
         self.kernels = {}
-        self.num_warps = num_warps
+        self.num_warps = num_warps      # None: Triton's default
 
     def launch(self, jit_fn, grid: int, args: tuple, spec: tuple) -> None:
         """Launch ``jit_fn`` over ``grid`` programs with ``args`` (every parameter, in
@@ -75,9 +75,14 @@ class Launches:
         elif kept.__class__ is _Pending:
             self.kernels[key] = self._check(jit_fn, grid, args, kept.kernel, drv, device)
         else:
-            kernel = jit_fn[(grid,)](*args, num_warps=self.num_warps)
+            kernel = self._through_triton(jit_fn, grid, args)
             if kept is None and kernel is not None and hasattr(kernel, "packed_metadata"):
                 self.kernels[key] = _Pending(kernel, jit_fn)
+
+    def _through_triton(self, jit_fn, grid: int, args: tuple):
+        if self.num_warps is None:
+            return jit_fn[(grid,)](*args)
+        return jit_fn[(grid,)](*args, num_warps=self.num_warps)
 
     def _check(self, jit_fn, grid: int, args: tuple, kernel, drv, device):
         """Launch through Triton once more, seeing what it passes to ``kernel``'s
@@ -86,7 +91,7 @@ class Launches:
         stream = drv.get_current_stream(device)
         slot = _launcher_slot(kernel)
         if slot is None:            # nowhere to watch the launcher from: never direct
-            jit_fn[(grid,)](*args, num_warps=self.num_warps)
+            self._through_triton(jit_fn, grid, args)
             return _REFUSED
         seen = []
         real = kernel.run
@@ -96,7 +101,7 @@ class Launches:
             return real(*a)
         setattr(kernel, slot, watched)
         try:
-            jit_fn[(grid,)](*args, num_warps=self.num_warps)
+            self._through_triton(jit_fn, grid, args)
         finally:
             setattr(kernel, slot, real)
         ours = _arguments(kernel, grid, stream, args)

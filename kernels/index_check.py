@@ -151,7 +151,7 @@ class IndexGuard:
         if known_device[3]:         # compiled: kept and launched directly once checked
             _CHECK_LAUNCHES.launch(kernel, 1, args, direct_launch.check_spec(args))
         else:
-            kernel[(1,)](*args, num_warps=_CHECK_WARPS)
+            kernel[(1,)](*args)
         # Where the check has already run (the interpreter runs kernels at once; a fast
         # device may have), its failure is raised before the copies are enqueued.
         for h in self._hosts:
@@ -270,8 +270,7 @@ def _compiled_off() -> bool:
     return interpreter_active()
 
 
-_CHECK_WARPS = 4
-_CHECK_LAUNCHES = direct_launch.Launches(_CHECK_WARPS)     # the check's compiled kernels
+_CHECK_LAUNCHES = direct_launch.Launches()     # the check's compiled kernels (Triton's default warps)
 
 
 def _check_on_host(arg: str, idx: torch.Tensor, limit: int, page: int, negatives_skip: bool) -> None:
