@@ -146,6 +146,10 @@ def build_calls(device: torch.device, shape: Optional[dict] = None,
 
     gather_walk, new_walk = page_walk(), page_walk()
     out = {}                                                # gather(out=) refills these
+    # A gather's new result is held until the next one replaces it, as a caller holds it
+    # while it sends it: freed at once, its 8 MiB would be handed back to the system and
+    # the next series' allocations (index_select's) would fault their pages in again.
+    held = [None]
 
     def gather_into():
         if not out:                                         # the first (warm-up) call makes them
@@ -157,7 +161,7 @@ def build_calls(device: torch.device, shape: Optional[dict] = None,
         "HostPool.load_to_device_per_layer": per_layer(
             lambda h, d, layer: hp.load_to_device_per_layer(dp, h, d, dp.start_layer + layer)),
         "DevicePool.gather": gather_into,
-        "DevicePool.gather (new buffers)": lambda: dp.gather(new_walk(), pages=True),
+        "DevicePool.gather (new buffers)": lambda: held.__setitem__(0, dp.gather(new_walk(), pages=True)),
         "sglang.transfer_kv_per_layer": sglang_per_layer(),
         "sglang.transfer_kv_all_layer": all_layer(lambda h, d: transfer_kv_all_layer(
             dev_k, host_kt, dev_v, host_vt, d, h, item, L)),
