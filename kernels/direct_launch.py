@@ -104,7 +104,10 @@ class Launches:
             self._through_triton(jit_fn, grid, args)
         finally:
             setattr(kernel, slot, real)
-        ours = _arguments(kernel, grid, stream, args)
+        try:
+            ours = _arguments(kernel, grid, stream, args)
+        except Exception:           # a Triton whose kernels read otherwise: never direct
+            return _REFUSED
         return _Checked(kernel, jit_fn) if len(seen) == 1 and _same(seen[0], ours) else _REFUSED
 
 

@@ -185,6 +185,21 @@ def test_a_launch_that_differs_from_tritons_is_never_made_directly(triton_path, 
     assert len(passes) == 5 and len(launches) == 5      # every launch through Triton
 
 
+def test_arguments_that_cannot_be_built_keep_the_launches_on_tritons_path(triton_path, monkeypatch):
+    """Where a direct launch's arguments cannot be worked out (a Triton whose kernels
+    are read otherwise), the call still moves its bytes through Triton, every time."""
+    launches, passes = triton_path
+
+    def unreadable(k, grid, stream, args):
+        raise TypeError("launch_metadata() takes 3 positional arguments")
+    monkeypatch.setattr(direct_launch, "_arguments", unreadable)
+    bound = bound_copy(rows=96)
+    si, di, verdict = torch.tensor([3, 1, 7]), torch.tensor([0, 5, 2]), torch.zeros(1, dtype=torch.int32)
+    for _ in range(4):
+        bound(si, di, verdict)
+    assert len(passes) == 4 and len(launches) == 4
+
+
 @pytest.mark.parametrize("triton_path", [SealedFakeKernel], indirect=True)
 def test_a_launcher_that_cannot_be_watched_is_never_called_directly(triton_path):
     launches, passes = triton_path
