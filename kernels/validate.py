@@ -51,7 +51,9 @@ def check_index(arg: str, idx, device: torch.device) -> None:
 def index_ok(idx, device: torch.device) -> bool:
     """Whether `check_index` passes ``idx`` for a copy on ``device``, answered fast for the
     usual case (a plain tensor on ``device`` itself); False sends the caller to
-    `check_index`, which passes the rest it accepts or names what is wrong."""
+    `check_index`, which passes the rest it accepts or names what is wrong. ``device``
+    must be where a copy runs: given a meta device it would pass a meta tensor, which
+    `check_index` refuses (so `check_index` does not start with it)."""
     return (type(idx) is torch.Tensor and idx.dtype in INDEX_DTYPES and idx.dim() == 1
             and idx.layout is _STRIDED and idx.device == device)
 
