@@ -19,7 +19,7 @@ from kvtier.kernels.config import CopyConfig
 import kvtier.platforms as platforms
 from kvtier.kernels.copy_rows import GUARD, interpreter_active, triton_available
 from kvtier.kernels.index_check import checks_on
-from kvtier.kernels.index_memo import facts, on_device
+from kvtier.kernels.index_memo import LastPair, facts, last_pair, on_device
 from kvtier.kernels.ops import BACKUP, LOAD, Op
 from kvtier.kernels.errors import KvtierError, fail
 from kvtier.kernels.rowmap import RowMap, keep as _keep, kept as _kept, tensor_key as _tensor_key
@@ -301,15 +301,15 @@ class Lane(NamedTuple):
 def _run(lane: Lane, src_indices, dst_indices, check: Optional[bool]) -> None:
     """One call on ``lane``: the indices checked (shape at once, values without a device
     sync), then the route's bound copies launched. The same two index tensors as the
-    last call's, unchanged, are not prepared or checked again (`_recent`)."""
-    global _RECENT
+    last call's, unchanged, are not prepared or checked again (`_LAST`)."""
+    global _LAST
     route, skip_negative, names = lane
     checking = checks_on(check)
+    signature = (route.device, route.limits, skip_negative, checking)
     try:
-        r = _RECENT
-        if r is not None and r.src is src_indices and r.dst is dst_indices \
-                and _still(r, route, skip_negative, checking):
-            si, di, n, verdict = r.si, r.di, r.n, r.verdict
+        r, stream = _LAST, route.stream_key()
+        if r is not None and r.matches(src_indices, dst_indices, signature, stream, GUARD):
+            (si, di, n), verdict = r.prepared, r.verdict
         else:
             si, di, fs, fd = indices(src_indices, dst_indices, route.device, route.keeps_lists)
             n = si.numel()
@@ -319,9 +319,7 @@ def _run(lane: Lane, src_indices, dst_indices, check: Optional[bool]) -> None:
                                                      ("dst_indices", di, *route.dst_limit, fd)],
                                       negatives_skip=skip_negative, ticket=ticket)
             if fs is not None and fd is not None:
-                _RECENT = _Recent(src_indices, dst_indices, src_indices._version, dst_indices._version,
-                                  route.device, (route.limits, skip_negative, checking), route.stream_key(),
-                                  si, di, n, ticket[0] if verdict is not None else None, verdict)
+                _LAST = last_pair(src_indices, dst_indices, signature, stream, ticket, verdict, (si, di, n))
     except KvtierError as e:
         raise _renamed(e, names) from None
     if n:
@@ -332,39 +330,10 @@ def _run(lane: Lane, src_indices, dst_indices, check: Optional[bool]) -> None:
             launcher.run_all(route.op, bounds, si, di, verdict)
 
 
-class _Recent(NamedTuple):
-    """The last call's index lists as prepared and checked (HiCache's per-layer loop
-    passes one pair of index tensors for every layer): the caller's tensors and their
-    torch versions, what the check depended on, and what it gave."""
-
-    src: torch.Tensor
-    dst: torch.Tensor
-    src_version: int
-    dst_version: int
-    device: torch.device
-    signature: tuple            # (route limits, skip_negative, checks on)
-    stream: object              # `_Route.stream_key` (None on the CPU)
-    si: torch.Tensor
-    di: torch.Tensor
-    n: int
-    ticket: Optional[tuple]     # `IndexGuard.holds` asks it; None when no verdict word
-    verdict: Optional[torch.Tensor]
-
-
-# One record, replaced whole (threads see a whole record or the next one).
-_RECENT: Optional[_Recent] = None
-
-
-def _still(r: _Recent, route: "_Route", skip_negative: bool, checking: bool) -> bool:
-    """Whether the last call's lists ``r``, which this call passes again, can be reused:
-    the same torch versions, device (and stream), limits and checks, nothing being
-    captured, and the guard's word still holding their verdict."""
-    if (r.device is not route.device or r.signature != (route.limits, skip_negative, checking)
-            or r.src._version != r.src_version or r.dst._version != r.dst_version or platforms.capturing()):
-        return False
-    if r.stream is not None and r.stream != route.stream_key():
-        return False
-    return r.ticket is None or GUARD.holds(r.ticket)
+# The last call's index lists as prepared and checked (`kvtier.kernels.index_memo.LastPair`;
+# its ``prepared``: the lists on the device and their count). One record, replaced whole
+# (threads see a whole record or the next one).
+_LAST: Optional[LastPair] = None
 
 
 def _renamed(e: KvtierError, names: Tuple[str, str]) -> KvtierError:

@@ -11,7 +11,8 @@ its launches, with no GPU and no interpreter run.
 
 What calls inside the probe learn about their index tensors (`kvtier.kernels.index_memo`:
 "these values passed the range check") is kept in a table of the probe's own and dropped
-when it ends: no check ran there, so a later real call must check again.
+when it ends, and the last index pairs callers kept (`index_memo.LastPair`) are void from
+its start and again at its end: no check ran there, so a later real call must check again.
 """
 from __future__ import annotations
 
@@ -66,6 +67,7 @@ class LaunchProbe:
         self._saved = (_core._kernel, _core.interpreter_active, self._check_mod._check_indices_kernel,
                        self._maps.interpreter_active, _core._RUNNERS, self._memo._MEMO)
         self._memo._MEMO = {}
+        self._memo.forget_all()
         _core._kernel = lambda: self._rec
         self._check_mod._check_indices_kernel = self._check_rec
         # The CPU falls back to the reference without the interpreter; the probe never
@@ -79,6 +81,7 @@ class LaunchProbe:
     def __exit__(self, *exc) -> None:
         (_core._kernel, _core.interpreter_active, self._check_mod._check_indices_kernel,
          self._maps.interpreter_active, _core._RUNNERS, self._memo._MEMO) = self._saved
+        self._memo.forget_all()
 
     @property
     def grids(self):

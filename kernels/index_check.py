@@ -163,11 +163,16 @@ class IndexGuard:
             ticket.append((slot, slot.last))
         return slot.verdict
 
-    def holds(self, ticket: tuple) -> bool:
+    def holds(self, ticket: Optional[tuple]) -> bool:
         """Whether the verdict word of ``ticket`` (what a `check` put in its ``ticket``)
         still holds that check's verdict: no other list was checked on it since, and no
-        failure reset it. Pending failures are raised first (`raise_pending`)."""
-        self.raise_pending()
+        failure reset it. None (a check that left nothing to the device): always.
+        Pending failures are raised first (`raise_pending`)."""
+        for h in self._hosts:           # raise_pending, inline: one memoryview read per slot
+            if h[0]:
+                self.raise_pending()
+        if ticket is None:
+            return True
         slot, last = ticket
         return last is not None and slot.last is last
 

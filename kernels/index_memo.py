@@ -4,18 +4,26 @@ An engine passes the same index tensors to several calls in a row: HiCache loads
 layer by layer with the same host and device indices, once per layer. What a call works
 out from an index tensor (its values passed a range check, its page-start view, its copy
 on the device) is the same for every one of those calls, so it is kept here and reused
-while the tensor is the same Python object with the same version counter. Torch bumps a
-tensor's version on every in-place write to it or to any view of it (including
-``resize_`` and ``set_``), so a rewritten index list is worked out afresh.
+while the tensor is the same Python object, unchanged: the same version counter, first
+byte and length (`state`). Torch bumps a tensor's version on every in-place write to it
+or to any view of it (including ``resize_`` and ``set_``), so a rewritten index list is
+worked out afresh; rebinding ``t.data`` keeps the version but moves the first byte or
+changes the length.
+
+`LastPair` goes one step further for the per-layer loop: a caller keeps the last call's
+two index tensors as checked, and a call that passes the same two again, unchanged,
+reuses the whole outcome (shape checks, staging, the guard's verdict word) without
+asking for anything per tensor.
 
 Nothing is kept or reused while a graph is being captured (`kvtier.platforms.capturing`):
 a replayed graph reads the index tensors as they are at replay, so its checks and page
 views must be captured, not taken from earlier calls.
 
-What is trusted: memory written without torch (a raw kernel of the engine's own writing
-into an index tensor in place, a numpy view of a CPU tensor) does not bump the version;
-such a tensor must not be passed again as if unchanged (pass a new tensor, or write it
-through torch). Inference tensors carry no version counter: nothing is kept for them.
+What is trusted: memory written without torch's version counter seeing it (a raw kernel
+of the engine's own writing into an index tensor in place, a numpy view of a CPU tensor,
+a write through ``t.data``) is not seen; such a tensor must not be passed again as if
+unchanged (pass a new tensor, or write it through torch). Inference tensors carry no
+version counter: nothing is kept for them.
 """
 from __future__ import annotations
 
@@ -26,7 +34,26 @@ import torch
 
 import kvtier.platforms as platforms
 
-_MEMO: Dict[int, Tuple[weakref.ref, int, dict]] = {}
+_MEMO: Dict[int, Tuple[weakref.ref, tuple, dict]] = {}
+# Bumped by `forget_all`: every `LastPair` kept before it is void.
+_EPOCH = 0
+
+
+def state(t: torch.Tensor) -> Optional[tuple]:
+    """What must stay the same for what was worked out about ``t`` to hold: its torch
+    version, first byte and element count. None for an inference tensor (no version
+    counter: nothing about it may be kept)."""
+    try:
+        return t._version, t.data_ptr(), t.numel()
+    except RuntimeError:
+        return None
+
+
+def forget_all() -> None:
+    """Void every `LastPair` kept so far (`kvtier.bench.probe.LaunchProbe` records checks
+    that never ran; nothing learnt under it may be reused after it)."""
+    global _EPOCH
+    _EPOCH += 1
 
 
 def facts(t: torch.Tensor) -> Optional[dict]:
@@ -38,17 +65,16 @@ def facts(t: torch.Tensor) -> Optional[dict]:
     it saves."""
     if platforms.capturing():
         return None
-    try:
-        version = t._version
-    except RuntimeError:            # an inference tensor: no version counter, nothing kept
+    now = state(t)
+    if now is None:                 # an inference tensor: no version counter, nothing kept
         return None
     key = id(t)
     entry = _MEMO.get(key)
     if entry is not None and entry[0]() is t:
-        if entry[1] == version:
+        if entry[1] == now:
             return entry[2]
     found = {}
-    _MEMO[key] = (weakref.ref(t, _forget(key)), version, found)
+    _MEMO[key] = (weakref.ref(t, _forget(key)), now, found)
     return found
 
 
@@ -90,3 +116,43 @@ def on_device(idx: torch.Tensor, device: torch.device, keep: bool = True) -> tor
         if known is not None:
             known[key] = staged
     return staged
+
+
+class LastPair:
+    """The last call's two index tensors as a caller checked them (HiCache's per-layer
+    loop passes one pair for every layer): the tensors and their `state`, what the check
+    depended on besides them (the caller's ``signature``), the stream it ran on, the
+    guard's verdict word and the ticket that asks the guard whether the word still holds
+    it (`IndexGuard.check`), and what the caller made of the lists (``prepared``: its own
+    field, e.g. the lists staged on the device). Made by `last_pair`; asked by `matches`."""
+
+    __slots__ = ("a", "b", "a_state", "b_state", "signature", "stream", "ticket", "verdict", "prepared",
+                 "epoch")
+
+    def matches(self, a, b, signature, stream, guard) -> bool:
+        """Whether a call passing ``a`` and ``b`` under ``signature`` on ``stream`` (a
+        `kvtier.platforms.stream_key`, None on a CPU) may reuse this outcome: the same two
+        tensors, unchanged, the same signature and stream, nothing being captured, and
+        ``guard``'s word still holding their verdict (a failure found since is raised)."""
+        if self.a is not a or self.b is not b or self.epoch != _EPOCH or self.signature != signature:
+            return False
+        # `state` of each, inline (the layer loop's hot path); neither is an inference tensor.
+        sa, sb = self.a_state, self.b_state
+        if (a._version != sa[0] or b._version != sb[0] or a.data_ptr() != sa[1] or b.data_ptr() != sb[1]
+                or a.numel() != sa[2] or b.numel() != sb[2] or self.stream != stream or platforms.capturing()):
+            return False
+        return guard.holds(self.ticket)
+
+
+def last_pair(a: torch.Tensor, b: torch.Tensor, signature, stream, ticket: Optional[list],
+              verdict: Optional[torch.Tensor], prepared=None) -> Optional[LastPair]:
+    """A `LastPair` for a call that checked ``a`` and ``b`` (``ticket``: the list its
+    `IndexGuard.check` filled, empty where no word was returned); None where nothing may
+    be kept: an inference tensor, or a graph being captured."""
+    sa, sb = state(a), state(b)
+    if sa is None or sb is None or platforms.capturing():
+        return None
+    r = LastPair()
+    r.a, r.b, r.a_state, r.b_state, r.signature, r.stream = a, b, sa, sb, signature, stream
+    r.ticket, r.verdict, r.prepared, r.epoch = (ticket[0] if ticket else None), verdict, prepared, _EPOCH
+    return r

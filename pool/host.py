@@ -23,7 +23,7 @@ from kvtier.kernels.layouts import host_layout
 from kvtier.kernels.ops import BACKUP, LOAD, LOAD_LAYER, Op
 from kvtier.kernels.index_check import IndexGuard, checks_on
 from kvtier.kernels.copy_rows import check_storage, watch
-from kvtier.kernels.index_memo import facts, on_device
+from kvtier.kernels.index_memo import facts, last_pair, on_device
 from kvtier.kernels.validate import check_index, index_ok, is_int
 
 from . import dma
@@ -154,6 +154,7 @@ class HostPool:
         self._moves: Dict[int, List[Move]] = {}
         self._routes: Dict[tuple, List[Step]] = {}
         self._last_routes = None    # (op, device pool, rows, lookup state, {layer: route}) of the last call
+        self._last_pair = None      # a per-layer call's index pair as checked (index_memo.LastPair)
         self._cpu_pool = self.device.type == "cpu"
         self._by_page = self._layout.paged and self.page_size > 1   # page layouts move whole pages
         self._index_page = self.page_size if self._layout.paged else 1   # indices come in whole pages
@@ -253,27 +254,31 @@ class HostPool:
         whole = op.scope == "all"
         slots = self._resolve(device_pool, whole=whole)
         local = None if whole else slots[0][1].local_layer(layer_id)   # checked before anything moves
-        verdict = self._check_indices(slots, host_indices, device_indices, keep=not whole)
+        if whole:       # an all-layer call's lists come once: nothing is kept about them
+            verdict, last = self._check_indices(slots, host_indices, device_indices, keep=False), None
+        else:           # a layer loop passes one pair for every layer: checked once
+            verdict, last = self._checked_pair(slots, host_indices, device_indices)
         n = device_indices.numel()
         if n == 0:
             return
         # The routes of the last call's op, pool, count and lookup state, by layer: the
         # next all-layer call of that shape, or the layer loop's next layer, finds its own.
-        state, last = lookup_state(), self._last_routes
-        if not (last is not None and last[0] is op and last[1] is device_pool and last[2] == n and last[3] == state):
-            last = self._last_routes = (op, device_pool, n, state, {})
-        route = last[4].get(local)
+        state, routes = lookup_state(), self._last_routes
+        if not (routes is not None and routes[0] is op and routes[1] is device_pool and routes[2] == n
+                and routes[3] == state):
+            routes = self._last_routes = (op, device_pool, n, state, {})
+        route = routes[4].get(local)
         if route is None:
             key = (op, device_pool, local, rows_bucket(n))
             kept = self._routes.get(key)
-            route = last[4][local] = kept[1] if kept is not None and kept[0] == state else self._route(key, slots)
+            route = routes[4][local] = kept[1] if kept is not None and kept[0] == state else self._route(key, slots)
         for step in route:          # every tensor the call rests on, before the first byte moves
             check_storage(step.watch)
         h = run_list = None
         for step in route:
             if step.bound is not None:
-                if h is None:       # on a CPU pool the host indices are where the copy runs
-                    h = host_indices if self._cpu_pool else on_device(host_indices, self.device, not whole)
+                if h is None:
+                    h = self._host_indices_here(host_indices, last)
                 si, di = (device_indices, h) if op.from_device else (h, device_indices)
                 launcher.run_bound(op, step.bound, si, di, verdict, step.strategy, True)  # watched; a test seam
                 continue
@@ -284,6 +289,17 @@ class HostPool:
             mv = step.move
             move(op, mv.dev_map, device_indices, mv.host_buf, self.layout, self.page_size, step.dev_layer,
                  step.host_layer, step.count, run_list, self._by_page, step.config, verdict)
+
+    def _host_indices_here(self, host_indices: torch.Tensor, last) -> torch.Tensor:
+        """The host indices where the copy runs: as given on a CPU pool, else staged on the
+        device (asynchronously; kept with a layer loop's pair ``last``, so it is staged once)."""
+        if self._cpu_pool:
+            return host_indices
+        if last is None:
+            return on_device(host_indices, self.device, False)
+        if last.prepared is None:
+            last.prepared = on_device(host_indices, self.device)
+        return last.prepared
 
     def _route(self, key: tuple, slots) -> List["Step"]:
         """The launches of one call shape (op, device pool, layer, rows bucket), worked out
@@ -333,10 +349,25 @@ class HostPool:
         _check_rows("device_pool", device_pool, self.pools[0], layers=True)
         return ((0, device_pool),)
 
-    def _check_indices(self, slots, host_indices, device_indices, keep: bool = True) -> Optional[torch.Tensor]:
+    def _checked_pair(self, slots, host_indices, device_indices):
+        """`_check_indices` for a layer loop's pair: (the verdict word or None, the pair as
+        kept). The pair the last call checked, passed again unchanged under the same
+        checks, pools and stream, is not checked again (`kvtier.kernels.index_memo.LastPair`)."""
+        signature = (slots, checks_on(self.check))
+        stream = None if self._cpu_pool else platforms.stream_key(self.device)
+        last = self._last_pair
+        if last is not None and last.matches(host_indices, device_indices, signature, stream, self.guard):
+            return last.verdict, last
+        ticket = []
+        verdict = self._check_indices(slots, host_indices, device_indices, ticket=ticket)
+        last = self._last_pair = last_pair(host_indices, device_indices, signature, stream, ticket, verdict)
+        return verdict, last
+
+    def _check_indices(self, slots, host_indices, device_indices, keep: bool = True,
+                       ticket: Optional[list] = None) -> Optional[torch.Tensor]:
         """Shapes checked at once; values by the pool's guard: the verdict word, or None.
         ``keep``: remember what is learnt about the lists' values (a per-layer loop passes
-        them again; an all-layer call's lists come once)."""
+        them again; an all-layer call's lists come once). ``ticket``: see `IndexGuard.check`."""
         # Host indices live on the host or where the copy runs; device indices where it runs.
         if not (type(host_indices) is torch.Tensor
                 and index_ok(host_indices, _CPU if host_indices.is_cpu else self.device)):
@@ -355,7 +386,8 @@ class HostPool:
         limit = slots[0][1].size if len(slots) == 1 else min(pool.size for _, pool in slots)
         fh, fd = (facts(host_indices), facts(device_indices)) if keep else (None, None)
         return self.guard.check(self.device, [("host_indices", host_indices, self.size, page, fh),
-                                              ("device_indices", device_indices, limit, page, fd)])
+                                              ("device_indices", device_indices, limit, page, fd)],
+                                ticket=ticket)
 
     def synchronize(self) -> None:
         """Wait for the device and raise the first index failure a device-side check of

@@ -139,7 +139,7 @@ def checks(monkeypatch):
             seen.append(grid)
             return real[grid]
     monkeypatch.setattr(mod, "_check_indices_kernel", Spy())
-    adapter_maps._RECENT = None
+    adapter_maps._LAST = None
     return seen
 
 
@@ -175,6 +175,34 @@ def test_lists_rewritten_in_place_are_checked_again(checks):
         _load(host, dev, 1, si, di)
     assert all(torch.equal(d[1], b) for d, b in zip(dev, before)), "bytes moved for a bad list"
     assert len(checks) == 2
+
+
+@needs_cpu_kernel
+def test_lists_rebound_through_data_are_checked_again(checks):
+    """``t.data = other`` keeps the version counter; the first byte tells the lists apart."""
+    host, dev = _layers(2, seed=56)
+    si, di = torch.tensor([3, 0]), torch.tensor([7, 1])
+    _load(host, dev, 0, si, di)
+    di.data = torch.tensor([7, N])
+    before = [d[1].clone() for d in dev]
+    with pytest.raises(KvtierError, match=f"dst_indices={N}"):
+        _load(host, dev, 1, si, di)
+    assert all(torch.equal(d[1], b) for d, b in zip(dev, before)), "bytes moved for a bad list"
+    assert len(checks) == 2
+
+
+@needs_cpu_kernel
+def test_lists_passed_under_a_launch_probe_are_checked_after_it(checks):
+    """The probe records the check without running it: nothing it saw counts as checked."""
+    from kvtier.bench.probe import LaunchProbe
+    host, dev = _layers(2, seed=57)
+    si, di = torch.tensor([3, 0]), torch.tensor([7, N])
+    with LaunchProbe():
+        _load(host, dev, 0, si, di)
+    before = [d[1].clone() for d in dev]
+    with pytest.raises(KvtierError, match=f"dst_indices={N}"):
+        _load(host, dev, 1, si, di)
+    assert all(torch.equal(d[1], b) for d, b in zip(dev, before)), "bytes moved for a bad list"
 
 
 @needs_cpu_kernel

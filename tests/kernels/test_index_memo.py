@@ -23,6 +23,17 @@ def test_kept_while_unchanged_and_afresh_after_a_write():
     assert torch.equal(page_starts(t, 4), torch.tensor([1, 0]))
 
 
+def test_data_rebound_is_a_change_though_the_version_stays():
+    t = torch.arange(8)
+    f = facts(t)
+    version = t._version
+    t.data = torch.arange(8, 16)                    # other memory
+    assert t._version == version and facts(t) is not f
+    f = facts(t)
+    t.data = t.data.view(torch.int32)               # the same first byte, twice the elements
+    assert t._version == version and facts(t) is not f
+
+
 def test_a_view_is_its_own_tensor_and_a_dead_tensor_is_forgotten():
     t = torch.arange(8)
     f = facts(t)

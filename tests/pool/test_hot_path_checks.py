@@ -227,6 +227,76 @@ def test_copy_rows_reports_at_the_next_call_and_at_synchronize(monkeypatch):
     synchronize()      # reported once
 
 
+# ------------------------------------------------------------------ a layer loop's pair
+def _layer_loop(dev, host, hi, di, layers=(0, 1)):
+    for layer in layers:
+        host.host.load_to_device_per_layer(dev.pool, hi, di, layer)
+
+
+def test_a_layer_loop_checks_its_pair_once_and_again_once_it_changed():
+    """HiCache's layer loop passes one pair for every layer: checked once; rewritten in
+    place, another pair checked in between, or checks switched, it is checked again."""
+    dev, host = pools()
+    hi, di = slots(0, 1), on_device(slots(2, 3))
+    with device_work_only() as (copies, checks):
+        _layer_loop(dev, host, hi, di)
+        assert checks.launches == 1 and copies.launches == 2
+        host.host.load_to_device_per_layer(dev.pool, slots(4), on_device(slots(5)), 0)   # another pair
+        _layer_loop(dev, host, hi, di)
+        assert checks.launches == 3
+        di[0:P] = slots(6)                          # through torch: a new version
+        _layer_loop(dev, host, hi, di)
+        assert checks.launches == 4
+    # A pair first passed with checks off is checked once they are on.
+    hi, di = slots(2), on_device(slots(7))
+    host.host.check = False
+    _layer_loop(dev, host, hi, di)
+    host.host.check = None
+    with device_work_only() as (_, checks):
+        _layer_loop(dev, host, hi, di)
+    assert checks.launches == 1
+
+
+@pytest.mark.parametrize("change", ["in place", "data rebound", "data reinterpreted"])
+def test_a_layer_loops_pair_made_bad_is_refused_and_moves_nothing(change):
+    """A pair the loop checked, then made bad, is refused before a byte moves: written in
+    place through torch (a new version), or ``.data`` rebound to other memory or to the
+    same bytes read as int32 (the version stays; the first byte or the length changes)."""
+    dev, host = pools()
+    hi, di = slots(0, 1), slots(2, 3)
+    _layer_loop(dev, host, hi, di, layers=(0,))
+    if change == "in place":
+        di[5] = 33
+        named = "device_indices=33"
+    elif change == "data rebound":
+        di.data = slots(2, 8)                       # the page just past the end: the margins
+        named = "device_indices=32"
+    else:       # the host slots' int64 bytes as twice as many int32 (0, 0, 1, 0, ...): not whole pages
+        hi.data = hi.data.view(torch.int32)
+        di.data = torch.cat([di.data, di.data])     # (counts still match)
+        named = "host_indices=0"
+    before = snapshot(dev, host)
+    with pytest.raises(KvtierError, match=named):
+        _layer_loop(dev, host, hi, di, layers=(1,))
+    assert same(before, snapshot(dev, host)), "bytes moved although the pair was bad"
+    dev.check_margins()
+    host.check_margins()
+
+
+def test_a_pair_recorded_under_a_launch_probe_is_checked_after_it():
+    """`LaunchProbe` records the check kernel without running it: a bad pair passed inside
+    it must not count as checked once the probe ends."""
+    from kvtier.bench.probe import LaunchProbe
+    dev, host = pools()
+    hi, di = slots(0, 1), slots(2, 10)
+    with LaunchProbe():
+        _layer_loop(dev, host, hi, di, layers=(0,))
+    before = snapshot(dev, host)
+    with pytest.raises(KvtierError, match="device_indices=40"):
+        _layer_loop(dev, host, hi, di, layers=(1,))
+    assert same(before, snapshot(dev, host))
+
+
 # ------------------------------------------------------------------ process-wide switch
 def test_env_switch_turns_value_checks_off(monkeypatch):
     monkeypatch.setenv(CHECK_ENV, "0")
