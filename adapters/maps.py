@@ -234,7 +234,7 @@ def _index(arg: str, idx, known: Optional[dict], device: torch.device, keep: boo
             known[device] = where
     if where is _HERE:
         return idx, known
-    staged = on_device(idx, device, keep)
+    staged = on_device(idx, device, keep, arg)
     return staged, facts(staged) if keep else None
 
 

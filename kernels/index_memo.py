@@ -34,6 +34,8 @@ import torch
 
 import kvtier.platforms as platforms
 
+from .errors import fail
+
 _MEMO: Dict[int, Tuple[weakref.ref, tuple, dict]] = {}
 # Bumped by `forget_all`: every `LastPair` kept before it is void.
 _EPOCH = 0
@@ -99,14 +101,23 @@ def page_starts(idx: torch.Tensor, page_size: int) -> torch.Tensor:
     return out
 
 
-def on_device(idx: torch.Tensor, device: torch.device, keep: bool = True) -> torch.Tensor:
+def on_device(idx: torch.Tensor, device: torch.device, keep: bool = True, arg: str = "indices") -> torch.Tensor:
     """``idx`` on ``device`` without waiting: an index list from the host is staged through
     page-locked memory (torch's caching host allocator keeps the block until the copy has
     read it), so the copy is asynchronous. Kept per index tensor and stream while the
     tensor is unchanged: a per-layer loop copies its list once. ``keep=False``: a list that
-    comes once (an all-layer call's) is copied and nothing is kept."""
+    comes once (an all-layer call's) is copied and nothing is kept.
+
+    While a CUDA graph is captured, only a list in pinned memory is staged (the graph's
+    copy reads it as it is at each replay); a pageable one is refused, naming ``arg``: it
+    would be copied once into a staging block at capture, and a replay would read that
+    block after its release."""
     if idx.device == device:
         return idx
+    if platforms.capturing() and not idx.is_pinned():
+        raise fail(arg, f"pageable {idx.device} tensor", "cannot be staged on the device while a CUDA graph "
+                   "is captured (a replay would read a staging block released after the capture): pass "
+                   "it on the device, or in pinned memory, which each replay reads as it is then")
     known = facts(idx) if keep else None
     key = ("on", device, platforms.stream_key(device))
     staged = known.get(key) if known is not None else None

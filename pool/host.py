@@ -254,6 +254,9 @@ class HostPool:
         whole = op.scope == "all"
         slots = self._resolve(device_pool, whole=whole)
         local = None if whole else slots[0][1].local_layer(layer_id)   # checked before anything moves
+        capturing = not self._cpu_pool and platforms.capturing()
+        if capturing:
+            host_indices = self._staged_for_capture(host_indices)
         if whole:       # an all-layer call's lists come once: nothing is kept about them
             verdict, last = self._check_indices(slots, host_indices, device_indices, keep=False), None
         else:           # a layer loop passes one pair for every layer: checked once
@@ -274,6 +277,9 @@ class HostPool:
             route = routes[4][local] = kept[1] if kept is not None and kept[0] == state else self._route(key, slots)
         for step in route:          # every tensor the call rests on, before the first byte moves
             check_storage(step.watch)
+        if capturing and any(step.bound is None for step in route):
+            raise fail("strategy", "dma", "cannot be captured in a CUDA graph: it plans its copies from the "
+                       "host indices' values on the host, which a replay would not see; use strategy='kernel'")
         h = run_list = None
         for step in route:
             if step.bound is not None:
@@ -290,15 +296,26 @@ class HostPool:
             move(op, mv.dev_map, device_indices, mv.host_buf, self.layout, self.page_size, step.dev_layer,
                  step.host_layer, step.count, run_list, self._by_page, step.config, verdict)
 
+    def _staged_for_capture(self, host_indices):
+        """While a CUDA graph is captured, host indices on the CPU are staged on the device
+        first (a copy the graph captures, from pinned memory only: `on_device`) and that
+        copy is checked there: a replay checks and moves the values it stages then, where
+        a check on the host would have checked them once, at capture."""
+        if type(host_indices) is not torch.Tensor or not host_indices.is_cpu:
+            return host_indices
+        if not index_ok(host_indices, _CPU):
+            check_index("host_indices", host_indices, _CPU)
+        return on_device(host_indices, self.device, False, "host_indices")
+
     def _host_indices_here(self, host_indices: torch.Tensor, last) -> torch.Tensor:
         """The host indices where the copy runs: as given on a CPU pool, else staged on the
         device (asynchronously; kept with a layer loop's pair ``last``, so it is staged once)."""
         if self._cpu_pool:
             return host_indices
         if last is None:
-            return on_device(host_indices, self.device, False)
+            return on_device(host_indices, self.device, False, "host_indices")
         if last.prepared is None:
-            last.prepared = on_device(host_indices, self.device)
+            last.prepared = on_device(host_indices, self.device, True, "host_indices")
         return last.prepared
 
     def _route(self, key: tuple, slots) -> List["Step"]:

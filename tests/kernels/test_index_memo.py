@@ -95,3 +95,16 @@ def test_a_source_map_keeps_its_last_bound_copies_only():
         dst = RowMap.from_stacked(torch.zeros(2, 8, 4))
         copy_rows(src, torch.tensor([1, 2]), dst, torch.tensor([0, 3]))
     assert len(src.derived.plans) == core.KEEP_BOUND
+
+
+def test_a_pageable_list_is_not_staged_while_a_graph_is_captured(monkeypatch):
+    """A capture would copy it once into a staging block that replays read after its
+    release: refused, naming the argument, before anything is staged."""
+    import pytest
+    from kvtier.kernels import KvtierError
+    from kvtier.kernels.index_memo import on_device
+    idx, elsewhere = torch.tensor([3, 1]), torch.device("meta")
+    monkeypatch.setattr(memo.platforms, "capturing", lambda: True)
+    with pytest.raises(KvtierError, match="host_indices='pageable cpu tensor': cannot be staged"):
+        on_device(idx, elsewhere, arg="host_indices")
+    assert on_device(idx, torch.device("cpu"), arg="host_indices") is idx     # nothing to stage

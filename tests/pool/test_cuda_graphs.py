@@ -65,3 +65,57 @@ def test_a_replay_checks_the_indices_as_they_are_then():
     with pytest.raises(Exception, match="1000000"):
         host.synchronize()
     assert all(torch.equal(host.buffers[n].view(torch.uint8), before[n].view(torch.uint8)) for n in before)
+
+
+def test_host_indices_in_pinned_cpu_memory_are_read_at_each_replay():
+    """Pinned CPU host indices are staged by a copy the graph captures and checked on the
+    device, so a replay reads and checks them as they are then; pageable ones are refused
+    while capturing (a replay would read a staging block released after the capture)."""
+    from kvtier.kernels import KvtierError
+    dev, host = _pools()
+    dev_idx, other_idx = torch.arange(32, 64, device="cuda"), torch.arange(96, 128, device="cuda")
+    host_idx, pageable = host.alloc(32).pin_memory(), host.alloc(32)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        host.backup_from_device_all_layer(dev, host_idx, dev_idx)
+        host.load_to_device_per_layer(dev, pageable, dev_idx, 0)
+    stream.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        with pytest.raises(KvtierError, match="host_indices='pageable cpu tensor'"):
+            host.load_to_device_per_layer(dev, pageable, dev_idx, 1)
+        host.backup_from_device_all_layer(dev, host_idx, dev_idx)
+    new_slots = host.alloc(32)
+    host_idx.copy_(new_slots)                 # rewritten in place after the capture
+    graph.replay()
+    torch.cuda.synchronize()
+    host.synchronize()
+    host.load_to_device_all_layer(dev, new_slots.cuda(), other_idx)
+    torch.cuda.synchronize()
+    for t in dev.buffers["k"] + dev.buffers["v"]:
+        rows = t.view(-1, 2, 64)
+        assert torch.equal(rows[other_idx].view(torch.int16), rows[dev_idx].view(torch.int16))
+    host_idx[3] = 10 ** 6                     # out of range, written in place
+    before = {n: b.clone() for n, b in host.buffers.items()}
+    graph.replay()
+    torch.cuda.synchronize()
+    with pytest.raises(KvtierError, match="1000000"):
+        host.synchronize()
+    assert all(torch.equal(host.buffers[n].view(torch.uint8), before[n].view(torch.uint8)) for n in before)
+
+
+def test_a_dma_call_is_refused_while_capturing():
+    """Its copies are planned from the host indices' values on the host: refused before
+    any of them is captured."""
+    from kvtier.kernels import KvtierError
+    dev = MHADevicePool(256, 16, 4, 2, 64, dtype=torch.bfloat16, device="cuda")
+    host = HostPool(dev, layout="page_first_direct", size_tokens=512, strategy="dma")
+    dev_idx, host_idx = torch.arange(32, 64, device="cuda"), host.alloc(32).cuda()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        host.load_to_device_per_layer(dev, host_idx, dev_idx, 0)
+    stream.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        with pytest.raises(KvtierError, match="strategy='dma': cannot be captured"):
+            host.load_to_device_per_layer(dev, host_idx, dev_idx, 1)
