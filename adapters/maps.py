@@ -305,10 +305,10 @@ def _run(lane: Lane, src_indices, dst_indices, check: Optional[bool]) -> None:
     global _LAST
     route, skip_negative, names = lane
     checking = checks_on(check)
-    signature = (route.device, route.limits, skip_negative, checking)
+    flags = (route.limits, skip_negative, checking)     # limits: one object per value (`_LIMITS`)
     try:
         r, stream = _LAST, route.stream_key()
-        if r is not None and r.matches(src_indices, dst_indices, signature, stream, GUARD):
+        if r is not None and r.matches(src_indices, dst_indices, route.device, flags, stream, GUARD):
             (si, di, n), verdict = r.prepared, r.verdict
         else:
             si, di, fs, fd = indices(src_indices, dst_indices, route.device, route.keeps_lists)
@@ -319,7 +319,7 @@ def _run(lane: Lane, src_indices, dst_indices, check: Optional[bool]) -> None:
                                                      ("dst_indices", di, *route.dst_limit, fd)],
                                       negatives_skip=skip_negative, ticket=ticket)
             if fs is not None and fd is not None:
-                _LAST = last_pair(src_indices, dst_indices, signature, stream, ticket, verdict, (si, di, n))
+                _LAST = last_pair(src_indices, dst_indices, route.device, flags, stream, ticket, verdict, (si, di, n))
     except KvtierError as e:
         raise _renamed(e, names) from None
     if n:
@@ -434,7 +434,8 @@ class _Route:
         srcs, dsts = [p[0] for p in self.plans], [p[1] for p in self.plans]
         self.src_limit = (min(m.num_rows for m in srcs), _whole_pages(srcs[0], by_page))
         self.dst_limit = (min(m.num_rows for m in dsts), _whole_pages(dsts[0], by_page))
-        self.limits = (self.src_limit, self.dst_limit)
+        # One object per value: the layers of a loop (one route each) compare theirs by identity.
+        self.limits = _LIMITS.setdefault((self.src_limit, self.dst_limit), (self.src_limit, self.dst_limit))
         # A per-layer call's lists come again for the next layer; an all-layer call's
         # do not: what is learnt about them is kept for the former only.
         self.keeps_lists = op.scope != "all"
@@ -474,6 +475,7 @@ class _Route:
 
 
 _DEVICES = {}
+_LIMITS = {}        # index limits by value (a few per model: its buffer sizes)
 
 # Adapter call shapes kept (cleared, not evicted one by one, past the bound): each holds
 # its maps, so their tensors stay alive while kept (as kept maps do).

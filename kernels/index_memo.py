@@ -132,20 +132,23 @@ def on_device(idx: torch.Tensor, device: torch.device, keep: bool = True, arg: s
 class LastPair:
     """The last call's two index tensors as a caller checked them (HiCache's per-layer
     loop passes one pair for every layer): the tensors and their `state`, what the check
-    depended on besides them (the caller's ``signature``), the stream it ran on, the
-    guard's verdict word and the ticket that asks the guard whether the word still holds
-    it (`IndexGuard.check`), and what the caller made of the lists (``prepared``: its own
-    field, e.g. the lists staged on the device). Made by `last_pair`; asked by `matches`."""
+    depended on besides them (the caller's ``owner``, compared by identity, e.g. the
+    route that fixes the index limits, and its ``flags``, compared by value), the stream
+    it ran on, the guard's verdict word and the ticket that asks the guard whether the
+    word still holds it (`IndexGuard.check`), and what the caller made of the lists
+    (``prepared``: its own field, e.g. the lists staged on the device). Made by
+    `last_pair`; asked by `matches`."""
 
-    __slots__ = ("a", "b", "a_state", "b_state", "signature", "stream", "ticket", "verdict", "prepared",
+    __slots__ = ("a", "b", "a_state", "b_state", "owner", "flags", "stream", "ticket", "verdict", "prepared",
                  "epoch")
 
-    def matches(self, a, b, signature, stream, guard) -> bool:
-        """Whether a call passing ``a`` and ``b`` under ``signature`` on ``stream`` (a
-        `kvtier.platforms.stream_key`, None on a CPU) may reuse this outcome: the same two
-        tensors, unchanged, the same signature and stream, nothing being captured, and
-        ``guard``'s word still holding their verdict (a failure found since is raised)."""
-        if self.a is not a or self.b is not b or self.epoch != _EPOCH or self.signature != signature:
+    def matches(self, a, b, owner, flags, stream, guard) -> bool:
+        """Whether a call passing ``a`` and ``b`` for ``owner`` with ``flags`` on ``stream``
+        (a `kvtier.platforms.stream_key`, None on a CPU) may reuse this outcome: the same
+        two tensors, unchanged, the same owner, flags and stream, nothing being captured,
+        and ``guard``'s word still holding their verdict (a failure found since is raised)."""
+        if self.a is not a or self.b is not b or self.owner is not owner or self.epoch != _EPOCH \
+                or self.flags != flags:
             return False
         # `state` of each, inline (the layer loop's hot path); neither is an inference tensor.
         sa, sb = self.a_state, self.b_state
@@ -155,7 +158,7 @@ class LastPair:
         return guard.holds(self.ticket)
 
 
-def last_pair(a: torch.Tensor, b: torch.Tensor, signature, stream, ticket: Optional[list],
+def last_pair(a: torch.Tensor, b: torch.Tensor, owner, flags, stream, ticket: Optional[list],
               verdict: Optional[torch.Tensor], prepared=None) -> Optional[LastPair]:
     """A `LastPair` for a call that checked ``a`` and ``b`` (``ticket``: the list its
     `IndexGuard.check` filled, empty where no word was returned); None where nothing may
@@ -164,6 +167,6 @@ def last_pair(a: torch.Tensor, b: torch.Tensor, signature, stream, ticket: Optio
     if sa is None or sb is None or platforms.capturing():
         return None
     r = LastPair()
-    r.a, r.b, r.a_state, r.b_state, r.signature, r.stream = a, b, sa, sb, signature, stream
+    r.a, r.b, r.a_state, r.b_state, r.owner, r.flags, r.stream = a, b, sa, sb, owner, flags, stream
     r.ticket, r.verdict, r.prepared, r.epoch = (ticket[0] if ticket else None), verdict, prepared, _EPOCH
     return r

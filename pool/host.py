@@ -260,7 +260,7 @@ class HostPool:
         if whole:       # an all-layer call's lists come once: nothing is kept about them
             verdict, last = self._check_indices(slots, host_indices, device_indices, keep=False), None
         else:           # a layer loop passes one pair for every layer: checked once
-            verdict, last = self._checked_pair(slots, host_indices, device_indices)
+            verdict, last = self._checked_pair(device_pool, slots, host_indices, device_indices)
         n = device_indices.numel()
         if n == 0:
             return
@@ -366,18 +366,19 @@ class HostPool:
         _check_rows("device_pool", device_pool, self.pools[0], layers=True)
         return ((0, device_pool),)
 
-    def _checked_pair(self, slots, host_indices, device_indices):
+    def _checked_pair(self, device_pool, slots, host_indices, device_indices):
         """`_check_indices` for a layer loop's pair: (the verdict word or None, the pair as
-        kept). The pair the last call checked, passed again unchanged under the same
-        checks, pools and stream, is not checked again (`kvtier.kernels.index_memo.LastPair`)."""
-        signature = (slots, checks_on(self.check))
+        kept). The pair the last call checked, passed again unchanged for the same device
+        pool (which fixes ``slots``, so the index limits), under the same checks and on the
+        same stream, is not checked again (`kvtier.kernels.index_memo.LastPair`)."""
+        checking = checks_on(self.check)
         stream = None if self._cpu_pool else platforms.stream_key(self.device)
         last = self._last_pair
-        if last is not None and last.matches(host_indices, device_indices, signature, stream, self.guard):
+        if last is not None and last.matches(host_indices, device_indices, device_pool, checking, stream, self.guard):
             return last.verdict, last
         ticket = []
         verdict = self._check_indices(slots, host_indices, device_indices, ticket=ticket)
-        last = self._last_pair = last_pair(host_indices, device_indices, signature, stream, ticket, verdict)
+        last = self._last_pair = last_pair(host_indices, device_indices, device_pool, checking, stream, ticket, verdict)
         return verdict, last
 
     def _check_indices(self, slots, host_indices, device_indices, keep: bool = True,
