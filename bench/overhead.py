@@ -46,12 +46,10 @@ from __future__ import annotations
 
 import datetime
 import itertools
-import json
 import math
 import statistics
 import time
 from contextlib import ExitStack
-from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
@@ -61,6 +59,7 @@ import kvtier.platforms as platforms
 from kvtier.autotune.timing import busy_keeper
 
 from .probe import LaunchProbe
+from .report import write_json  # noqa: F401  (the overhead's JSON, as the sweep's)
 
 CPU_NOTE = "cpu: host time up to the launch; kernels not run"
 FULL_NOTE = ("full call wall time, launches included; on CUDA/ROCm the device is kept busy by a "
@@ -355,8 +354,3 @@ def format_overhead(o: dict) -> str:
         lines.append(f"  launches recorded, not run: {lr['copy']} row-copy, {lr['check']} index-check")
     return "\n".join(lines)
 
-
-def write_json(o: dict, path) -> Path:
-    path = Path(path)
-    path.write_text(json.dumps(o, indent=1, sort_keys=True) + "\n")
-    return path
