@@ -94,8 +94,8 @@ def test_host_indices_in_pinned_cpu_memory_are_read_at_each_replay():
     dev_idx, other_idx = torch.arange(32, 64, device="cuda"), torch.arange(96, 128, device="cuda")
     host_idx, pageable = host.alloc(32).pin_memory(), host.alloc(32)
 
-    def first():
-        host.backup_from_device_all_layer(dev, host_idx, dev_idx)
+    def first():        # as captured: both lists checked on the device (that check compiled)
+        host.backup_from_device_all_layer(dev, host_idx.cuda(), dev_idx)
         host.load_to_device_per_layer(dev, pageable, dev_idx, 0)
 
     def inside():
