@@ -133,7 +133,7 @@ class LastPair:
     """The last call's two index tensors as a caller checked them (HiCache's per-layer
     loop passes one pair for every layer): the tensors and their `state`, what the check
     depended on besides them (the caller's ``owner``, compared by identity, e.g. the
-    route that fixes the index limits, and its ``flags``, compared by value), the stream
+    device pool a HostPool call moves, and its ``flags``, compared by value), the stream
     it ran on, the guard's verdict word and the ticket that asks the guard whether the
     word still holds it (`IndexGuard.check`), and what the caller made of the lists
     (``prepared``: its own field, e.g. the lists staged on the device). Made by
