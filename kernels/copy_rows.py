@@ -229,7 +229,9 @@ def check_interpreter() -> None:
         triton = _triton()
         version = tuple(int(x) for x in triton.__version__.split(".")[:2] if x.isdigit())
         try:
-            int(np.ones(1, dtype=np.int64))
+            with warnings.catch_warnings():     # numpy 1.25-2.3 warn where 2.4 refuses
+                warnings.simplefilter("ignore", DeprecationWarning)
+                int(np.ones(1, dtype=np.int64))
             numpy_ok = True
         except TypeError:
             numpy_ok = False
