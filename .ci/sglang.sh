@@ -25,22 +25,13 @@ PINS=(sglang==0.5.23 transformers==5.19.0 tokenizers==0.23.2 safetensors==0.8.0
       urllib3==2.8.0 idna==3.20 certifi==2026.10.19.post1 httpx2==2.16.2
       httpcore2==2.16.2 h11==0.16.0 truststore==0.10.5 regex==2026.11.19 pyyaml==6.0.4
       tqdm==4.70.1 ipython==9.18.1 traitlets==5.16.1 dill==0.4.1 loguru==0.7.3)
-MARK="$TARGET/.kvtier-pins"
 
 if [ ! -x "$PY" ]; then
   echo "sglang: skipped: $PY not found (bash tests/run.sh builds it)"; exit 0
 fi
-if [ "$(cat "$MARK" 2>/dev/null)" != "${PINS[*]}" ]; then
-  echo "sglang: installing ${PINS[0]} and ${#PINS[@]} pinned light packages into $TARGET"
-  rm -rf "$TARGET"
-  LOG=$(mktemp)
-  if ! "$PY" -m pip install -q --no-deps --only-binary=:all: --target "$TARGET" "${PINS[@]}" >"$LOG" 2>&1; then
-    echo "sglang: skipped: the pinned packages could not be installed ($(grep -m1 ERROR "$LOG" || tail -n1 "$LOG"))"
-    rm -rf "$TARGET" "$LOG"; exit 0
-  fi
-  rm -f "$LOG"
-  echo "${PINS[*]}" > "$MARK"
-fi
+# shellcheck source=.ci/pinned_target.sh
+source .ci/pinned_target.sh
+pinned_target sglang "$PY" "$TARGET" "${PINS[@]}" || exit 0
 echo "sglang: SGLang's pools on kvtier (tests/adapters/test_sglang_package.py)"
 PYTHONPATH="$TARGET${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m pytest -q -p no:cacheprovider \
   -W ignore::DeprecationWarning -W ignore::UserWarning tests/adapters/test_sglang_package.py "$@"

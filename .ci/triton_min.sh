@@ -16,7 +16,6 @@ PY=${KVTIER_PYTHON:-.venv/bin/python}
 TARGET=${KVTIER_TRITON_MIN_TARGET:-.triton-min}
 MIN=$(grep -m1 -o '"triton>=[0-9.]*"' pyproject.toml | tr -d '"' | cut -d= -f2)
 PINS=("triton==$MIN.*" "numpy<2.4")     # Triton < 3.7's interpreter cannot run with numpy 2.4
-MARK="$TARGET/.kvtier-pins"
 
 if [ ! -x "$PY" ]; then
   echo "triton-min: skipped: $PY not found (bash tests/run.sh builds it)"; exit 0
@@ -24,17 +23,9 @@ fi
 if [ -z "$MIN" ]; then
   echo "triton-min: no 'triton>=' in pyproject.toml"; exit 1
 fi
-if [ "$(cat "$MARK" 2>/dev/null)" != "${PINS[*]}" ]; then
-  echo "triton-min: installing ${PINS[*]} into $TARGET"
-  rm -rf "$TARGET"
-  LOG=$(mktemp)
-  if ! "$PY" -m pip install -q --no-deps --only-binary=:all: --target "$TARGET" "${PINS[@]}" >"$LOG" 2>&1; then
-    echo "triton-min: skipped: the pinned packages could not be installed ($(grep -m1 ERROR "$LOG" || tail -n1 "$LOG"))"
-    rm -rf "$TARGET" "$LOG"; exit 0
-  fi
-  rm -f "$LOG"
-  echo "${PINS[*]}" > "$MARK"
-fi
+# shellcheck source=.ci/pinned_target.sh
+source .ci/pinned_target.sh
+pinned_target triton-min "$PY" "$TARGET" "${PINS[@]}" || exit 0
 echo "triton-min: direct launches under Triton $("$PY" -c "import sys; sys.path.insert(0, '$TARGET'); import triton; print(triton.__version__)")"
 PYTHONPATH="$TARGET${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m pytest -q -p no:cacheprovider \
   tests/kernels/test_direct_launch.py tests/kernels/test_kernel_specialization.py "$@"
