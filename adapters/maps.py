@@ -305,7 +305,7 @@ def _run(lane: Lane, src_indices, dst_indices, check: Optional[bool]) -> None:
     global _LAST
     route, skip_negative, names = lane
     checking = checks_on(check)
-    flags = (route.limits, skip_negative, checking)     # limits: one object per value (`_LIMITS`)
+    flags = (route.limits, skip_negative, checking)     # by value: each layer has a route of its own
     try:
         r, stream = _LAST, route.stream_key()
         if r is not None and r.matches(src_indices, dst_indices, route.device, flags, stream, GUARD):
@@ -434,8 +434,7 @@ class _Route:
         srcs, dsts = [p[0] for p in self.plans], [p[1] for p in self.plans]
         self.src_limit = (min(m.num_rows for m in srcs), _whole_pages(srcs[0], by_page))
         self.dst_limit = (min(m.num_rows for m in dsts), _whole_pages(dsts[0], by_page))
-        # One object per value: the layers of a loop (one route each) compare theirs by identity.
-        self.limits = _LIMITS.setdefault((self.src_limit, self.dst_limit), (self.src_limit, self.dst_limit))
+        self.limits = (self.src_limit, self.dst_limit)
         # A per-layer call's lists come again for the next layer; an all-layer call's
         # do not: what is learnt about them is kept for the former only.
         self.keeps_lists = op.scope != "all"
@@ -475,7 +474,6 @@ class _Route:
 
 
 _DEVICES = {}
-_LIMITS = {}        # index limits by value (a few per model: its buffer sizes)
 
 # Adapter call shapes kept (cleared, not evicted one by one, past the bound): each holds
 # its maps, so their tensors stay alive while kept (as kept maps do).
