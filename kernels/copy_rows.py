@@ -13,7 +13,7 @@ import logging
 import os
 import warnings
 from dataclasses import dataclass
-from typing import NamedTuple, Optional
+from typing import Optional
 
 import torch
 
@@ -26,6 +26,7 @@ from .index_check import IndexGuard, checks_on
 from .index_memo import page_starts
 from .plan import kernel_constants, plan_copy  # noqa: F401  (plan_copy: tests and tools)
 from .rowmap import _WORD_DTYPES, RowMap
+from .storage_watch import Watch, check_storage, watch  # noqa: F401  (Watch: callers' type)
 from .validate import check_copy
 
 __all__ = ["copy_rows", "synchronize", "KvtierError", "interpreter_active", "triton_available", "plan_copy"]
@@ -375,39 +376,6 @@ def rebased(m: RowMap) -> RowMap:
     if m.is_table:
         raise KvtierError(f"{m.describe()}: only a stacked map can be a layout")
     return replace(m, segments=(), born=())
-
-
-def check_storage(watch: "Watch") -> None:
-    """Raise `KvtierError` naming the first watched tensor (`RowMap.watch`) whose storage
-    is no longer the one its map was built on (resized, ``set_`` elsewhere, freed)."""
-    if tuple(map(_DATA_PTR, watch.tensors)) == watch.ptrs:
-        return
-    for t, ptr, arg in zip(watch.tensors, watch.ptrs, watch.names):
-        if t.data_ptr() != ptr:
-            raise fail(arg, tuple(t.shape), "no longer has the storage its map was built on (the "
-                       "tensor was resized, set_ to other memory or its storage freed): build the "
-                       "map, pool or call's buffers again")
-
-
-_DATA_PTR = torch.Tensor.data_ptr
-
-
-class Watch(NamedTuple):
-    """The tensors a launch rests on, their data_ptr() when their maps were built, and
-    their names for errors (from `RowMap.watch`; joined with +)."""
-
-    tensors: tuple
-    ptrs: tuple
-    names: tuple
-
-    def __add__(self, other: "Watch") -> "Watch":
-        return Watch(self.tensors + other.tensors, self.ptrs + other.ptrs, self.names + other.names)
-
-
-def watch(m: RowMap, start: int, count: int) -> Watch:
-    """`RowMap.watch` of layers start .. start+count-1, as a `Watch`."""
-    picked = m.watch(start, count)
-    return Watch(*(tuple(x) for x in zip(*picked))) if picked else Watch((), (), ())
 
 
 def launch(src: RowMap, si: torch.Tensor, dst: RowMap, di: torch.Tensor, bound: BoundCopy,

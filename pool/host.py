@@ -22,7 +22,7 @@ from kvtier.kernels.errors import fail
 from kvtier.kernels.layouts import host_layout
 from kvtier.kernels.ops import BACKUP, LOAD, LOAD_LAYER, Op
 from kvtier.kernels.index_check import IndexGuard, checks_on
-from kvtier.kernels.copy_rows import check_storage, watch
+from kvtier.kernels.storage_watch import check_storage, watch
 from kvtier.kernels.index_memo import facts, last_pair, on_device
 from kvtier.kernels.validate import check_index, index_ok, is_int
 

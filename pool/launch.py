@@ -15,7 +15,8 @@ import torch
 from kvtier.autotune import config_for
 from kvtier.autotune.select import _GENERATION  # generation(), read inline on the hot path
 from kvtier.kernels import CopyConfig, RowMap
-from kvtier.kernels.copy_rows import BoundCopy, bind, check_storage
+from kvtier.kernels.copy_rows import BoundCopy, bind
+from kvtier.kernels.storage_watch import check_storage
 from kvtier.kernels.ops import Op
 from kvtier.kernels.validate import compute_device
 

@@ -29,7 +29,7 @@ from kvtier.bench.overhead import SHAPE, build_calls  # noqa: E402
 from kvtier.bench.probe import LaunchProbe  # noqa: E402
 from kvtier.autotune.workload import Pools, PoolShape  # noqa: E402
 from kvtier.kernels.ops import BACKUP  # noqa: E402
-from kvtier.kernels.copy_rows import check_storage  # noqa: E402
+from kvtier.kernels.storage_watch import check_storage  # noqa: E402
 from kvtier.pool import launch as launcher  # noqa: E402
 
 
