@@ -81,6 +81,7 @@ def test_the_per_tensor_comparison_judges(monkeypatch, answer):
         sw.check_storage(w)
 
 
+@pytest.mark.cuda      # run by the hardware script: CUDA builds of torch have the call
 @pytest.mark.skipif(getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None) is None,
                     reason="this torch build has no batched pointer comparison (CUDA builds do)")
 def test_torchs_own_batched_comparison():
