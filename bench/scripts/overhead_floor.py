@@ -1,6 +1,6 @@
 """What the hot-path calls of `kvtier bench --overhead` cannot avoid, timed on this machine:
-the pieces every all-layer call and gather pays (its storage watch, one value check of new
-lists, one recorded launch) and what a gather into new buffers adds (its allocation and
+the pieces every all-layer call and gather pays (its storage watch, the shape and value
+checks of new lists, one recorded launch) and what a gather into new buffers adds (its allocation and
 the views of it), beside one `torch.index_select` of the overhead measurement's shape.
 
     python bench/scripts/overhead_floor.py [CALLS]
@@ -52,6 +52,15 @@ def main(argv) -> int:
         return hp.guard.check(hp.device, [("host_indices", h, hp.size, SHAPE["page_size"], None),
                                           ("device_indices", d, dp.size, SHAPE["page_size"], None)])
 
+    slots = hp._resolve(dp, whole=True)
+
+    def shapes(h, d):               # what an all-layer call checks of them besides values
+        hp.check = False            # _check_indices stops before the value check
+        try:
+            return hp._check_indices(slots, h, d, keep=False)
+        finally:
+            hp.check = None
+
     with LaunchProbe():
         hp.backup_from_device_all_layer(dp, hi, di)
         step = hp._last_routes[4][None][0]      # the call's one launch (K and V together)
@@ -60,6 +69,7 @@ def main(argv) -> int:
         word = next(iter(dp._gather_layouts.values())).bounds[0].plan.dp_dtype
         pieces = {
             f"storage watch ({len(step.watch.tensors)} tensors)": us(lambda: check_storage(step.watch)),
+            "shape checks of two new lists": us(lambda: shapes(*walk())),
             "value check of two new lists": us(lambda: check(*walk())),
             "one recorded copy launch": us(lambda: launcher.run_bound(BACKUP, step.bound, di, hi, None, None, True)),
             "allocation of the gather's result": us(lambda: torch.empty(buf.shape, dtype=buf.dtype)),
@@ -71,9 +81,9 @@ def main(argv) -> int:
     for name, t in pieces.items():
         print(f"{name:<{width}} {t:6.2f} us")
     names = list(pieces)
-    every, extra = sum(pieces[k] for k in names[:3]), sum(pieces[k] for k in names[3:])
-    print(f"{'every all-layer call and gather':<{width}} {every:6.2f} us (sum of the first three)")
-    print(f"{'a gather into new buffers':<{width}} {every + extra:6.2f} us (all six)")
+    every, extra = sum(pieces[k] for k in names[:4]), sum(pieces[k] for k in names[4:])
+    print(f"{'every all-layer call and gather':<{width}} {every:6.2f} us (sum of the first four)")
+    print(f"{'a gather into new buffers':<{width}} {every + extra:6.2f} us (all seven)")
     print(f"{'torch.index_select':<{width}} {base:6.2f} us (one device layer, {what['tokens']} rows)")
     return 0
 

@@ -160,7 +160,8 @@ def test_floor_script_times_every_piece_of_the_calls():
     r = subprocess.run([sys.executable, str(script), "200"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     figures = dict(re.findall(r"^(.+?)\s+(\d+\.\d+) us", r.stdout, re.M))
-    for name in ("storage watch (34 tensors)", "value check of two new lists", "one recorded copy launch",
+    for name in ("storage watch (34 tensors)", "shape checks of two new lists", "value check of two new lists",
+                 "one recorded copy launch",
                  "allocation of the gather's result", "every all-layer call and gather",
                  "a gather into new buffers", "torch.index_select"):
         assert float(figures[name]) > 0, r.stdout
