@@ -23,7 +23,7 @@ ascend=""
 if [ -f .ci/ascend.sh ] && [ "${KVTIER_SKIP_ASCEND:-0}" != 1 ]; then ascend=1; fi
 if [ -n "$ascend" ] && [ "${KVTIER_SERIAL:-0}" != 1 ]; then
   ascend_log=$(mktemp "${TMPDIR:-/tmp}/kvtier-ascend.XXXXXX")
-  bash .ci/ascend.sh "$@" >"$ascend_log" 2>&1 &
+  bash .ci/ascend.sh >"$ascend_log" 2>&1 &
   ascend_pid=$!
   trap 'kill "$ascend_pid" 2>/dev/null' EXIT
   echo "ascend: running beside the main suite (its output follows it)"
@@ -38,7 +38,7 @@ if [ -n "$ascend" ]; then
     cat "$ascend_log"
     rm -f "$ascend_log"
   else
-    bash .ci/ascend.sh "$@" || status=1
+    bash .ci/ascend.sh || status=1
   fi
 fi
 [ "$status" = 0 ] || echo "tests/run.sh: a part failed (see above)"
