@@ -1,7 +1,8 @@
 """What the hot-path calls of `kvtier bench --overhead` cannot avoid, timed on this machine:
 the pieces every all-layer call and gather pays (its storage watch, the shape and value
-checks of new lists, one recorded launch) and what a gather into new buffers adds (its allocation and
-the views of it), beside one `torch.index_select` of the overhead measurement's shape.
+checks of new lists, one recorded launch) and what a gather into new buffers adds (its
+allocation and the views of it), beside one `torch.index_select` of the overhead
+measurement's shape.
 
     python bench/scripts/overhead_floor.py [CALLS]
 
@@ -54,22 +55,18 @@ def main(argv) -> int:
 
     slots = hp._resolve(dp, whole=True)
 
-    def shapes(h, d):               # what an all-layer call checks of them besides values
-        hp.check = False            # _check_indices stops before the value check
-        try:
-            return hp._check_indices(slots, h, d, keep=False)
-        finally:
-            hp.check = None
-
     with LaunchProbe():
         hp.backup_from_device_all_layer(dp, hi, di)
         step = hp._last_routes[4][None][0]      # the call's one launch (K and V together)
         out = dp.gather(di[::SHAPE["page_size"]] // SHAPE["page_size"], pages=True)
         buf = next(iter(out.values()))._base
         word = next(iter(dp._gather_layouts.values())).bounds[0].plan.dp_dtype
+        hp.check = False            # what an all-layer call checks of new lists besides values
+        shapes = us(lambda: hp._check_indices(slots, *walk(), keep=False))
+        hp.check = None
         pieces = {
             f"storage watch ({len(step.watch.tensors)} tensors)": us(lambda: check_storage(step.watch)),
-            "shape checks of two new lists": us(lambda: shapes(*walk())),
+            "shape checks of two new lists": shapes,
             "value check of two new lists": us(lambda: check(*walk())),
             "one recorded copy launch": us(lambda: launcher.run_bound(BACKUP, step.bound, di, hi, None, None, True)),
             "allocation of the gather's result": us(lambda: torch.empty(buf.shape, dtype=buf.dtype)),
