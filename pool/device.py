@@ -86,6 +86,9 @@ class DevicePool:
                            f"more than the first component's {first.num_layers}")
         self.size = first.num_rows
         self.device = first.device
+        # Where copies touching this pool run, so where their indices must live (an
+        # attribute, not a property: every call reads it).
+        self.index_device = first.device
         self.num_layers = first.num_layers
         self.groups: List[Tuple[Tuple[str, ...], RowMap]] = group_maps(self.components, self.maps)
         # Whether every group stores a page as one contiguous run (page indices then
@@ -128,11 +131,6 @@ class DevicePool:
         """Wait for the device and raise the first index failure a device-side check of
         this pool's gathers, scatters or CPU copies found."""
         self.guard.synchronize(self.device)
-
-    @property
-    def index_device(self) -> torch.device:
-        """Where copies touching this pool run, so where their indices must live."""
-        return self.device
 
     # ------------------------------------------------------------------ operations
     def gather(self, indices: torch.Tensor, *, pages: bool = False,
