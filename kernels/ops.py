@@ -14,7 +14,7 @@ both `kvtier autotune --ops` and `kvtier bench --ops` use these names and nothin
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .errors import fail
 
@@ -29,12 +29,16 @@ class Op:
 
     name: str
     scope: str = "all"
+    # Whether the source side is the device pool (backup, gather): worked out once, as
+    # every pool call reads it.
+    from_device: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         if self.name not in OPS:
             raise fail("op", self.name, f"must be one of {OPS}")
         if self.scope not in SCOPES:
             raise fail("scope", self.scope, f"must be one of {SCOPES}")
+        object.__setattr__(self, "from_device", self.name in ("backup", "gather"))
 
     @property
     def label(self) -> str:
@@ -44,11 +48,6 @@ class Op:
     @property
     def crosses_link(self) -> bool:
         return _CROSSES_LINK[self.name]
-
-    @property
-    def from_device(self) -> bool:
-        """Whether the source side is the device pool (backup, gather)."""
-        return self.name in ("backup", "gather")
 
     def __str__(self) -> str:
         return self.label
