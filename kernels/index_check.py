@@ -17,6 +17,7 @@ pass ``check=False``); shape, dtype and device checks always run.
 """
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -50,7 +51,7 @@ def _environ_reader():
     data, encode = getattr(os.environ, "_data", None), getattr(os.environ, "encodekey", None)
     if isinstance(data, dict) and encode is not None:
         key, off = encode(CHECK_ENV), os.environ.encodevalue("0")
-        return (lambda: data.get(key)), off
+        return functools.partial(data.get, key), off     # a C call, no Python frame
     return (lambda: os.environ.get(CHECK_ENV)), "0"
 
 
