@@ -61,9 +61,11 @@ def main(argv) -> int:
         out = dp.gather(di[::SHAPE["page_size"]] // SHAPE["page_size"], pages=True)
         buf = next(iter(out.values()))._base
         word = next(iter(dp._gather_layouts.values())).bounds[0].plan.dp_dtype
-        hp.check = False            # what an all-layer call checks of new lists besides values
-        shapes = us(lambda: hp._check_indices(slots, *walk(), keep=False))
-        hp.check = None
+        saved, hp.check = hp.check, False   # what an all-layer call checks of new lists besides values
+        try:
+            shapes = us(lambda: hp._check_indices(slots, *walk(), keep=False))
+        finally:
+            hp.check = saved
         pieces = {
             f"storage watch ({len(step.watch.tensors)} tensors)": us(lambda: check_storage(step.watch)),
             "shape checks of two new lists": shapes,
