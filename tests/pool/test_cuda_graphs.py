@@ -55,9 +55,10 @@ def test_per_layer_load_and_backup_replay_from_a_graph():
     host_idx = host.alloc(32).cuda()          # device-resident host indices: nothing to stage
     new_idx = torch.arange(128, 160, device="cuda")
 
-    def first():
+    def first():        # every call as captured, once (docs/pools.md, "CUDA graphs")
         host.backup_from_device_all_layer(dev, host_idx, dev_idx)
-        host.load_to_device_per_layer(dev, host_idx, new_idx, 1)
+        for layer in range(4):
+            host.load_to_device_per_layer(dev, host_idx, new_idx, layer)
 
     def inside():
         host.backup_from_device_all_layer(dev, host_idx, dev_idx)
