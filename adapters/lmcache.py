@@ -50,10 +50,10 @@ from typing import List, NamedTuple, Optional, Sequence, Tuple
 import torch
 
 from kvtier.kernels.errors import KvtierError, fail
+from kvtier.kernels.iota import iota
 from kvtier.kernels.ops import BACKUP, GATHER, LOAD, SCATTER
 from kvtier.kernels.rowmap import RowMap, kept, tensor_key
 from kvtier.kernels.validate import compute_device
-from kvtier.pool.gather import iota
 
 from .maps import run_copy
 

@@ -48,13 +48,13 @@ import kvtier.platforms as platforms
 from kvtier.autotune import config_for
 from kvtier.kernels import RowMap
 from kvtier.kernels.errors import fail
+from kvtier.kernels.iota import iota
 from kvtier.kernels.layouts import host_layout
 from kvtier.kernels.ops import Op
 from kvtier.kernels.rowmap import kept, tensor_key
 
 from . import link_copy
 from .dma_plan import Chunk, chunk_plans, runs_of, shape_2d
-from .gather import iota
 from .launch import launch
 
 Runs = Tuple[torch.Tensor, torch.Tensor, torch.Tensor]

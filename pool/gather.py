@@ -12,6 +12,7 @@ from kvtier.kernels.copy_rows import _runner, rebased
 from kvtier.kernels.rowmap import kept, tensor_key
 from kvtier.kernels.errors import fail
 from kvtier.kernels.index_check import checks_on
+from kvtier.kernels.iota import iota
 from kvtier.kernels.validate import check_index, index_ok
 
 from kvtier.kernels.ops import GATHER, SCATTER, Op
@@ -38,20 +39,6 @@ def check_values(pool, indices: torch.Tensor, pages: bool):
         return None
     limit = pool.size // pool.page_size if pages else pool.size
     return pool.guard.check(pool.device, [("indices", indices, limit, 1, None)])
-
-
-_IOTA = {}
-
-
-def iota(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """``arange(n)`` as a view of a kept tensor per (dtype, device), grown (doubling) when a
-    longer one is asked for: the contiguous side's indices of a gather or scatter, without
-    an allocation per call. Never written, and never freed (a kernel still in flight on
-    another stream may read an earlier one), so the kept tensors sum to under 2x the longest."""
-    kept = _IOTA.setdefault((dtype, device), [])
-    if not kept or kept[-1].numel() < n:
-        kept.append(torch.arange(max(n, 2 * kept[-1].numel() if kept else n), dtype=dtype, device=device))
-    return kept[-1][:n]
 
 
 def group_shape(pool, names, n_slots: int, pages: bool):
