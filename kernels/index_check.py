@@ -29,7 +29,7 @@ import kvtier.platforms as platforms
 from . import direct_launch
 from .errors import KvtierError, fail
 from .index_memo import facts
-from .validate import check_page_aligned, check_range
+from .validate import check_pages_in_range
 
 CHECK_ENV = "KVTIER_CHECK"
 _REASONS = {1: "negative index", 2: "index out of range for {limit} rows",
@@ -282,6 +282,4 @@ _CHECK_LAUNCHES = direct_launch.Launches()     # the check's compiled kernels (T
 def _check_on_host(arg: str, idx: torch.Tensor, limit: int, page: int, negatives_skip: bool) -> None:
     if negatives_skip:
         idx = idx[idx >= 0]
-    check_range(arg, idx, limit)
-    if page > 1:
-        check_page_aligned(arg, idx, page)
+    check_pages_in_range(arg, idx, limit, page)

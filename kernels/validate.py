@@ -9,6 +9,7 @@ import torch
 import kvtier.platforms as platforms
 
 from .errors import KvtierError, fail
+from .iota import iota
 from .rowmap import RowMap
 
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -90,6 +91,34 @@ def check_page_aligned(arg: str, idx: torch.Tensor, page_size: int) -> None:
         first = int(rows.nonzero()[0, 0])
         raise fail(arg, pages[first].tolist(), f"page {first} is not {page_size} consecutive slots "
                    "starting at a page boundary")
+
+
+def check_pages_in_range(arg: str, idx: torch.Tensor, limit: int, page_size: int) -> None:
+    """`check_range`, then `check_page_aligned`, with the page check in a few torch ops
+    where the list passes it (the usual case): a list of whole pages equals each page's
+    first slot rounded down to its page boundary plus the page's offsets. Any other list
+    takes `check_page_aligned`, which names what is wrong."""
+    check_range(arg, idx, limit)
+    n = idx.numel()
+    if page_size > 1 and n and not n % page_size:
+        rows = idx.view(-1, page_size) if idx.is_contiguous() else idx.reshape(-1, page_size)
+        first = rows.narrow(1, 0, 1)
+        # (a power of two rounds down with one AND, negative slots included)
+        start = first & -page_size if not page_size & (page_size - 1) else first - first.remainder(page_size)
+        if torch.equal(rows, start + _page_offsets(page_size, idx.dtype, idx.device)):
+            return
+    check_page_aligned(arg, idx, page_size)
+
+
+_PAGE_OFFSETS = {}
+
+
+def _page_offsets(page_size: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    key = (page_size, dtype, device)
+    offsets = _PAGE_OFFSETS.get(key)
+    if offsets is None:
+        offsets = _PAGE_OFFSETS[key] = iota(page_size, dtype, device)
+    return offsets
 
 
 def is_int(v) -> bool:

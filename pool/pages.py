@@ -8,7 +8,7 @@ from typing import Iterator, List, Tuple
 import torch
 
 from kvtier.kernels.errors import fail
-from kvtier.kernels.validate import check_index, check_page_aligned, check_range
+from kvtier.kernels.validate import check_index, check_pages_in_range
 
 from kvtier.kernels.layouts import host_layout
 
@@ -49,8 +49,7 @@ def set_page(host, index: int, data: torch.Tensor) -> None:
 def get_page_buffer_meta(host, indices: torch.Tensor) -> Tuple[List[int], List[int]]:
     check_index("indices", indices, indices.device if isinstance(indices, torch.Tensor) else None)
     indices = indices.cpu()
-    check_range("indices", indices, host.size)
-    check_page_aligned("indices", indices, host.page_size)
+    check_pages_in_range("indices", indices, host.size, host.page_size)
     ptrs, sizes = [], []
     for index in indices[::host.page_size].tolist():
         for v in page_views(host, index):
