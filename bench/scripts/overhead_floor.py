@@ -2,7 +2,9 @@
 the pieces every all-layer call and gather pays (its storage watch, the shape and value
 checks of new lists, one recorded launch) and what a gather into new buffers adds (its
 allocation and the views of it), beside one `torch.index_select` of the overhead
-measurement's shape.
+measurement's shape. Apart from those: what an all-layer call on an accelerator's pool
+adds for host indices passed on the CPU (kvtier's own `HostPool.alloc` lists; SGLang
+moves them to the device first), their value check on the host, which raises at once.
 
     python bench/scripts/overhead_floor.py [CALLS]
 
@@ -29,6 +31,7 @@ load_bench()
 from kvtier.bench.overhead import SHAPE, build_calls  # noqa: E402
 from kvtier.bench.probe import LaunchProbe  # noqa: E402
 from kvtier.autotune.workload import Pools, PoolShape  # noqa: E402
+from kvtier.kernels.index_check import _check_on_host  # noqa: E402
 from kvtier.kernels.ops import BACKUP  # noqa: E402
 from kvtier.kernels.storage_watch import check_storage  # noqa: E402
 from kvtier.pool import launch as launcher  # noqa: E402
@@ -75,6 +78,7 @@ def main(argv) -> int:
             "its view as the kernel's words": us(lambda: buf.view(word)),
             f"its {buf.shape[0]} component views": us(lambda: [buf[i] for i in range(buf.shape[0])]),
         }
+        host_check = us(lambda: _check_on_host("host_indices", walk()[0], hp.size, SHAPE["page_size"], False))
         base = us(fns["torch.index_select"])
     width = max(map(len, pieces))
     for name, t in pieces.items():
@@ -84,6 +88,8 @@ def main(argv) -> int:
     print(f"{'every all-layer call and gather':<{width}} {every:6.2f} us (sum of the first four)")
     print(f"{'a gather into new buffers':<{width}} {every + extra:6.2f} us (all seven)")
     print(f"{'torch.index_select':<{width}} {base:6.2f} us (one device layer, {what['tokens']} rows)")
+    print(f"{'host check of CPU host indices':<{width}} {host_check:6.2f} us (an accelerator's all-layer call "
+          f"with {what['tokens']} host indices on the CPU, in pages of {SHAPE['page_size']})")
     return 0
 
 
