@@ -233,10 +233,12 @@ def lane(device: torch.device) -> Lane:
 
 
 # ------------------------------------------------------------------ transfers
-def runs(units: torch.Tensor) -> Runs:
-    """`dma_plan.runs` of host units (CPU), kept by value: a call with the indices of an
-    earlier one (HiCache's per-layer loads) finds its runs, and with them its chunk plans."""
-    return runs_of(units, 1)
+def runs(host_indices: torch.Tensor, unit: int) -> Runs:
+    """`dma_plan.runs` of the host units of ``host_indices`` (CPU slots; ``unit`` slots per
+    unit: a page in page-major layouts), kept by value: a call with the indices of an
+    earlier one (HiCache's per-layer loads) finds its runs, and with them its chunk plans,
+    without working out its units again."""
+    return runs_of(host_indices, unit)
 
 
 def backup(op, dev_map, didx, host_buf, layout, page_size, dev_layer, host_layer, num_layers,

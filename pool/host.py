@@ -290,7 +290,7 @@ class HostPool:
                 continue
             if run_list is None:
                 hc = host_indices.cpu()
-                run_list = dma.runs(hc[::self.page_size] // self.page_size if self._layout.paged else hc)
+                run_list = dma.runs(hc, self.page_size if self._layout.paged else 1)
             move = dma.backup if op.from_device else dma.load
             mv = step.move
             move(op, mv.dev_map, device_indices, mv.host_buf, self.layout, self.page_size, step.dev_layer,
