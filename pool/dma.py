@@ -293,8 +293,9 @@ class _Transfer:
         self.ring = self.lane.ring(host_buf, layout, page_size, num_layers, self.cap, cfg.slots)
         ld, ud = 1 + lay.layer_dim, 1 + lay.unit_dim
         shape = _shape(host_buf, layout, host_layer, num_layers, self.ring[0].tensor, ld, ud)
-        base = host_layer * host_buf.stride(ld) * host_buf.element_size()
-        self.chunks = chunk_plans(run_list, shape, self.cap, base)
+        self.chunks = chunk_plans(run_list, shape, self.cap)
+        # The plans' host offsets are from the layer range's first byte: its bytes from there.
+        self.host_range = link_copy.bytes_from(host_buf, host_layer * host_buf.stride(ld) * host_buf.element_size())
         self.stage_op = Op("gather" if op.from_device else "scatter", op.scope)
         self.stream = platforms.current_stream(didx.device) if didx.device.type != "cpu" else None
 
@@ -326,7 +327,7 @@ class _Transfer:
 
     def _copies(self, ch: Chunk, slot: Slot, to_host: bool) -> None:
         with self.lane.on_side():
-            link_copy.issue(ch.plan, self.host_buf, slot.tensor, to_host)
+            link_copy.issue(ch.plan, self.host_range, slot.tensor, to_host)
 
     # -- the bad-verdict fill (see the module doc)
     def _fill_mode(self) -> Optional[str]:

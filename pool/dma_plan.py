@@ -232,11 +232,13 @@ class Chunk:
     host_units: torch.Tensor
 
 
-def chunk_plans(runs_: Tuple[torch.Tensor, torch.Tensor, torch.Tensor], shape: Shape2D, cap: int,
-                host_base: int) -> List[Chunk]:
+def chunk_plans(runs_: Tuple[torch.Tensor, torch.Tensor, torch.Tensor], shape: Shape2D,
+                cap: int) -> List[Chunk]:
     """The transfer's chunks of at most ``cap`` units with their plans, kept and found
-    again for equal runs (compared by value) and the same copy shape."""
-    key = (shape, cap, host_base, runs_[0].numel())
+    again for equal runs (compared by value) and the same copy shape. Host offsets are
+    from the first byte of the layer range (the caller issues them from there), so every
+    layer of a layer loop finds the plans its first layer made."""
+    key = (shape, cap, runs_[0].numel())
     for entry_runs, chunks in _CHUNKS.get(key, ()):
         if entry_runs is runs_ or all(_same(a, b) for a, b in zip(entry_runs, runs_)):
             return chunks
@@ -244,7 +246,7 @@ def chunk_plans(runs_: Tuple[torch.Tensor, torch.Tensor, torch.Tensor], shape: S
     for c, (hu, su, k) in enumerate(split_runs(runs_, cap)):
         count = int(su[-1] + k[-1])
         units = torch.repeat_interleave(hu - su, k) + torch.arange(count)
-        chunks.append(Chunk(c * cap, count, plan(shape, hu, su, k, host_base), units))
+        chunks.append(Chunk(c * cap, count, plan(shape, hu, su, k), units))
     entries = _CHUNKS.setdefault(key, [])
     entries.insert(0, (tuple(t.clone() for t in runs_), chunks))
     del entries[_PER_KEY:]

@@ -45,6 +45,12 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1).view(torch.uint8)
 
 
+def bytes_from(t: torch.Tensor, offset: int) -> torch.Tensor:
+    """The bytes of contiguous ``t`` from byte ``offset`` on, as a flat uint8 view (a plan
+    made from a layer range's first byte is issued against it)."""
+    return _bytes(t)[offset:]
+
+
 def describe(platform: str) -> str:
     """How dma copies move on ``platform`` here (for `kvtier info`)."""
     mode = dma_mode()

@@ -1,10 +1,15 @@
-"""A stand-in for device memory on the CPU, to catch host reads of device tensors.
+"""A stand-in for device memory on the CPU, to catch host reads of device tensors, and a
+recorder of the tensors a call allocates.
 
 On the CPU every tensor is host memory, so a `.item()` on device indices would go
 unnoticed. `DeviceResident` marks index tensors as living on the device: any operation
 that would read them on the host (a device sync on a GPU) raises `HostRead`, except while
 a kvtier kernel runs (Triton's interpreter reads its arguments on the host: that is the
 device's work). Derived tensors (slices, page expansions) stay device-resident.
+
+`allocations()` records every torch op, outside a kernel launched within
+`device_work_only()`, whose result is new memory: what a call allocates on the device
+(or the host) around its launches.
 """
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ import importlib
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 _READS = {torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__bool__, torch.Tensor.__int__,
           torch.Tensor.__float__, torch.Tensor.__index__, torch.Tensor.numpy, torch.Tensor.cpu,
@@ -86,3 +92,41 @@ def _patch(monkeypatch):
         raise HostRead("a device synchronize in a default-path call")
     monkeypatch.setattr(platforms, "synchronize", no_sync)
     return copies, checks
+
+
+class _Allocations(TorchDispatchMode):
+    """Names the ops whose result is new memory: bytes in a storage none of their inputs
+    holds (not a view, an in-place result or an empty tensor), made outside a counted
+    kernel launch."""
+
+    def __init__(self):
+        super().__init__()
+        self.made = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if not _in_kernel[0]:
+            inputs = {t.untyped_storage().data_ptr() for t in _tensors(args, kwargs)}
+            if any(t.untyped_storage().nbytes() and t.untyped_storage().data_ptr() not in inputs
+                   for t in _tensors(out)):
+                self.made.append(str(func))
+        return out
+
+
+def _tensors(*trees):
+    for tree in trees:
+        items = tree.values() if isinstance(tree, dict) else tree if isinstance(tree, (list, tuple)) else (tree,)
+        for x in items:
+            if isinstance(x, torch.Tensor):
+                yield x
+            elif isinstance(x, (list, tuple, dict)):
+                yield from _tensors(x)
+
+
+@contextlib.contextmanager
+def allocations():
+    """Within the block, the name of every op that made a new tensor outside a kernel
+    launch (`device_work_only` marks those) is appended to the yielded list."""
+    mode = _Allocations()
+    with mode:
+        yield mode.made

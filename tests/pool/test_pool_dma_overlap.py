@@ -134,9 +134,9 @@ def test_runs_and_plans_are_kept_by_value():
     stage = torch.empty(2, 4, 4, 8)
     from kvtier.pool.dma_plan import shape_2d
     shape = shape_2d(host, stage, 2)
-    c = chunk_plans(r2, shape, 2, 0)
-    assert chunk_plans(tuple(t.clone() for t in r2), shape, 2, 0) is c
-    assert chunk_plans(r, shape, 2, 0) is not c
+    c = chunk_plans(r2, shape, 2)
+    assert chunk_plans(tuple(t.clone() for t in r2), shape, 2) is c
+    assert chunk_plans(r, shape, 2) is not c
 
 
 def test_per_layer_loads_reuse_one_plan(chunks, monkeypatch):
