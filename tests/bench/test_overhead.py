@@ -184,3 +184,19 @@ def test_launch_binding_script_binds_every_calls_launches():
     for name, (copies, checks, per_copy, per_check, total) in rows.items():
         assert int(copies) == 1 and float(per_copy) > 0 and float(total) >= float(per_copy), (name, r.stdout)
         assert int(checks) == (0 if "per_layer" in name else 1), (name, r.stdout)
+
+
+def test_dma_layer_loop_script_times_first_and_later_layers():
+    """`bench/scripts/dma_layer_loop.py` runs a dma layer loop per layout and prints the
+    mean host time per layer call, its first layer's and the others', all positive."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+    script = Path(__file__).resolve().parents[2] / "bench" / "scripts" / "dma_layer_loop.py"
+    r = subprocess.run([sys.executable, str(script), "2"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = re.findall(r"^(\S+)\s+(\d+\.\d) us per layer call; first layer\s+(\d+\.\d) us, the other 15\s+(\d+\.\d) us",
+                      r.stdout, re.M)
+    assert [row[0] for row in rows] == ["layer_first", "page_first_direct"], r.stdout
+    assert all(float(x) > 0 for row in rows for x in row[1:]), r.stdout
