@@ -345,12 +345,14 @@ class BoundCopy:
         self.items = p.n_comp * num_layers * blocks          # per chunk and column block
 
     def __call__(self, si: torch.Tensor, di: torch.Tensor, verdict: Optional[torch.Tensor] = None,
-                 watched: bool = False, dst_buffer: Optional[torch.Tensor] = None) -> None:
+                 watched: bool = False, dst_buffer: Optional[torch.Tensor] = None,
+                 src_buffer: Optional[torch.Tensor] = None) -> None:
         """Enqueue the copy. ``watched``: the caller has run `check_storage` on this copy's
         watch already (a call of several launches checks them all before the first).
-        ``dst_buffer``: for a copy bound to a destination *layout* (a stacked map without
-        tensors, see `rebased`), the contiguous buffer this call writes, laid out as it
-        (already viewed as the kernel's word type, or it is viewed here)."""
+        ``dst_buffer`` (``src_buffer``): for a copy bound to a destination (source)
+        *layout* (a stacked map without tensors, see `rebased`), the contiguous buffer this
+        call writes (reads), laid out as it (already viewed as the kernel's word type, or
+        it is viewed here)."""
         if not watched:
             check_storage(self.watch)
         if not si.is_contiguous():      # the kernel reads indices as dense arrays
@@ -363,15 +365,18 @@ class BoundCopy:
             if self.page:           # the reference reads page numbers
                 si, di = page_starts(si, self.page), page_starts(di, self.page)
             return _reference(src, si, dst, di, *self.layers, self.num_layers, self.skip_negative)
-        if dst_buffer is not None and dst_buffer.dtype is not self.plan.dp_dtype:
-            dst_buffer = dst_buffer.view(-1).view(self.plan.dp_dtype)
-        launch(src, si, dst, di, self, verdict, dst_buffer)
+        word = self.plan.dp_dtype
+        if dst_buffer is not None and dst_buffer.dtype is not word:
+            dst_buffer = dst_buffer.view(-1).view(word)
+        if src_buffer is not None and src_buffer.dtype is not word:
+            src_buffer = src_buffer.view(-1).view(word)
+        launch(src, si, dst, di, self, verdict, dst_buffer, src_buffer)
 
 
 def rebased(m: RowMap) -> RowMap:
     """Stacked map ``m`` as a layout only (no tensors, nothing kept alive): a copy bound to
-    it is given its destination buffer per call (`BoundCopy.__call__`'s ``dst_buffer``),
-    contiguous from the map's base and aligned as ``m``'s base was."""
+    it is given its buffer per call (`BoundCopy.__call__`'s ``dst_buffer`` or
+    ``src_buffer``), contiguous from the map's base and aligned as ``m``'s base was."""
     from dataclasses import replace
     if m.is_table:
         raise KvtierError(f"{m.describe()}: only a stacked map can be a layout")
@@ -379,11 +384,13 @@ def rebased(m: RowMap) -> RowMap:
 
 
 def launch(src: RowMap, si: torch.Tensor, dst: RowMap, di: torch.Tensor, bound: BoundCopy,
-           verdict: Optional[torch.Tensor], dst_words: Optional[torch.Tensor] = None) -> None:
+           verdict: Optional[torch.Tensor], dst_words: Optional[torch.Tensor] = None,
+           src_words: Optional[torch.Tensor] = None) -> None:
     """Enqueue ``bound``'s copy between ``src`` and ``dst`` (the maps as launched: whole
     pages as rows where the copy moves pages) at dense indices; with a ``verdict`` word,
     its programs copy nothing unless it is 0. Where the copy moves pages, the indices are
-    whole pages of slots and the kernel reads each page's first (``IDX_STEP``)."""
+    whole pages of slots and the kernel reads each page's first (``IDX_STEP``).
+    ``dst_words`` / ``src_words``: this call's buffer for a side bound to a layout."""
     p, n = bound.plan, si.numel()
     if bound.page:
         n //= bound.page
@@ -395,18 +402,22 @@ def launch(src: RowMap, si: torch.Tensor, dst: RowMap, di: torch.Tensor, bound: 
         verdict, rest = si, bound.rest[0]
     else:
         rest = bound.rest[1]
+    # (the launch arguments after the verdict: destination pointer and table, source
+    # pointer and table, then the bound copy's own)
+    if dst_words is not None:
+        args, varying = (si, di, n, verdict, dst_words, dst_words, *rest[2:]), _DST_WORDS
+    elif src_words is not None:
+        args, varying = (si, di, n, verdict, rest[0], rest[1], src_words, src_words, *rest[4:]), _SRC_WORDS
+    else:
+        args, varying = (si, di, n, verdict, *rest), ()
     direct = bound.direct
     if direct is not None:      # a compiled kernel: kept and launched directly once checked
-        if dst_words is None:
-            args = (si, di, n, verdict, *rest)
-            direct.launch(_kernel(), grid, args, direct_launch.copy_spec(args, 4))
-        else:
-            args = (si, di, n, verdict, dst_words, dst_words, *rest[2:])
-            direct.launch(_kernel(), grid, args, direct_launch.copy_spec(args, 6))
-    elif dst_words is None:
-        _kernel()[(grid,)](si, di, n, verdict, *rest, num_warps=config.num_warps)
-    else:                       # a rebased destination: this call's buffer
-        _kernel()[(grid,)](si, di, n, verdict, dst_words, dst_words, *rest[2:], num_warps=config.num_warps)
+        direct.launch(_kernel(), grid, args, direct_launch.copy_spec(args, varying))
+    else:
+        _kernel()[(grid,)](*args, num_warps=config.num_warps)
+
+
+_DST_WORDS, _SRC_WORDS = (4, 5), (6, 7)        # where a call's own buffer goes in the arguments
 
 
 def _make_plan(src: RowMap, dst: RowMap, n_bucket: int, config: CopyConfig, device: torch.device) -> LaunchPlan:

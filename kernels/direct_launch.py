@@ -149,15 +149,18 @@ def _same(theirs: tuple, ours: tuple) -> bool:
     return True
 
 
-def copy_spec(args: tuple, varying: int) -> tuple:
-    """What Triton specializes the row copy on among its ``varying`` leading arguments
-    (the rest are a bound copy's own): each tensor's dtype and 16-byte alignment, the
-    row count's width (its value is not specialized on)."""
+def copy_spec(args: tuple, varying: tuple = ()) -> tuple:
+    """What Triton specializes the row copy on among the arguments that change from call
+    to call (the rest are a bound copy's own): the indices' and verdict's dtypes and
+    16-byte alignment, the row count's width (its value is not specialized on), and the
+    same for the tensors at positions ``varying`` (a call's own buffer for a side bound to
+    a layout)."""
     si, di, n, verdict = args[:4]
     spec = (si.dtype, si.data_ptr() & 15, di.dtype, di.data_ptr() & 15, n >> 31,
             verdict.dtype, verdict.data_ptr() & 15)
-    if varying > 4:                     # a rebased destination: the call's own buffer
-        spec += tuple((t.dtype, t.data_ptr() & 15) for t in args[4:varying])
+    for i in varying:
+        t = args[i]
+        spec += ((i, t.dtype, t.data_ptr() & 15),)
     return spec
 
 

@@ -83,17 +83,20 @@ def gather_groups(pool, slots: torch.Tensor, pages: bool, op: Op = GATHER,
 
 
 class _Layout:
-    """New result buffers of one shape (per pool, call shape and lookup state): the copies
-    bound to their *layout* (a map without tensors, `kvtier.kernels.copy_rows.rebased`),
-    so each call only hands over its buffers and no buffer is kept alive; the buffers'
-    shapes, the alignment the layout assumes, how a buffer is viewed as the kernel's
-    words, and the buffer side's indices. Made from the first call's buffers."""
+    """Buffers of one shape (per pool, operation, call shape and lookup state): the copies
+    bound to the buffers' *layout* (a map without tensors,
+    `kvtier.kernels.copy_rows.rebased`), so each call only hands over its buffers and no
+    buffer is kept alive; the buffers' shapes, the alignment the layout assumes, how a
+    buffer is viewed as the kernel's words, and the buffer side's indices. Made from the
+    first call's buffers: a gather's new results, or (``into_pool``) a scatter's data."""
 
     def __init__(self, pool, op: Op, bufs: List[torch.Tensor], pages: bool, page_indices: bool, n_slots: int,
-                 shapes: list):
+                 shapes: list, into_pool: bool = False):
         self.shapes = shapes
-        self.bounds = _bind_groups(pool, op, bufs, pages, page_indices, n_slots, keep=False, layout=True)
-        self.align = min(b.origin[1].align for b in self.bounds)
+        self.bounds = _bind_groups(pool, op, bufs, pages, page_indices, n_slots, keep=False, layout=True,
+                                   into_pool=into_pool)
+        side = 0 if into_pool else 1
+        self.align = min(b.origin[side].align for b in self.bounds)
         # Each buffer as the kernel's words: in one view where its last dim is whole
         # words, else through a flat view.
         self.direct = [b.shape[-1] * b.element_size() % bound.plan.dp_dtype.itemsize == 0
@@ -108,10 +111,21 @@ class _Layout:
                 return False
         return True
 
+    def fits(self, bufs: List[torch.Tensor]) -> bool:
+        """Whether ``bufs`` (a caller's, not allocated here) are contiguous in the layout's
+        shapes and aligned as it assumes."""
+        return _in_shapes(bufs, self.shapes) and self.takes(bufs)
+
     def words(self, bufs: List[torch.Tensor]) -> List[torch.Tensor]:
         return [b.view(bound.plan.dp_dtype) if direct else b.view(-1).view(bound.plan.dp_dtype)
                 for b, bound, direct in zip(bufs, self.bounds, self.direct)]
 
+
+def _in_shapes(bufs: List[torch.Tensor], shapes: list) -> bool:
+    for b, (shape, _) in zip(bufs, shapes):
+        if b.shape != shape or not b.is_contiguous():
+            return False
+    return True
 
 
 def _buffer_side(holder, n: int, slots: torch.Tensor) -> torch.Tensor:
@@ -124,17 +138,25 @@ def _buffer_side(holder, n: int, slots: torch.Tensor) -> torch.Tensor:
 
 
 def _bind_groups(pool, op: Op, bufs: List[torch.Tensor], pages: bool, page_indices: bool, n_slots: int,
-                 keep: bool, layout: bool = False) -> list:
-    """One bound copy per group from the pool into its buffer in ``bufs``, with the
-    configuration tuned for the pool's rows; ``layout``: bound to the buffer's layout
-    only (`rebased`), each call then hands over its buffer."""
+                 keep: bool, layout: bool = False, into_pool: bool = False) -> list:
+    """One bound copy per group between the pool and its buffer in ``bufs``, from the pool
+    into the buffer (``into_pool``: the other way), with the configuration tuned for the
+    pool's rows; ``layout``: bound to the buffer's layout only (`rebased`), each call then
+    hands over its buffer."""
     bounds = []
     for (names, m), buf in zip(pool.groups, bufs):
         layers = pool.components[names[0]].num_layers
         cmap = contiguous_map(buf, pool, pages, keep=keep)
-        config = lookup(op, m, cmap, n_slots, layers)                 # tuned for the pool's rows
-        src, dst = _sides(m, cmap, page_indices)
-        bounds.append(bind_launch(op, src, rebased(dst) if layout else dst, num_layers=layers,
+        pool_side, buf_side = _sides(m, cmap, page_indices)
+        if layout:
+            buf_side = rebased(buf_side)
+        if into_pool:
+            config = lookup(op, cmap, m, n_slots, layers)             # tuned for the pool's rows
+            src, dst = buf_side, pool_side
+        else:
+            config = lookup(op, m, cmap, n_slots, layers)
+            src, dst = pool_side, buf_side
+        bounds.append(bind_launch(op, src, dst, num_layers=layers,
                                   n_rows=n_slots // (pool.page_size if page_indices else 1),
                                   by_page=pages and not page_indices, config=config, keep=keep))
     return bounds
@@ -151,18 +173,27 @@ def _remember(kept: dict, key, value):
 
 def scatter_groups(pool, slots: torch.Tensor, bufs: List[torch.Tensor], pages: bool,
                    op: Op = SCATTER, verdict: Optional[torch.Tensor] = None, page_indices: bool = False) -> None:
-    """Write group buffers (shapes as `gather_groups` makes them) back at ``slots``."""
-    if not slots.numel():
+    """Write group buffers (shapes as `gather_groups` makes them) back at ``slots``. A
+    scatter's buffers are the caller's (often received once), so nothing keeps them: the
+    copies are bound to their layout (`_Layout`, per call shape) where they are contiguous
+    in the group shapes and aligned as the first ones were, else to maps of them made for
+    the call."""
+    n = slots.numel()
+    if not n:
         return
-    src_idx = iota(slots.numel(), slots.dtype, slots.device)
-    n_slots = slots.numel() * (pool.page_size if page_indices else 1)
-    for (names, m), buf in zip(pool.groups, bufs):
-        # A scatter's buffer is the caller's (often received once): its map is not kept.
-        cmap, layers = contiguous_map(buf, pool, pages, keep=False), pool.components[names[0]].num_layers
-        config = lookup(op, cmap, m, n_slots, layers)                # tuned for the pool's rows
-        dst, src = _sides(m, cmap, page_indices)
-        launch(op, src, src_idx, dst, slots, num_layers=layers, config=config,
-               by_page=pages and not page_indices, verdict=verdict, keep=False)
+    n_slots = n * (pool.page_size if page_indices else 1)
+    key = (op, pages, page_indices, n_slots, *lookup_state())
+    laid = pool._gather_layouts.get(key)
+    if laid is None and _runner(pool.device.type) == "kernel":
+        shapes = [(group_shape(pool, names, n_slots, pages), None) for names, _ in pool.groups]
+        if _in_shapes(bufs, shapes):
+            laid = _remember(pool._gather_layouts, key,
+                             _Layout(pool, op, bufs, pages, page_indices, n_slots, shapes, into_pool=True))
+    if laid is not None and laid.fits(bufs):
+        launcher.run_all(op, laid.bounds, _buffer_side(laid, n, slots), slots, verdict, src_buffers=laid.words(bufs))
+    else:
+        bounds = _bind_groups(pool, op, bufs, pages, page_indices, n_slots, keep=False, into_pool=True)
+        launcher.run_all(op, bounds, iota(n, slots.dtype, slots.device), slots, verdict)
 
 
 def _sides(pool_map: RowMap, buf_map: RowMap, page_indices: bool):

@@ -89,30 +89,36 @@ def bind_launch(op: Op, src: RowMap, dst: RowMap, *, src_layer: int = 0, dst_lay
 
 def run_bound(op: Op, bound: BoundCopy, si: torch.Tensor, di: torch.Tensor,
               verdict: Optional[torch.Tensor] = None, strategy: Optional[str] = None,
-              watched: bool = False, dst_buffer: Optional[torch.Tensor] = None) -> None:
+              watched: bool = False, dst_buffer: Optional[torch.Tensor] = None,
+              src_buffer: Optional[torch.Tensor] = None) -> None:
     """`launch` for a kept `BoundCopy` (only the indices and the verdict are new);
     ``watched``: its tensors' storage was checked by the caller (`check_storage`);
-    ``dst_buffer``: the buffer of a copy bound to a destination layout."""
+    ``dst_buffer`` / ``src_buffer``: the buffer of a copy bound to a destination / source
+    layout."""
     if log.isEnabledFor(_DEBUG):
         src = bound.origin[0]
         log_launch(op, strategy or bound.config.strategy, bound.config, si.numel(),
                    si.numel() * src.row_bytes * bound.num_layers * src.num_components)
-    bound(si, di, verdict, watched, dst_buffer)
+    bound(si, di, verdict, watched, dst_buffer, src_buffer)
 
 
 def run_all(op: Op, bounds, si: torch.Tensor, di: torch.Tensor, verdict: Optional[torch.Tensor] = None,
-            dst_buffers=None) -> None:
+            dst_buffers=None, src_buffers=None) -> None:
     """`run_bound` for the launches of one call: every tensor they rest on is checked
     first (`check_storage`), so a moved tensor is named before the first byte moves;
-    ``dst_buffers``: one buffer per copy bound to a destination layout."""
+    ``dst_buffers`` / ``src_buffers``: one buffer per copy bound to a destination / source
+    layout."""
     for bound in bounds:
         check_storage(bound.watch)
-    if dst_buffers is None:
-        for bound in bounds:
-            run_bound(op, bound, si, di, verdict, None, True)      # watched above
-    else:
+    if dst_buffers is not None:
         for bound, buf in zip(bounds, dst_buffers):
             run_bound(op, bound, si, di, verdict, None, True, buf)
+    elif src_buffers is not None:
+        for bound, buf in zip(bounds, src_buffers):
+            run_bound(op, bound, si, di, verdict, None, True, None, buf)
+    else:
+        for bound in bounds:
+            run_bound(op, bound, si, di, verdict, None, True)      # watched above
 
 
 def log_launch(op: Op, strategy: str, config: CopyConfig, rows: int, nbytes: int) -> None:

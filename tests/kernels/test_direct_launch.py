@@ -170,6 +170,40 @@ def test_each_specialization_is_kept_and_checked_on_its_own(triton_path):
         assert all(same_launch(launches[i], launches[i + j]) for j in (1, 2, 3))
 
 
+@pytest.mark.parametrize("side", ["src", "dst"])
+def test_a_copy_bound_to_a_layout_passes_each_calls_buffer(triton_path, side):
+    """A copy bound to a source or destination layout (`rebased`: a gather's new result, a
+    scatter's data) is kept and launched directly too: each call's own buffer goes where
+    the layout's pointer and table arguments are, the rest is what Triton passed, and a
+    buffer of another alignment (which Triton specializes on) has a kernel of its own."""
+    launches, passes = triton_path
+    rows = 64
+
+    def rows_at(offset, fill=0):       # (1, rows, 16) int32, ``offset`` words past an allocation
+        return torch.full((rows * 16 + offset,), fill, dtype=torch.int32)[offset:].view(1, rows, 16)
+    src, dst = RowMap.from_stacked(rows_at(1), 1), RowMap.from_stacked(rows_at(1), 1)   # 4-byte aligned
+    src, dst = (core.rebased(src), dst) if side == "src" else (src, core.rebased(dst))
+    bound = core.bind(src, dst, src_layer=0, dst_layer=0, num_layers=1, by_page=False,
+                      config=CopyConfig(num_programs=4, rows=8, block_bytes=64, num_warps=4),
+                      device=torch.device("cpu"), n_rows=8, keep=False)
+    si, di, verdict = torch.tensor([3, 1, 7]), torch.tensor([0, 5, 2]), torch.zeros(1, dtype=torch.int32)
+    bufs = [rows_at(k % 2, fill=k) for k in range(8)]        # a new buffer per call: 16-, then 4-byte aligned
+    for buf in bufs:
+        bound(si, di, verdict, **{f"{side}_buffer": buf})
+    # Per alignment: two launches through Triton, then direct, with a kernel of its own.
+    assert len(passes) == 4 and len(launches) == 8
+    at = (13, 14) if side == "dst" else (15, 16)        # the kernel's pointer and table of that side
+    for (kernel, args), buf in zip(launches, bufs):
+        assert args[at[0]] is args[at[1]] and args[at[0]].data_ptr() == buf.data_ptr()
+        assert args[9] is si and args[10] is di and args[12] is verdict
+    kernels = [k for k, _ in launches]
+    assert kernels[0::2] == [kernels[0]] * 4 and kernels[1::2] == [kernels[1]] * 4 and kernels[0] is not kernels[1]
+    for (k0, first), (k1, last) in ((launches[0], launches[6]), (launches[1], launches[7])):
+        assert len(first) == len(last) and all(
+            (type(x) is type(y)) if i == 6 or i in at else (x is y or (not isinstance(x, torch.Tensor) and x == y))
+            for i, (x, y) in enumerate(zip(first, last)))
+
+
 def test_a_launch_that_differs_from_tritons_is_never_made_directly(triton_path, monkeypatch):
     launches, passes = triton_path
     real = direct_launch._arguments

@@ -185,6 +185,59 @@ def test_new_gather_buffers_reuse_their_layout_and_are_right(monkeypatch, pages)
     assert built == [], "a map was built for a shape whose layout is kept"
 
 
+@pytest.mark.parametrize("storage", ["layers", "stacked"])
+@pytest.mark.parametrize("pages", [False, True])
+def test_scatters_of_a_shape_seen_before_reuse_its_layout_and_are_right(monkeypatch, pages, storage):
+    """A scatter of new data (a gather's result, or fresh tensors) of a shape seen before
+    builds no map: its copies are bound to the shape's layout and each call hands over its
+    buffers. Data not laid out as the layout assumes (here misaligned) takes maps of its
+    own. Every scatter writes exactly its rows, bit for bit."""
+    from kvtier.kernels import RowMap
+    from kvtier.pool.gather import scatter_groups
+    pool = MHADevicePool(32, 4, 2, 2, 8, dtype=torch.float16, storage=storage)
+    P = pool.page_size
+    layers = lambda: [t.view(-1, 2, 8) for t in (  # noqa: E731
+        pool.buffers["k"] + pool.buffers["v"] if storage == "layers"
+        else [pool.buffers[n][layer] for n in ("k", "v") for layer in range(2)])]
+    for t in layers():
+        t.copy_(torch.randn(t.shape).to(t.dtype))
+    slots_of = lambda idx: (idx[:, None] * P + torch.arange(P)).reshape(-1) if pages else idx  # noqa: E731
+
+    def data(n):
+        return {c: torch.randn(2, n * (P if pages else 1), 2, 8).to(torch.float16).view(
+            2, *((n, P) if pages else (n,)), 2, 8) for c in ("k", "v")}
+
+    def scattered(idx, d, scatter):
+        before = [t.clone() for t in layers()]
+        scatter(idx, d)
+        s = slots_of(idx)
+        for i, (t, b) in enumerate(zip(layers(), before)):
+            want = b.clone()
+            want[s] = d["k" if i < 2 else "v"][i % 2].reshape(-1, 2, 8)
+            assert torch.equal(t.view(torch.uint8), want.view(torch.uint8)), i
+
+    scattered(torch.tensor([1, 6, 3]), data(3), lambda i, d: pool.scatter(i, d, pages=pages))
+    pool.gather(torch.tensor([0, 1, 2]), pages=pages)            # (a gather's own layout, made once)
+    built = []
+    real = RowMap.from_stacked.__func__
+    monkeypatch.setattr(RowMap, "from_stacked", classmethod(lambda cls, *a, **k: built.append(1) or real(cls, *a, **k)))
+    for idx in (torch.tensor([0, 2, 5]), torch.tensor([7, 4, 1])):
+        scattered(idx, data(3), lambda i, d: pool.scatter(i, d, pages=pages))
+        scattered(idx, pool.gather(torch.tensor([6, 3, 0]), pages=pages), lambda i, d: pool.scatter(i, d, pages=pages))
+    assert built == [], "a map was built for a shape whose layout is kept"
+    # The same bytes, 2 bytes past an aligned start: bound to maps of their own.
+    d = data(3)
+    odd = []
+    for b in (torch.stack([d[n] for n in names]) for names, _ in pool.groups):
+        raw = torch.empty(b.numel() * 2 + 64, dtype=torch.uint8)
+        o = raw[2:2 + b.numel() * 2].view(torch.float16).view(b.shape)
+        o.copy_(b)
+        odd.append(o)
+    idx = torch.tensor([5, 2, 7])
+    scattered(idx, d, lambda i, _: scatter_groups(pool, slots_of(i), odd, pages))
+    assert built, "misaligned data took the layout's copies"
+
+
 def test_gather_out_mutated_in_place_is_checked_again():
     """The same ``out`` dict with one of its tensors replaced is checked again (and refused
     when the new tensor is no gather result); a new index count rebinds and stays exact."""
