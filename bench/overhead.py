@@ -10,6 +10,8 @@ device sync):
   gather of that size returned: the hot-path form, no allocation), and
   ``DevicePool.gather (new buffers)``, which allocates its result per call as
   ``torch.index_select`` does;
+- ``DevicePool.scatter`` (page indices, all layers) of data laid out as a gather returns
+  it (a prefill-decode receiver's buffers; a few such dicts, made before timing, in turn);
 - the SGLang adapter's ``transfer_kv_per_layer`` (a load: one layer of SGLang's
   ``layer_first`` host buffer into the device layer tensors; a new view of the host
   buffer per call, as SGLang passes it, made before timing) and ``transfer_kv_all_layer``
@@ -71,7 +73,7 @@ GOAL_US = 20.0          # median host us per call, graded on an H200 only
 PRELAUNCH_RATIO, PRELAUNCH_OP = 1.0, "torch.index_select"
 CALLS = ("HostPool.backup_from_device_all_layer", "HostPool.load_to_device_all_layer",
          "HostPool.load_to_device_per_layer", "DevicePool.gather", "DevicePool.gather (new buffers)",
-         "sglang.transfer_kv_per_layer", "sglang.transfer_kv_all_layer")
+         "DevicePool.scatter", "sglang.transfer_kv_per_layer", "sglang.transfer_kv_all_layer")
 TORCH_OPS = ("torch.index_select", "Tensor.index_copy_")
 # K and V, 1 KiB rows (8 heads x 64 bf16), 16-token pages, 256 tokens.
 SHAPE = dict(layers=16, heads=8, head_dim=64, dtype=torch.bfloat16, page_size=16, tokens=256,
@@ -89,6 +91,7 @@ def build_calls(device: torch.device, shape: Optional[dict] = None,
     ``lists``: the calls each series makes before its index lists come round again."""
     from kvtier.adapters import transfer_kv_all_layer, transfer_kv_per_layer
     from kvtier.autotune.workload import Pools, PoolShape
+    from kvtier.pool.gather import group_shape
 
     s = dict(SHAPE, **(shape or {}))
     ps = PoolShape.mha(s["layers"], s["heads"], s["head_dim"], s["dtype"], page_size=s["page_size"],
@@ -143,7 +146,16 @@ def build_calls(device: torch.device, shape: Optional[dict] = None,
     def page_walk():
         return itertools.cycle([d[::P] // P for _, d in fresh(lists)]).__next__
 
-    gather_walk, new_walk = page_walk(), page_walk()
+    gather_walk, new_walk, scatter_walk = page_walk(), page_walk(), page_walk()
+
+    def receive_buffers():          # what a receiver allocates: gather()'s layout, one buffer per group
+        views = {}
+        for names, _ in dp.groups:
+            buf = torch.zeros(group_shape(dp, names, pools.tokens, True), dtype=dp.components[names[0]].dtype,
+                              device=device)
+            views.update((name, buf[i]) for i, name in enumerate(names))
+        return views
+    received = itertools.cycle([receive_buffers() for _ in range(4)]).__next__
     out = {}                                                # gather(out=) refills these
     # A gather's new result is held until the next one replaces it, as a caller holds it
     # while it sends it: freed at once, its 8 MiB would be handed back to the system and
@@ -161,6 +173,7 @@ def build_calls(device: torch.device, shape: Optional[dict] = None,
             lambda h, d, layer: hp.load_to_device_per_layer(dp, h, d, dp.start_layer + layer)),
         "DevicePool.gather": gather_into,
         "DevicePool.gather (new buffers)": lambda: held.__setitem__(0, dp.gather(new_walk(), pages=True)),
+        "DevicePool.scatter": lambda: dp.scatter(scatter_walk(), received(), pages=True),
         "sglang.transfer_kv_per_layer": sglang_per_layer(),
         "sglang.transfer_kv_all_layer": all_layer(lambda h, d: transfer_kv_all_layer(
             dev_k, host_kt, dev_v, host_vt, d, h, item, L)),

@@ -48,7 +48,7 @@ def measured():
 
 def test_every_call_and_both_torch_ops_with_spread_and_ratios(measured, tmp_path):
     o = json.loads(overhead.write_json(measured, tmp_path / "o.json").read_text())
-    assert set(o["calls"]) == set(CALLS) and len(CALLS) == 7
+    assert set(o["calls"]) == set(CALLS) and len(CALLS) == 8
     assert set(o["torch"]) == set(TORCH_OPS) == {"torch.index_select", "Tensor.index_copy_"}
     for name, r in {**o["calls"], **o["torch"]}.items():
         assert 0 < r["p10_us"] <= r["median_us"] <= r["p90_us"] < 1e6, name
