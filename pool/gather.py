@@ -287,7 +287,8 @@ def _out_buffers(pool, out, n_slots: int, pages: bool) -> List[torch.Tensor]:
 
 
 def scatter(pool, indices: torch.Tensor, data: Dict[str, torch.Tensor], *, pages: bool = False) -> None:
-    check_index("indices", indices, pool.index_device)
+    if not index_ok(indices, pool.index_device):
+        check_index("indices", indices, pool.index_device)
     bufs = _buffers(pool, data, indices.numel() * (pool.page_size if pages else 1), pages, "data")
     if _pages_direct(pool, pages):
         scatter_groups(pool, indices, bufs, pages, verdict=check_values(pool, indices, pages), page_indices=True)
@@ -300,26 +301,32 @@ def _buffers(pool, data, n_slots: int, pages: bool, arg: str) -> List[torch.Tens
     """One contiguous buffer per group from a dict shaped as `gather` returns (``arg``
     names it in errors): the group buffer behind gather()'s views, else a stacked copy.
     Every tensor is checked before anything moves."""
-    if not isinstance(data, dict) or set(data) != set(pool.components):
+    if not isinstance(data, dict) or data.keys() != pool.components.keys():
         raise fail(arg, sorted(data) if isinstance(data, dict) else type(data).__name__,
                    f"must be a dict with exactly the pool's components {sorted(pool.components)}")
     bufs = []
+    device = pool.device
     for names, _ in pool.groups:
         shape = group_shape(pool, names, n_slots, pages)[1:]
         for name in names:
             t, c = data[name], pool.components[name]
-            if not isinstance(t, torch.Tensor) or (tuple(t.shape), t.dtype, t.device) != (shape, c.dtype, pool.device):
+            if not isinstance(t, torch.Tensor) or t.shape != shape or t.dtype != c.dtype or t.device != device:
                 got = (tuple(t.shape), t.dtype, str(t.device)) if isinstance(t, torch.Tensor) else type(t).__name__
-                raise fail(f"{arg}[{name!r}]", got, f"must be {(shape, c.dtype, str(pool.device))}")
+                raise fail(f"{arg}[{name!r}]", got, f"must be {(shape, c.dtype, str(device))}")
         bufs.append(_group_of(data, names))
     return bufs
 
 
 def _group_of(data, names) -> torch.Tensor:
+    """The group buffer whose dim-0 slices, in order, are ``names``' tensors (what gather()
+    returns), else a stacked copy of them."""
     parts = [data[n] for n in names]
     base = parts[0]._base
-    if base is not None and base.shape[0] == len(names) and all(
-            p._base is base and p.data_ptr() == base[i].data_ptr() and p.is_contiguous()
-            for i, p in enumerate(parts)) and base.is_contiguous():
-        return base
+    if base is not None and base.shape[0] == len(names) and base.is_contiguous():
+        start, step = base.data_ptr(), base.stride(0) * base.element_size()
+        for i, p in enumerate(parts):
+            if p._base is not base or p.data_ptr() != start + i * step or not p.is_contiguous():
+                break
+        else:
+            return base
     return torch.stack([p.contiguous() for p in parts])
