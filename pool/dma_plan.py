@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Dict, List, Optional, Tuple
 
-import numpy as np
 import torch
 
 
@@ -209,6 +208,8 @@ def split_runs(runs_: Tuple[torch.Tensor, torch.Tensor, torch.Tensor], cap: int)
     if k.numel() == 0:
         return []
     n = int(su[-1] + k[-1])
+    if n <= cap:                # one chunk (the usual transfer): the runs as they are
+        return [runs_]
     starts = torch.unique(torch.cat([su, torch.arange(0, n, cap, dtype=torch.int64)]))   # sorted
     r = torch.searchsorted(su, starts, right=True) - 1
     host = hu[r] + (starts - su[r])
@@ -235,54 +236,51 @@ class Chunk:
 def chunk_plans(runs_: Tuple[torch.Tensor, torch.Tensor, torch.Tensor], shape: Shape2D,
                 cap: int) -> List[Chunk]:
     """The transfer's chunks of at most ``cap`` units with their plans, kept and found
-    again for equal runs (compared by value) and the same copy shape. Host offsets are
-    from the first byte of the layer range (the caller issues them from there), so every
-    layer of a layer loop finds the plans its first layer made."""
-    key = (shape, cap, runs_[0].numel())
-    for entry_runs, chunks in _CHUNKS.get(key, ()):
-        if entry_runs is runs_ or all(_same(a, b) for a, b in zip(entry_runs, runs_)):
-            return chunks
-    chunks = []
-    for c, (hu, su, k) in enumerate(split_runs(runs_, cap)):
-        count = int(su[-1] + k[-1])
-        units = torch.repeat_interleave(hu - su, k) + torch.arange(count)
-        chunks.append(Chunk(c * cap, count, plan(shape, hu, su, k), units))
-    entries = _CHUNKS.setdefault(key, [])
-    entries.insert(0, (tuple(t.clone() for t in runs_), chunks))
-    del entries[_PER_KEY:]
-    _CHUNKS.move_to_end(key)
-    while len(_CHUNKS) > _KEYS:
-        _CHUNKS.popitem(last=False)
-    return chunks
+    again for equal runs (compared by value: their bytes are the key) and the same copy
+    shape. Host offsets are from the first byte of the layer range (the caller issues
+    them from there), so every layer of a layer loop finds the plans its first layer made."""
+    key = (shape, cap, *(_value(t) for t in runs_))
+    chunks = _CHUNKS.get(key)
+    if chunks is None:
+        chunks = []
+        for c, (hu, su, k) in enumerate(split_runs(runs_, cap)):
+            count = int(su[-1] + k[-1])
+            units = torch.repeat_interleave(hu - su, k) + torch.arange(count)
+            chunks.append(Chunk(c * cap, count, plan(shape, hu, su, k), units))
+    return _keep(_CHUNKS, key, chunks)
 
 
 def runs_of(host_indices: torch.Tensor, unit: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`runs` of the host units of ``host_indices`` (slots; ``unit`` slots per unit, a page
-    in page-major layouts), kept and found again for equal indices (compared by value, so
-    an index tensor changed in place is never mistaken for its old values). Indices on a
-    device are read back first, which waits for it: HiCache's host indices are CPU tensors."""
+    in page-major layouts), kept and found again for equal indices (compared by value:
+    their bytes are the key, so an index tensor changed in place is never mistaken for its
+    old values). Indices on a device are read back first, which waits for it: HiCache's
+    host indices are CPU tensors."""
     idx = host_indices.to("cpu", torch.int64)
-    n = idx.numel()
-    key = (n, unit, int(idx[0]) if n else 0, int(idx[-1]) if n else 0)
-    arr = idx.numpy()
-    for kept_idx, result in _RUNS.get(key, ()):
-        if np.array_equal(kept_idx, arr):
-            return result
-    result = runs(idx[::unit] // unit if unit > 1 else idx)
-    entries = _RUNS.setdefault(key, [])
-    entries.insert(0, (arr.copy(), result))
-    del entries[_PER_KEY:]
-    _RUNS.move_to_end(key)
-    while len(_RUNS) > _KEYS:
-        _RUNS.popitem(last=False)
-    return result
+    key = (unit, _value(idx))
+    result = _RUNS.get(key)
+    if result is None:
+        result = runs(idx[::unit] // unit if unit > 1 else idx)
+    return _keep(_RUNS, key, result)
 
 
-def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.numel() == b.numel() and np.array_equal(a.numpy(), b.numpy())
+def _value(t: torch.Tensor) -> bytes:
+    """A CPU int64 tensor's values as bytes (a dict key that compares by value)."""
+    return t.numpy().tobytes()
 
 
-# Kept runs and chunk plans: a few entries per key, a bounded number of keys.
-_RUNS: "OrderedDict[tuple, list]" = OrderedDict()
-_CHUNKS: "OrderedDict[tuple, list]" = OrderedDict()
-_PER_KEY, _KEYS = 4, 64
+def _keep(kept: "OrderedDict[tuple, object]", key: tuple, value):
+    """Keep ``value`` under ``key`` as the most recent of a bounded number of entries."""
+    if key in kept:
+        kept.move_to_end(key)
+    else:
+        kept[key] = value
+        while len(kept) > _KEYS:
+            kept.popitem(last=False)
+    return value
+
+
+# Kept runs and chunk plans, the most recent first out of a bounded number.
+_RUNS: "OrderedDict[tuple, object]" = OrderedDict()
+_CHUNKS: "OrderedDict[tuple, object]" = OrderedDict()
+_KEYS = 256
