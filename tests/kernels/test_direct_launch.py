@@ -277,12 +277,11 @@ def test_the_index_check_is_launched_directly_too(triton_path):
     assert len(passes) == 4 and len(launches) == 7
 
 
-@pytest.mark.cuda
-def test_on_a_gpu_direct_launches_move_the_same_bytes():
-    """On a GPU: a per-layer load loop and gathers, repeated with index lists of both
-    dtypes and of 8- and 16-byte alignment; after two launches through Triton per
-    specialization the rest are direct, and every byte matches torch's own gather."""
-    from kvtier.pool import HostPool, MHADevicePool
+@pytest.fixture
+def on_gpu():
+    """(an MHA device pool of random rows on the GPU: 512 slots in pages of 16, 4 layers,
+    2 heads x 64 bf16; the row copy's launches that went through Triton, one entry each)."""
+    from kvtier.pool import MHADevicePool
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
     jf = core._kernel()
@@ -297,67 +296,61 @@ def test_on_a_gpu_direct_launches_move_the_same_bytes():
         dev = MHADevicePool(512, 16, 4, 2, 64, dtype=torch.bfloat16, device="cuda")
         for t in dev.buffers["k"] + dev.buffers["v"]:
             t.copy_(torch.randn_like(t))
-        host = HostPool(dev, layout="layer_first", size_tokens=1024, strategy="kernel")
-        src = torch.arange(64, 96, device="cuda")
-        host_idx = host.alloc(32).cuda()
-        host.backup_from_device_all_layer(dev, host_idx, src)
-        base = torch.arange(200, 240, device="cuda", dtype=torch.int64)
-        forms = [base[:32], base[:32].to(torch.int32), base[1:33]]       # int64, int32, 8-byte aligned
-        for rep in range(6):
-            for dst in forms:
-                for layer in range(4):
-                    host.load_to_device_per_layer(dev, host_idx, dst, layer)
-                torch.cuda.synchronize()
-                for t in dev.buffers["k"] + dev.buffers["v"]:
-                    rows = t.view(-1, 2, 64)
-                    assert torch.equal(rows[dst.long()].view(torch.int16), rows[src].view(torch.int16))
-                    rows[dst.long()] = 0        # the next form's load must write them again
-        host.synchronize()
-        # At most two launches through Triton per bound copy (the backup, one per layer) and
-        # specialization (each form); the other 73 - 26 were direct.
-        assert len(through_triton) <= 2 * (1 + 4 * len(forms)), len(through_triton)
+        yield dev, through_triton
     finally:
         del jf.run
 
 
 @pytest.mark.cuda
-def test_on_a_gpu_gathers_and_scatters_bound_to_layouts_move_the_same_bytes():
+def test_on_a_gpu_direct_launches_move_the_same_bytes(on_gpu):
+    """On a GPU: a per-layer load loop repeated with index lists of both dtypes and of 8-
+    and 16-byte alignment; after two launches through Triton per specialization the rest
+    are direct, and every byte matches torch's own gather."""
+    from kvtier.pool import HostPool
+    dev, through_triton = on_gpu
+    host = HostPool(dev, layout="layer_first", size_tokens=1024, strategy="kernel")
+    src = torch.arange(64, 96, device="cuda")
+    host_idx = host.alloc(32).cuda()
+    host.backup_from_device_all_layer(dev, host_idx, src)
+    base = torch.arange(200, 240, device="cuda", dtype=torch.int64)
+    forms = [base[:32], base[:32].to(torch.int32), base[1:33]]       # int64, int32, 8-byte aligned
+    for rep in range(6):
+        for dst in forms:
+            for layer in range(4):
+                host.load_to_device_per_layer(dev, host_idx, dst, layer)
+            torch.cuda.synchronize()
+            for t in dev.buffers["k"] + dev.buffers["v"]:
+                rows = t.view(-1, 2, 64)
+                assert torch.equal(rows[dst.long()].view(torch.int16), rows[src].view(torch.int16))
+                rows[dst.long()] = 0        # the next form's load must write them again
+    host.synchronize()
+    # At most two launches through Triton per bound copy (the backup, one per layer) and
+    # specialization (each form); the other 73 - 26 were direct.
+    assert len(through_triton) <= 2 * (1 + 4 * len(forms)), len(through_triton)
+
+
+@pytest.mark.cuda
+def test_on_a_gpu_gathers_and_scatters_bound_to_layouts_move_the_same_bytes(on_gpu):
     """On a GPU: gathers into new buffers and scatters of them (copies bound to the
     buffers' layout, each call handing over its own), repeated past the two launches
     through Triton per bound copy, so the later launches are direct with the call's buffer
     as the destination or the source; every byte matches torch's indexing."""
-    from kvtier.pool import MHADevicePool
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA device")
-    jf = core._kernel()
-    through_triton = []
-    real_run = jf.run
+    dev, through_triton = on_gpu
+    P = dev.page_size
 
-    def counted(*args, **kwargs):
-        through_triton.append(1)
-        return real_run(*args, **kwargs)
-    jf.run = counted
-    try:
-        P = 16
-        dev = MHADevicePool(512, P, 4, 2, 64, dtype=torch.bfloat16, device="cuda")
-        for t in dev.buffers["k"] + dev.buffers["v"]:
-            t.copy_(torch.randn_like(t))
-
-        def rows(name, slots):          # (layers, slots, 2, 64) as int16
-            return torch.stack([t.view(-1, 2, 64)[slots] for t in dev.buffers[name]]).view(torch.int16)
-        offsets = torch.arange(P, device="cuda")
-        for _ in range(5):
-            src, dst = torch.randperm(16, device="cuda")[:4], torch.randperm(16, device="cuda")[:4] + 16
-            got = dev.gather(src, pages=True)
-            dev.scatter(dst, got, pages=True)
-            torch.cuda.synchronize()
-            src_slots, dst_slots = ((p[:, None] * P + offsets).reshape(-1) for p in (src, dst))
-            for name in ("k", "v"):
-                assert torch.equal(got[name].reshape(4, -1, 2, 64).view(torch.int16), rows(name, src_slots)), name
-                assert torch.equal(rows(name, dst_slots), rows(name, src_slots)), name
-        dev.synchronize()
-        # Two launches through Triton for the gather's bound copy and two for the scatter's;
-        # the other six were direct.
-        assert len(through_triton) <= 4, len(through_triton)
-    finally:
-        del jf.run
+    def rows(name, slots):          # (layers, slots, 2, 64) as int16
+        return torch.stack([t.view(-1, 2, 64)[slots] for t in dev.buffers[name]]).view(torch.int16)
+    offsets = torch.arange(P, device="cuda")
+    for _ in range(5):
+        src, dst = torch.randperm(16, device="cuda")[:4], torch.randperm(16, device="cuda")[:4] + 16
+        got = dev.gather(src, pages=True)
+        dev.scatter(dst, got, pages=True)
+        torch.cuda.synchronize()
+        src_slots, dst_slots = ((p[:, None] * P + offsets).reshape(-1) for p in (src, dst))
+        for name in ("k", "v"):
+            assert torch.equal(got[name].reshape(4, -1, 2, 64).view(torch.int16), rows(name, src_slots)), name
+            assert torch.equal(rows(name, dst_slots), rows(name, src_slots)), name
+    dev.synchronize()
+    # Two launches through Triton for the gather's bound copy and two for the scatter's;
+    # the other six were direct.
+    assert len(through_triton) <= 4, len(through_triton)
