@@ -239,15 +239,16 @@ def chunk_plans(runs_: Tuple[torch.Tensor, torch.Tensor, torch.Tensor], shape: S
     again for equal runs (compared by value: their bytes are the key) and the same copy
     shape. Host offsets are from the first byte of the layer range (the caller issues
     them from there), so every layer of a layer loop finds the plans its first layer made."""
-    key = (shape, cap, *(_value(t) for t in runs_))
-    chunks = _CHUNKS.get(key)
-    if chunks is None:
-        chunks = []
-        for c, (hu, su, k) in enumerate(split_runs(runs_, cap)):
-            count = int(su[-1] + k[-1])
-            units = torch.repeat_interleave(hu - su, k) + torch.arange(count)
-            chunks.append(Chunk(c * cap, count, plan(shape, hu, su, k), units))
-    return _keep(_CHUNKS, key, chunks)
+    return _found(_CHUNKS, (shape, cap, *(_value(t) for t in runs_)), lambda: _plan_chunks(runs_, shape, cap))
+
+
+def _plan_chunks(runs_, shape: Shape2D, cap: int) -> List[Chunk]:
+    chunks = []
+    for c, (hu, su, k) in enumerate(split_runs(runs_, cap)):
+        count = int(su[-1] + k[-1])
+        units = torch.repeat_interleave(hu - su, k) + torch.arange(count)
+        chunks.append(Chunk(c * cap, count, plan(shape, hu, su, k), units))
+    return chunks
 
 
 def runs_of(host_indices: torch.Tensor, unit: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -257,11 +258,7 @@ def runs_of(host_indices: torch.Tensor, unit: int) -> Tuple[torch.Tensor, torch.
     old values). Indices on a device are read back first, which waits for it: HiCache's
     host indices are CPU tensors."""
     idx = host_indices.to("cpu", torch.int64)
-    key = (unit, _value(idx))
-    result = _RUNS.get(key)
-    if result is None:
-        result = runs(idx[::unit] // unit if unit > 1 else idx)
-    return _keep(_RUNS, key, result)
+    return _found(_RUNS, (unit, _value(idx)), lambda: runs(idx[::unit] // unit if unit > 1 else idx))
 
 
 def _value(t: torch.Tensor) -> bytes:
@@ -269,18 +266,21 @@ def _value(t: torch.Tensor) -> bytes:
     return t.numpy().tobytes()
 
 
-def _keep(kept: "OrderedDict[tuple, object]", key: tuple, value):
-    """Keep ``value`` under ``key`` as the most recent of a bounded number of entries."""
-    if key in kept:
+def _found(kept: "OrderedDict[tuple, object]", key: tuple, make):
+    """The value kept under ``key`` (now the most recent), else ``make()``'s, kept as the
+    most recent of a bounded number of entries. (Apart from `kvtier.kernels.rowmap.kept`:
+    every new host list adds an entry here, which must not push out kept maps.)"""
+    value = kept.get(key)
+    if value is not None:
         kept.move_to_end(key)
-    else:
-        kept[key] = value
-        while len(kept) > _KEYS:
-            kept.popitem(last=False)
+        return value
+    value = kept[key] = make()
+    while len(kept) > _KEYS:
+        kept.popitem(last=False)
     return value
 
 
-# Kept runs and chunk plans, the most recent first out of a bounded number.
+# Kept runs and chunk plans: a bounded number, the least recently used dropped first.
 _RUNS: "OrderedDict[tuple, object]" = OrderedDict()
 _CHUNKS: "OrderedDict[tuple, object]" = OrderedDict()
 _KEYS = 256
