@@ -347,30 +347,56 @@ class BoundCopy:
     def __call__(self, si: torch.Tensor, di: torch.Tensor, verdict: Optional[torch.Tensor] = None,
                  watched: bool = False, dst_buffer: Optional[torch.Tensor] = None,
                  src_buffer: Optional[torch.Tensor] = None) -> None:
-        """Enqueue the copy. ``watched``: the caller has run `check_storage` on this copy's
-        watch already (a call of several launches checks them all before the first).
-        ``dst_buffer`` (``src_buffer``): for a copy bound to a destination (source)
+        """Enqueue the copy at dense indices; with a ``verdict`` word, its programs copy
+        nothing unless it is 0. ``watched``: the caller has run `check_storage` on this
+        copy's watch already (a call of several launches checks them all before the
+        first). ``dst_buffer`` (``src_buffer``): for a copy bound to a destination (source)
         *layout* (a stacked map without tensors, see `rebased`), the contiguous buffer this
         call writes (reads), laid out as it (already viewed as the kernel's word type, or
-        it is viewed here)."""
+        it is viewed here). Where the copy moves pages, the indices are whole pages of
+        slots and the kernel reads each page's first (``IDX_STEP``).
+
+        One frame from here to the launch: every pool and adapter call passes it."""
         if not watched:
             check_storage(self.watch)
         if not si.is_contiguous():      # the kernel reads indices as dense arrays
             si = si.contiguous()
         if not di.is_contiguous():
             di = di.contiguous()
-        src, dst = self.maps
         if self.runner != "kernel":
             _warn_once(self.runner, _FALLBACK[self.runner])
             if self.page:           # the reference reads page numbers
                 si, di = page_starts(si, self.page), page_starts(di, self.page)
+            src, dst = self.maps
             return _reference(src, si, dst, di, *self.layers, self.num_layers, self.skip_negative)
-        word = self.plan.dp_dtype
-        if dst_buffer is not None and dst_buffer.dtype is not word:
-            dst_buffer = dst_buffer.view(-1).view(word)
-        if src_buffer is not None and src_buffer.dtype is not word:
-            src_buffer = src_buffer.view(-1).view(word)
-        launch(src, si, dst, di, self, verdict, dst_buffer, src_buffer)
+        p, n = self.plan, si.numel()
+        if self.page:
+            n //= self.page
+        if not n:
+            return
+        config = self.config
+        grid = min(config.num_programs, self.items * -(-n // p.rows))
+        if verdict is None:         # unchecked: any tensor stands in for the unread word
+            verdict, rest = si, self.rest[0]
+        else:
+            rest = self.rest[1]
+        # (the launch arguments after the verdict: destination pointer and table, source
+        # pointer and table, then the bound copy's own)
+        if dst_buffer is not None:
+            if dst_buffer.dtype is not p.dp_dtype:
+                dst_buffer = dst_buffer.view(-1).view(p.dp_dtype)
+            args, varying = (si, di, n, verdict, dst_buffer, dst_buffer, *rest[2:]), _DST_WORDS
+        elif src_buffer is not None:
+            if src_buffer.dtype is not p.dp_dtype:
+                src_buffer = src_buffer.view(-1).view(p.dp_dtype)
+            args, varying = (si, di, n, verdict, rest[0], rest[1], src_buffer, src_buffer, *rest[4:]), _SRC_WORDS
+        else:
+            args, varying = (si, di, n, verdict, *rest), ()
+        direct = self.direct
+        if direct is not None:      # a compiled kernel: kept and launched directly once checked
+            direct.launch(_kernel(), grid, args, direct_launch.copy_spec(args, varying))
+        else:
+            _kernel()[(grid,)](*args, num_warps=config.num_warps)
 
 
 def rebased(m: RowMap) -> RowMap:
@@ -381,40 +407,6 @@ def rebased(m: RowMap) -> RowMap:
     if m.is_table:
         raise KvtierError(f"{m.describe()}: only a stacked map can be a layout")
     return replace(m, segments=(), born=())
-
-
-def launch(src: RowMap, si: torch.Tensor, dst: RowMap, di: torch.Tensor, bound: BoundCopy,
-           verdict: Optional[torch.Tensor], dst_words: Optional[torch.Tensor] = None,
-           src_words: Optional[torch.Tensor] = None) -> None:
-    """Enqueue ``bound``'s copy between ``src`` and ``dst`` (the maps as launched: whole
-    pages as rows where the copy moves pages) at dense indices; with a ``verdict`` word,
-    its programs copy nothing unless it is 0. Where the copy moves pages, the indices are
-    whole pages of slots and the kernel reads each page's first (``IDX_STEP``).
-    ``dst_words`` / ``src_words``: this call's buffer for a side bound to a layout."""
-    p, n = bound.plan, si.numel()
-    if bound.page:
-        n //= bound.page
-    if not n:
-        return
-    config = bound.config
-    grid = min(config.num_programs, bound.items * -(-n // p.rows))
-    if verdict is None:         # unchecked: any tensor stands in for the unread word
-        verdict, rest = si, bound.rest[0]
-    else:
-        rest = bound.rest[1]
-    # (the launch arguments after the verdict: destination pointer and table, source
-    # pointer and table, then the bound copy's own)
-    if dst_words is not None:
-        args, varying = (si, di, n, verdict, dst_words, dst_words, *rest[2:]), _DST_WORDS
-    elif src_words is not None:
-        args, varying = (si, di, n, verdict, rest[0], rest[1], src_words, src_words, *rest[4:]), _SRC_WORDS
-    else:
-        args, varying = (si, di, n, verdict, *rest), ()
-    direct = bound.direct
-    if direct is not None:      # a compiled kernel: kept and launched directly once checked
-        direct.launch(_kernel(), grid, args, direct_launch.copy_spec(args, varying))
-    else:
-        _kernel()[(grid,)](*args, num_warps=config.num_warps)
 
 
 _DST_WORDS, _SRC_WORDS = (4, 5), (6, 7)        # where a call's own buffer goes in the arguments

@@ -37,12 +37,13 @@ REAL_REFERENCE = copy_rows_module._reference
 def launches(monkeypatch):
     """Records (src row_bytes, src page_size, num_components) of every kernel launch."""
     seen = []
-    real = copy_rows_module.launch
+    real = copy_rows_module.BoundCopy.__call__
 
-    def spy(src, *args, **kw):
+    def spy(bound, *args, **kw):
+        src = bound.maps[0]             # the source map as launched
         seen.append((src.row_bytes, src.page_size, src.num_components))
-        return real(src, *args, **kw)
-    monkeypatch.setattr(copy_rows_module, "launch", spy)
+        return real(bound, *args, **kw)
+    monkeypatch.setattr(copy_rows_module.BoundCopy, "__call__", spy)
     return seen
 
 
@@ -339,7 +340,7 @@ def test_fallback_without_interpreter_warns_once_and_copies(monkeypatch, by_page
 
     def no_kernel(*a, **k):
         raise AssertionError("the kernel ran without the interpreter")
-    monkeypatch.setattr(copy_rows_module, "launch", no_kernel)
+    monkeypatch.setattr(copy_rows_module, "_kernel", no_kernel)
     src = Side("table", L=2, N=16, P=4, seed=49)
     dsts = [Side("page_first_direct", L=2, N=16, P=4, fill="poison", seed=50 + k) for k in range(2)]
     si, di = make_indices("runs", 16, 16, P=4, seed=52)

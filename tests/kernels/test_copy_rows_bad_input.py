@@ -19,7 +19,7 @@ from kvtier.kernels import KvtierError, RowMap, copy_rows_reference
 
 copy_rows_module = importlib.import_module("kvtier.kernels.copy_rows")
 copy_rows = copy_rows_module.copy_rows
-real_launch = copy_rows_module.launch
+real_kernel = copy_rows_module._kernel
 
 L, N, P = 2, 16, 4
 i64 = lambda *v: torch.tensor(v, dtype=torch.int64)
@@ -37,7 +37,7 @@ def no_launch(monkeypatch):
     """A failed check must stop the copy before the kernel or the fallback runs."""
     def boom(*a, **k):
         raise AssertionError("a kernel ran although the arguments were bad")
-    monkeypatch.setattr(copy_rows_module, "launch", boom)
+    monkeypatch.setattr(copy_rows_module, "_kernel", boom)      # every launch asks for the kernel
     monkeypatch.setattr(copy_rows_module, "_reference", boom)
 
 
@@ -180,7 +180,7 @@ def test_differently_split_rows_are_refused_before_any_byte_moves(monkeypatch):
     """Two page_head maps with different head splits (2 x 16 B vs 4 x 8 B) cannot share one
     chunk stride: the kernel path refuses the pair, naming both splits, before launching.
     The reference copies it (checked against the torch oracle)."""
-    monkeypatch.setattr(copy_rows_module, "launch", real_launch)
+    monkeypatch.setattr(copy_rows_module, "_kernel", real_kernel)
     src = Side("page_head", L=L, N=N, P=P, row=(2, 8), seed=4)
     dst = Side("page_head", L=L, N=N, P=P, row=(4, 4), fill="poison", seed=5)
     expect_error(copy_rows, src, dst, GOOD, GOOD, "as 2x16B")
