@@ -79,7 +79,7 @@ TORCH_OPS = ("torch.index_select", "Tensor.index_copy_")
 SHAPE = dict(layers=16, heads=8, head_dim=64, dtype=torch.bfloat16, page_size=16, tokens=256,
              host_layout="layer_first")
 # Timed calls per series, warm-up calls, calls per batch; by mode.
-COUNTS = {"cpu": dict(calls=400, warmup=20, batch=50), "gpu": dict(calls=1000, warmup=20, batch=50)}
+COUNTS = {"cpu": dict(calls=1000, warmup=20, batch=50), "gpu": dict(calls=1000, warmup=20, batch=50)}
 MIN_BUSY_S, MAX_BUSY_S = 2e-3, 0.5
 LISTS = 512             # new index lists per series before they come round (see build_calls)
 
