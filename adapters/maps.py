@@ -284,7 +284,7 @@ def run_jobs(jobs: Sequence[Job], src_indices, dst_indices, *, op: Op, by_page: 
             _ROUTES[key] = route
     except KvtierError as e:
         raise _renamed(e, index_names) from None
-    lane = Lane(route, skip_negative, index_names)
+    lane = Lane(route, bool(skip_negative), index_names)
     _run(lane, src_indices, dst_indices, check)
     return lane
 
@@ -315,9 +315,7 @@ def _run(lane: Lane, src_indices, dst_indices, check: Optional[bool]) -> None:
             n = si.numel()
             verdict, ticket = None, []
             if n and checking:
-                verdict = GUARD.check(route.device, [("src_indices", si, *route.src_limit, fs),
-                                                     ("dst_indices", di, *route.dst_limit, fd)],
-                                      negatives_skip=skip_negative, ticket=ticket)
+                verdict = GUARD.check_pair(route.device, route.check_plans[skip_negative], si, di, fs, fd, ticket)
             if fs is not None and fd is not None:
                 _LAST = last_pair(src_indices, dst_indices, route.device, flags, stream, ticket, verdict, (si, di, n))
     except KvtierError as e:
@@ -435,6 +433,9 @@ class _Route:
         self.src_limit = (min(m.num_rows for m in srcs), _whole_pages(srcs[0], by_page))
         self.dst_limit = (min(m.num_rows for m in dsts), _whole_pages(dsts[0], by_page))
         self.limits = (self.src_limit, self.dst_limit)
+        # The guard's plan of the pair's value check, without and with negatives skipped.
+        self.check_plans = tuple(GUARD.pair(("src_indices", *self.src_limit), ("dst_indices", *self.dst_limit), neg)
+                                 for neg in (False, True))
         # A per-layer call's lists come again for the next layer; an all-layer call's
         # do not: what is learnt about them is kept for the former only.
         self.keeps_lists = op.scope != "all"

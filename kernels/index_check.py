@@ -132,22 +132,60 @@ class IndexGuard:
         two = b is not None
         if not two:
             b, nb = a, na
-        slot = (self._cpu or self._cpu_slot(device)) if on_cpu else self._slot(device)
         fa = a[4] if len(a) > 4 else facts(a[1])
         fb = fa if not two else b[4] if len(b) > 4 else facts(b[1])
         signature = (a[0], a[2], a[3], b[0], b[2], b[3], two, negatives_skip)
+        return self._on_device(device, known_device, a[1], na, fa, b[1], nb, fb, signature, None, ticket)
+
+    def pair(self, a: Tuple[str, int, int], b: Tuple[str, int, int], negatives_skip: bool = False) -> tuple:
+        """The plan of a check of two lists, ``a`` and ``b`` each (argument name, exclusive
+        limit, page size or 1), for a caller that checks such a pair on every call
+        (`check_pair`): worked out once, it spares each call building the lists'
+        description and looking it up."""
+        signature = (*a, *b, True, bool(negatives_skip))
+        return signature, (self._arg_id(a), self._arg_id(b))
+
+    def check_pair(self, device: torch.device, plan: tuple, a: torch.Tensor, b: torch.Tensor,
+                   fa: Optional[dict] = None, fb: Optional[dict] = None,
+                   ticket: Optional[list] = None) -> Optional[torch.Tensor]:
+        """`check` of the two lists a `pair` plan describes (``fa`` / ``fb``: their
+        `kvtier.kernels.index_memo.facts`, or None). Two non-empty whole-page lists where
+        the copy runs go straight to the device check; any other pair takes `check`."""
+        for h in self._hosts:           # raise_pending, inline: one memoryview read per slot
+            if h[0]:
+                self.raise_pending()
+        known_device = self._devices.get(id(device))
+        if known_device is None or known_device[0] is not device:
+            known_device = self._device_facts(device)
+        signature, on_cpu = plan[0], known_device[1]
+        na, nb = a.numel(), b.numel()
+        if not (known_device[2] and na and nb and a.is_cpu == on_cpu and b.is_cpu == on_cpu
+                and not na % signature[2] and not nb % signature[5]):
+            return self.check(device, [(signature[0], a, signature[1], signature[2], fa),
+                                       (signature[3], b, signature[4], signature[5], fb)],
+                              negatives_skip=signature[7], ticket=ticket)
+        return self._on_device(device, known_device, a, na, fa, b, nb, fb, signature, plan[1], ticket)
+
+    def _on_device(self, device: torch.device, known_device: tuple, a: torch.Tensor, na: int, fa, b: torch.Tensor,
+                   nb: int, fb, signature: tuple, ids: Optional[tuple], ticket: Optional[list]) -> torch.Tensor:
+        """The device check of lists ``a`` and ``b`` (the same list twice for one), as
+        ``signature`` describes them (names, limits, pages, two, negatives_skip; ``ids``:
+        their argument ids where the caller has them): the verdict word, reused where it
+        already holds these lists' verdict."""
+        slot = (self._cpu or self._cpu_slot(device)) if known_device[1] else self._slot(device)
         last = slot.last
         if last is not None and last[0] is fa and last[1] is fb and last[2] == signature:
             if ticket is not None:
                 ticket.append((slot, last))
             return slot.verdict             # the word already holds these lists' verdict
         slot.last = None
-        ids = self._pair_ids.get(signature)
         if ids is None:
-            ids = self._pair_ids[signature] = (self._arg_id(a), self._arg_id(b))
+            ids = self._pair_ids.get(signature)
+            if ids is None:
+                ids = self._pair_ids[signature] = (self._arg_id(signature[:3]), self._arg_id(signature[3:6]))
         # (compile-time A_PAGE, B_PAGE, TWO, NEG_SKIPS, BLOCK by position: cheaper to pass)
-        args = (a[1], na, a[2], ids[0], b[1], nb, b[2], ids[1], slot.verdict, slot.record,
-                a[3], b[3], two, negatives_skip, 1024)
+        args = (a, na, signature[1], ids[0], b, nb, signature[4], ids[1], slot.verdict, slot.record,
+                signature[2], signature[5], signature[6], signature[7], 1024)
         kernel = (_CHECK_MODULE or _check_module())._check_indices_kernel
         if known_device[3]:         # compiled: kept and launched directly once checked
             _CHECK_LAUNCHES.launch(kernel, 1, args, direct_launch.check_spec(args))
@@ -205,8 +243,9 @@ class IndexGuard:
                 "found on the device after an earlier call was enqueued: that call moved no bytes")
         raise fail(name, value, f"{why} (at position {pos}; {when})")
 
-    def _arg_id(self, lst: IndexList) -> int:
-        key = (lst[0], lst[2], lst[3])
+    def _arg_id(self, key: Tuple[str, int, int]) -> int:
+        """The id the check kernel records for the list ``key`` describes (argument name,
+        limit, page), by which a failure is named."""
         i = self._ids.get(key)
         if i is None:
             i = self._ids[key] = len(self._args)

@@ -158,6 +158,7 @@ class HostPool:
         self._cpu_pool = self.device.type == "cpu"
         self._by_page = self._layout.paged and self.page_size > 1   # page layouts move whole pages
         self._index_page = self.page_size if self._layout.paged else 1   # indices come in whole pages
+        self._check_plans: Dict[int, tuple] = {}     # (guard, its pair plan) per device index limit
         self.guard = IndexGuard()
 
     # ------------------------------------------------------------------ construction
@@ -400,12 +401,16 @@ class HostPool:
                        f"host_indices has {n}; counts must match")
         if not checks_on(self.check):
             return None
-        page = self._index_page
         limit = slots[0][1].size if len(slots) == 1 else min(pool.size for _, pool in slots)
-        fh, fd = (facts(host_indices), facts(device_indices)) if keep else (None, None)
-        return self.guard.check(self.device, [("host_indices", host_indices, self.size, page, fh),
-                                              ("device_indices", device_indices, limit, page, fd)],
-                                ticket=ticket)
+        guard, kept = self.guard, self._check_plans.get(limit)
+        if kept is None or kept[0] is not guard:
+            page = self._index_page
+            kept = self._check_plans[limit] = (guard, guard.pair(("host_indices", self.size, page),
+                                                                 ("device_indices", limit, page)))
+        if keep:
+            return guard.check_pair(self.device, kept[1], host_indices, device_indices, facts(host_indices),
+                                    facts(device_indices), ticket)
+        return guard.check_pair(self.device, kept[1], host_indices, device_indices, None, None, ticket)
 
     def synchronize(self) -> None:
         """Wait for the device and raise the first index failure a device-side check of
