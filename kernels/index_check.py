@@ -137,13 +137,15 @@ class IndexGuard:
         signature = (a[0], a[2], a[3], b[0], b[2], b[3], two, negatives_skip)
         return self._on_device(device, known_device, a[1], na, fa, b[1], nb, fb, signature, None, ticket)
 
-    def pair(self, a: Tuple[str, int, int], b: Tuple[str, int, int], negatives_skip: bool = False) -> tuple:
+    def pair(self, a: Tuple[str, int, int], b: Optional[Tuple[str, int, int]] = None,
+             negatives_skip: bool = False) -> tuple:
         """The plan of a check of two lists, ``a`` and ``b`` each (argument name, exclusive
-        limit, page size or 1), for a caller that checks such a pair on every call
+        limit, page size or 1), or of ``a`` alone (``b`` None: `check_pair` is then given
+        the one list twice), for a caller that checks such lists on every call
         (`check_pair`): worked out once, it spares each call building the lists'
         description and looking it up."""
-        signature = (*a, *b, True, bool(negatives_skip))
-        return signature, (self._arg_id(a), self._arg_id(b))
+        signature = (*a, *(b or a), b is not None, bool(negatives_skip))
+        return signature, (self._arg_id(a), self._arg_id(b or a))
 
     def check_pair(self, device: torch.device, plan: tuple, a: torch.Tensor, b: torch.Tensor,
                    fa: Optional[dict] = None, fb: Optional[dict] = None,
@@ -161,9 +163,8 @@ class IndexGuard:
         na, nb = a.numel(), b.numel()
         if not (known_device[2] and na and nb and a.is_cpu == on_cpu and b.is_cpu == on_cpu
                 and not na % signature[2] and not nb % signature[5]):
-            return self.check(device, [(signature[0], a, signature[1], signature[2], fa),
-                                       (signature[3], b, signature[4], signature[5], fb)],
-                              negatives_skip=signature[7], ticket=ticket)
+            both = [(signature[0], a, signature[1], signature[2], fa), (signature[3], b, signature[4], signature[5], fb)]
+            return self.check(device, both if signature[6] else both[:1], negatives_skip=signature[7], ticket=ticket)
         return self._on_device(device, known_device, a, na, fa, b, nb, fb, signature, plan[1], ticket)
 
     def _on_device(self, device: torch.device, known_device: tuple, a: torch.Tensor, na: int, fa, b: torch.Tensor,

@@ -93,3 +93,16 @@ def test_unchanged_lists_reuse_the_word_and_a_failure_is_never_reused(monkeypatc
     assert len(launches) == 3 and not guard.holds(ticket[0])
     assert int(guard.check_pair(CPU, plan, a, b, facts(a), facts(b))[0]) == 0
     assert len(launches) == 4
+
+
+def test_a_plan_of_one_list_checks_it_as_check_does():
+    guard = IndexGuard()
+    plan = guard.pair(("indices", 16, 1))
+    good, bad = torch.tensor([3, 0, 15]), torch.tensor([3, 16, 0])
+    word = guard.check_pair(CPU, plan, good, good)
+    assert int(word[0]) == 0 and guard.check(CPU, [("indices", good, 16, 1)]) is word
+    msgs = [error_of(lambda: guard.check_pair(CPU, plan, bad, bad)),
+            error_of(lambda: IndexGuard().check(CPU, [("indices", bad, 16, 1)]))]
+    assert msgs[0] == msgs[1] and msgs[0].startswith("indices=16"), msgs
+    empty = torch.empty(0, dtype=torch.int64)
+    assert guard.check_pair(CPU, plan, empty, empty) is None
