@@ -367,6 +367,22 @@ def arg_key(t) -> object:
         return UNCACHED
 
 
+_DATA_PTR, _SHAPE, _IS_CONTIGUOUS = torch.Tensor.data_ptr, torch.Tensor.shape.__get__, torch.Tensor.is_contiguous
+_DTYPE, _GET_DEVICE = torch.Tensor.dtype.__get__, torch.Tensor.get_device
+
+
+def arg_keys(tensors: tuple) -> tuple:
+    """`arg_key`'s parts of every tensor in ``tensors``, as one flat tuple (first bytes,
+    then shapes, contiguity, dtypes, device indices: the count fixes where each lies),
+    taken by C-level calls over the tuple, without a Python frame per tensor; ``(UNCACHED,)``
+    where one is not a tensor with storage."""
+    try:
+        return (*map(_DATA_PTR, tensors), *map(_SHAPE, tensors), *map(_IS_CONTIGUOUS, tensors),
+                *map(_DTYPE, tensors), *map(_GET_DEVICE, tensors))
+    except (TypeError, RuntimeError):       # not a tensor, or no storage: the full path names it
+        return (UNCACHED,)
+
+
 def table_key(t) -> object:
     """A key for an address table: the tensor object at its version (torch bumps it on
     every in-place write through torch, so a rewritten table gets a new key). The lane

@@ -36,7 +36,7 @@ import torch
 
 from kvtier.kernels.ops import BACKUP, LOAD, LOAD_LAYER
 
-from .maps import (arg_key, direction, layer_table, lf_buffer, page_count, per_layer_list, pf_buffer,
+from .maps import (arg_key, arg_keys, direction, layer_table, lf_buffer, page_count, per_layer_list, pf_buffer,
                    ph_buffer, plain, run_copy, run_keyed, table_key)
 from kvtier.kernels.errors import KvtierError, fail
 from kvtier.kernels.rowmap import RowMap
@@ -81,7 +81,7 @@ def _lf_lf(names, tensors, src_indices, dst_indices, item_size, block_quota, con
         pairs = [(lf_buffer(sn, s, item_size), lf_buffer(dn, d, item_size)) for sn, s, dn, d in _comps(names, tensors)]
         return run_copy(pairs, src_indices, dst_indices, op=LOAD_LAYER, skip_negative=True,
                         block_quota=block_quota, config=config, check=check)
-    run_keyed(("lf_lf", names, *plain(item_size, block_quota, config), *map(arg_key, tensors)),
+    run_keyed(("lf_lf", names, *plain(item_size, block_quota, config), *arg_keys(tensors)),
               src_indices, dst_indices, check, full)
 
 
@@ -94,7 +94,7 @@ def _pf_lf(names, tensors, src_indices, dst_indices, layer_id, item_size, src_la
                         num_layers=1, op=LOAD_LAYER, skip_negative=True, block_quota=block_quota,
                         config=config, check=check)
     run_keyed(("pf_lf", names, *plain(layer_id, item_size, src_layout_dim, block_quota, config),
-               *map(arg_key, tensors)), src_indices, dst_indices, check, full)
+               *arg_keys(tensors)), src_indices, dst_indices, check, full)
 
 
 def transfer_kv_per_layer(src_k, dst_k, src_v, dst_v, src_indices, dst_indices, item_size: int,
@@ -149,7 +149,7 @@ def transfer_kv_per_layer_ph_lf(src_k, dst_k, src_v, dst_v, src_indices, dst_ind
         return run_copy(pairs, src_indices, dst_indices, src_layer=_layer_id(layer_id, pairs[0][0]),
                         num_layers=1, op=LOAD_LAYER, block_quota=block_quota, config=config, check=check)
     run_keyed(("ph_lf", *plain(layer_id, item_size, src_layout_dim, page_size, head_num, block_quota, config),
-               *map(arg_key, tensors)), src_indices, dst_indices, check, full)
+               *arg_keys(tensors)), src_indices, dst_indices, check, full)
 
 
 # ------------------------------------------------------------------ all layers, tables
