@@ -52,9 +52,10 @@ def main(argv) -> int:
     def us(fn) -> float:
         return timeit.timeit(fn, number=n) / n * 1e6
 
-    def check(h, d):                # the value check an all-layer call makes of new lists
-        return hp.guard.check(hp.device, [("host_indices", h, hp.size, SHAPE["page_size"], None),
-                                          ("device_indices", d, dp.size, SHAPE["page_size"], None)])
+    plan = hp.guard.pair(("host_indices", hp.size, SHAPE["page_size"]), ("device_indices", dp.size, SHAPE["page_size"]))
+
+    def check(h, d):                # the value check an all-layer call makes of new lists (its pair plan kept)
+        return hp.guard.check_pair(hp.device, plan, h, d)
 
     slots = hp._resolve(dp, whole=True)
 
