@@ -86,6 +86,8 @@ class IndexGuard:
         self._ids: Dict[Tuple[str, int, int], int] = {}
         self._pair_ids: Dict[tuple, Tuple[int, int]] = {}     # check signature -> both ids
         self._hosts: tuple = ()         # the host-visible records' memoryviews, one per slot
+        # Pair plans its owner keeps, under the owner's own keys (`keep_plan`).
+        self.plans: Dict[object, tuple] = {}
 
     # ------------------------------------------------------------------ checking
     def check(self, device: torch.device, lists: Sequence[IndexList], *,
@@ -146,6 +148,13 @@ class IndexGuard:
         description and looking it up."""
         signature = (*a, *(b or a), b is not None, bool(negatives_skip))
         return signature, (self._arg_id(a), self._arg_id(b or a))
+
+    def keep_plan(self, key, a: Tuple[str, int, int], b: Optional[Tuple[str, int, int]] = None,
+                  negatives_skip: bool = False) -> tuple:
+        """`pair` of ``a`` and ``b``, kept in `plans` under ``key`` (the owner's: a pool
+        keys its plans by what sets the limits), where the owner's next calls find it."""
+        plan = self.plans[key] = self.pair(a, b, negatives_skip)
+        return plan
 
     def check_pair(self, device: torch.device, plan: tuple, a: torch.Tensor, b: torch.Tensor,
                    fa: Optional[dict] = None, fb: Optional[dict] = None,

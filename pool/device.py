@@ -97,7 +97,6 @@ class DevicePool:
         # Index value checks of gather/scatter/CPU copies: None follows KVTIER_CHECK (on).
         self.check: Optional[bool] = None
         self.guard = IndexGuard()
-        self._check_plans: Dict[bool, tuple] = {}      # (guard, its plan) for slot / page indices
         # gather(out=...): the last out checked and its bound copies (pool/gather.py)
         self._gather_out = None
         self._gather_layouts: Dict[tuple, tuple] = {}    # new result buffers, per shape

@@ -37,11 +37,11 @@ def check_values(pool, indices: torch.Tensor, pages: bool):
     None). A gather's or scatter's list comes once: nothing is kept about it."""
     if not checks_on(pool.check):
         return None
-    guard, kept = pool.guard, pool._check_plans.get(pages)
-    if kept is None or kept[0] is not guard:
-        limit = pool.size // pool.page_size if pages else pool.size
-        kept = pool._check_plans[pages] = (guard, guard.pair(("indices", limit, 1)))
-    return guard.check_pair(pool.device, kept[1], indices, indices)
+    guard = pool.guard
+    plan = guard.plans.get(pages)
+    if plan is None:
+        plan = guard.keep_plan(pages, ("indices", pool.size // pool.page_size if pages else pool.size, 1))
+    return guard.check_pair(pool.device, plan, indices, indices)
 
 
 def group_shape(pool, names, n_slots: int, pages: bool):

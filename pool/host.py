@@ -158,7 +158,6 @@ class HostPool:
         self._cpu_pool = self.device.type == "cpu"
         self._by_page = self._layout.paged and self.page_size > 1   # page layouts move whole pages
         self._index_page = self.page_size if self._layout.paged else 1   # indices come in whole pages
-        self._check_plans: Dict[int, tuple] = {}     # (guard, its pair plan) per device index limit
         self.guard = IndexGuard()
 
     # ------------------------------------------------------------------ construction
@@ -402,15 +401,15 @@ class HostPool:
         if not checks_on(self.check):
             return None
         limit = slots[0][1].size if len(slots) == 1 else min(pool.size for _, pool in slots)
-        guard, kept = self.guard, self._check_plans.get(limit)
-        if kept is None or kept[0] is not guard:
+        guard = self.guard
+        plan = guard.plans.get(limit)
+        if plan is None:
             page = self._index_page
-            kept = self._check_plans[limit] = (guard, guard.pair(("host_indices", self.size, page),
-                                                                 ("device_indices", limit, page)))
+            plan = guard.keep_plan(limit, ("host_indices", self.size, page), ("device_indices", limit, page))
         if keep:
-            return guard.check_pair(self.device, kept[1], host_indices, device_indices, facts(host_indices),
+            return guard.check_pair(self.device, plan, host_indices, device_indices, facts(host_indices),
                                     facts(device_indices), ticket)
-        return guard.check_pair(self.device, kept[1], host_indices, device_indices, None, None, ticket)
+        return guard.check_pair(self.device, plan, host_indices, device_indices, None, None, ticket)
 
     def synchronize(self) -> None:
         """Wait for the device and raise the first index failure a device-side check of

@@ -106,3 +106,10 @@ def test_a_plan_of_one_list_checks_it_as_check_does():
     assert msgs[0] == msgs[1] and msgs[0].startswith("indices=16"), msgs
     empty = torch.empty(0, dtype=torch.int64)
     assert guard.check_pair(CPU, plan, empty, empty) is None
+
+
+def test_a_kept_plan_is_found_under_its_key():
+    guard = IndexGuard()
+    plan = guard.keep_plan(64, A, B)
+    assert guard.plans[64] is plan and plan == guard.pair(A, B)
+    assert int(guard.check_pair(CPU, guard.plans[64], pages(8), pages(4))[0]) == 0
