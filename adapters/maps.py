@@ -352,35 +352,31 @@ _LANES = {}
 _KEEP_LANES = 1024      # cleared past this (a model's per-layer calls are a few keys per layer)
 
 
-def arg_key(t) -> object:
-    """What the maps built from tensor ``t`` depend on: first byte, shape, contiguity,
-    dtype, device index (the buffers an engine addresses by byte arithmetic must be
-    contiguous, so a map exists only for contiguous ones, whose strides follow from their
-    shape). Where the key matches, the maps built from an earlier tensor with the same
-    key (kept alive by them, so its memory is still its own) address the same bytes the
-    same way. `UNCACHED` for anything that is not a tensor."""
-    if not isinstance(t, torch.Tensor):
-        return UNCACHED
-    try:
-        return (t.data_ptr(), t.shape, t.is_contiguous(), t.dtype, t.get_device())
-    except RuntimeError:            # no storage (sparse and such): the full path names it
-        return UNCACHED
-
-
 _DATA_PTR, _SHAPE, _IS_CONTIGUOUS = torch.Tensor.data_ptr, torch.Tensor.shape.__get__, torch.Tensor.is_contiguous
 _DTYPE, _GET_DEVICE = torch.Tensor.dtype.__get__, torch.Tensor.get_device
 
 
 def arg_keys(tensors: tuple) -> tuple:
-    """`arg_key`'s parts of every tensor in ``tensors``, as one flat tuple (first bytes,
-    then shapes, contiguity, dtypes, device indices: the count fixes where each lies),
-    taken by C-level calls over the tuple, without a Python frame per tensor; ``(UNCACHED,)``
-    where one is not a tensor with storage."""
+    """What the maps built from ``tensors`` depend on, as one flat tuple: their first
+    bytes, then shapes, contiguity, dtypes and device indices (the count fixes where each
+    lies). The buffers an engine addresses by byte arithmetic must be contiguous, so a map
+    exists only for contiguous ones, whose strides follow from their shape. Where the key
+    matches, the maps built from earlier tensors with the same key (kept alive by them,
+    so their memory is still their own) address the same bytes the same way. Taken by
+    C-level calls over the tuple, without a Python frame per tensor; ``(UNCACHED,)`` where
+    one is not a tensor with storage."""
     try:
         return (*map(_DATA_PTR, tensors), *map(_SHAPE, tensors), *map(_IS_CONTIGUOUS, tensors),
                 *map(_DTYPE, tensors), *map(_GET_DEVICE, tensors))
-    except (TypeError, RuntimeError):       # not a tensor, or no storage: the full path names it
+    except (TypeError, RuntimeError):       # not a tensor, or no storage (sparse and such): the full path names it
         return (UNCACHED,)
+
+
+def arg_key(t) -> object:
+    """`arg_keys` of the one tensor ``t``; `UNCACHED` for anything that is not a tensor
+    with storage."""
+    key = arg_keys((t,))
+    return UNCACHED if key[0] is UNCACHED else key
 
 
 def table_key(t) -> object:

@@ -172,7 +172,8 @@ class IndexGuard:
         na, nb = a.numel(), b.numel()
         if not (known_device[2] and na and nb and a.is_cpu == on_cpu and b.is_cpu == on_cpu
                 and not na % signature[2] and not nb % signature[5]):
-            both = [(signature[0], a, signature[1], signature[2], fa), (signature[3], b, signature[4], signature[5], fb)]
+            both = [(signature[0], a, signature[1], signature[2], fa),
+                    (signature[3], b, signature[4], signature[5], fb)]
             return self.check(device, both if signature[6] else both[:1], negatives_skip=signature[7], ticket=ticket)
         return self._on_device(device, known_device, a, na, fa, b, nb, fb, signature, plan[1], ticket)
 

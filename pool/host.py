@@ -406,10 +406,8 @@ class HostPool:
         if plan is None:
             page = self._index_page
             plan = guard.keep_plan(limit, ("host_indices", self.size, page), ("device_indices", limit, page))
-        if keep:
-            return guard.check_pair(self.device, plan, host_indices, device_indices, facts(host_indices),
-                                    facts(device_indices), ticket)
-        return guard.check_pair(self.device, plan, host_indices, device_indices, None, None, ticket)
+        fh, fd = (facts(host_indices), facts(device_indices)) if keep else (None, None)
+        return guard.check_pair(self.device, plan, host_indices, device_indices, fh, fd, ticket)
 
     def synchronize(self) -> None:
         """Wait for the device and raise the first index failure a device-side check of
