@@ -298,10 +298,11 @@ class Lane(NamedTuple):
     index_names: Tuple[str, str]
 
 
-def _run(lane: Lane, src_indices, dst_indices, check: Optional[bool]) -> None:
+def _run(lane: Lane, src_indices, dst_indices, check: Optional[bool], watched: bool = False) -> None:
     """One call on ``lane``: the indices checked (shape at once, values without a device
     sync), then the route's bound copies launched. The same two index tensors as the
-    last call's, unchanged, are not prepared or checked again (`_LAST`)."""
+    last call's, unchanged, are not prepared or checked again (`_LAST`). ``watched``: the
+    caller vouches for the storage of the maps' tensors (`run_keyed`'s ``by_address``)."""
     global _LAST
     route, skip_negative, names = lane
     checking = checks_on(check)
@@ -322,8 +323,9 @@ def _run(lane: Lane, src_indices, dst_indices, check: Optional[bool]) -> None:
         raise _renamed(e, names) from None
     if n:
         bounds = route.bound(n, skip_negative)
-        if len(bounds) == 1:            # run_bound checks its one copy's storage itself
-            launcher.run_bound(route.op, bounds[0], si, di, verdict)
+        if len(bounds) == 1 or watched:     # run_bound checks its copy's storage unless watched
+            for bound in bounds:
+                launcher.run_bound(route.op, bound, si, di, verdict, None, watched)
         else:
             launcher.run_all(route.op, bounds, si, di, verdict)
 
@@ -352,24 +354,26 @@ _LANES = {}
 _KEEP_LANES = 1024      # cleared past this (a model's per-layer calls are a few keys per layer)
 
 
-_DATA_PTR, _SHAPE, _IS_CONTIGUOUS = torch.Tensor.data_ptr, torch.Tensor.shape.__get__, torch.Tensor.is_contiguous
-_DTYPE, _GET_DEVICE = torch.Tensor.dtype.__get__, torch.Tensor.get_device
+_TENSOR = torch.Tensor
 
 
 def arg_keys(tensors: tuple) -> tuple:
-    """What the maps built from ``tensors`` depend on, as one flat tuple: their first
-    bytes, then shapes, contiguity, dtypes and device indices (the count fixes where each
-    lies). The buffers an engine addresses by byte arithmetic must be contiguous, so a map
-    exists only for contiguous ones, whose strides follow from their shape. Where the key
-    matches, the maps built from earlier tensors with the same key (kept alive by them,
-    so their memory is still their own) address the same bytes the same way. Taken by
-    C-level calls over the tuple, without a Python frame per tensor; ``(UNCACHED,)`` where
-    one is not a tensor with storage."""
+    """What the maps built from ``tensors`` depend on, as one flat tuple: each one's first
+    byte, shape, contiguity, dtype and device index. The buffers an engine addresses by
+    byte arithmetic must be contiguous, so a map exists only for contiguous ones, whose
+    strides follow from their shape. Where the key matches, the maps built from earlier
+    tensors with the same key address exactly the bytes the call's own tensors hold, the
+    same way (so no storage watch is needed for them: `run_keyed`'s ``by_address``).
+    ``(UNCACHED,)`` where one is not a tensor with storage."""
+    key = ()
     try:
-        return (*map(_DATA_PTR, tensors), *map(_SHAPE, tensors), *map(_IS_CONTIGUOUS, tensors),
-                *map(_DTYPE, tensors), *map(_GET_DEVICE, tensors))
-    except (TypeError, RuntimeError):       # not a tensor, or no storage (sparse and such): the full path names it
+        for t in tensors:       # (one loop of bound calls: cheaper than a map per attribute)
+            if not isinstance(t, _TENSOR):
+                return (UNCACHED,)
+            key += (t.data_ptr(), t.shape, t.is_contiguous(), t.dtype, t.get_device())
+    except RuntimeError:        # no storage (sparse and such): the full path names it
         return (UNCACHED,)
+    return key
 
 
 def arg_key(t) -> object:
@@ -403,18 +407,21 @@ def plain(*values) -> tuple:
 
 
 def run_keyed(key: tuple, src_indices, dst_indices, check: Optional[bool], full: Callable[[], Lane],
-              pins: tuple = ()) -> None:
+              pins: tuple = (), by_address: bool = False) -> None:
     """One adapter call whose maps and options depend on nothing but ``key`` (the call's
     kind, its `plain` scalars, the `arg_key` / `table_key` of its tensors): a call whose
     key was seen runs the lane kept under it, building no map; otherwise ``full()`` runs
     the call through `run_jobs` and returns its lane, kept unless the key holds
-    `UNCACHED`. ``pins``: objects the key names by id (tables), kept alive with the lane."""
+    `UNCACHED`. ``pins``: objects the key names by id (tables), kept alive with the lane.
+    ``by_address``: every tensor is in the key by `arg_keys`, so a found lane's maps
+    address the call's own tensors' bytes, which are theirs while the call holds them:
+    the storage watch of the lane's tensors is left out."""
     try:
         found = _LANES.get(key)
     except TypeError:                 # an unhashable argument: the full path names it
         found, key = None, (UNCACHED,)
     if found is not None:
-        _run(found[0], src_indices, dst_indices, check)
+        _run(found[0], src_indices, dst_indices, check, by_address)
         return
     lane = full()
     if UNCACHED not in key:

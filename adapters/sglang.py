@@ -82,7 +82,7 @@ def _lf_lf(names, tensors, src_indices, dst_indices, item_size, block_quota, con
         return run_copy(pairs, src_indices, dst_indices, op=LOAD_LAYER, skip_negative=True,
                         block_quota=block_quota, config=config, check=check)
     run_keyed(("lf_lf", names, *plain(item_size, block_quota, config), *arg_keys(tensors)),
-              src_indices, dst_indices, check, full)
+              src_indices, dst_indices, check, full, by_address=True)
 
 
 def _pf_lf(names, tensors, src_indices, dst_indices, layer_id, item_size, src_layout_dim, block_quota,
@@ -94,7 +94,7 @@ def _pf_lf(names, tensors, src_indices, dst_indices, layer_id, item_size, src_la
                         num_layers=1, op=LOAD_LAYER, skip_negative=True, block_quota=block_quota,
                         config=config, check=check)
     run_keyed(("pf_lf", names, *plain(layer_id, item_size, src_layout_dim, block_quota, config),
-               *arg_keys(tensors)), src_indices, dst_indices, check, full)
+               *arg_keys(tensors)), src_indices, dst_indices, check, full, by_address=True)
 
 
 def transfer_kv_per_layer(src_k, dst_k, src_v, dst_v, src_indices, dst_indices, item_size: int,
@@ -149,7 +149,7 @@ def transfer_kv_per_layer_ph_lf(src_k, dst_k, src_v, dst_v, src_indices, dst_ind
         return run_copy(pairs, src_indices, dst_indices, src_layer=_layer_id(layer_id, pairs[0][0]),
                         num_layers=1, op=LOAD_LAYER, block_quota=block_quota, config=config, check=check)
     run_keyed(("ph_lf", *plain(layer_id, item_size, src_layout_dim, page_size, head_num, block_quota, config),
-               *arg_keys(tensors)), src_indices, dst_indices, check, full)
+               *arg_keys(tensors)), src_indices, dst_indices, check, full, by_address=True)
 
 
 # ------------------------------------------------------------------ all layers, tables

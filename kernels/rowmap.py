@@ -41,13 +41,31 @@ def _storage_span(t: torch.Tensor):
     return st.data_ptr(), st.data_ptr() + st.nbytes()
 
 
-def _tensor_span(t: torch.Tensor):
-    """(first, end) byte addresses of the elements of tensor ``t`` (not of its storage)."""
+def owned_span(t: torch.Tensor, arg: str = "t"):
+    """(first, end) byte addresses of the elements of tensor ``t`` (not of its storage),
+    which its storage must hold (``arg`` names ``t`` where it does not: a storage freed or
+    shrunk in place, as an engine releasing its KV memory does, leaves the tensor's shape
+    as it was)."""
+    first, end, owned = _spans(t)
+    if end > first and (first < owned[0] or end > owned[1]):
+        raise fail(arg, tuple(t.shape), f"its elements need {end - first} bytes but its storage holds "
+                   f"{owned[1] - owned[0]} (freed or shrunk in place)")
+    return first, end
+
+
+def _spans(t: torch.Tensor):
+    """(first, end) of ``t``'s elements and (first, end) of its storage, byte addresses."""
     first = t.data_ptr()
     if t.numel() == 0:
-        return first, first
+        return first, first, None
     last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
-    return first, first + (last + 1) * t.element_size()
+    return first, first + (last + 1) * t.element_size(), _storage_span(t)
+
+
+def _rests_at(t: torch.Tensor, born: int) -> bool:
+    """Whether ``t`` still starts at ``born`` with its elements in its storage."""
+    first, end, owned = _spans(t)
+    return first == born and (end == first or owned[0] <= first and end <= owned[1])
 
 
 def _dense_row(shape: Sequence[int], strides: Sequence[int], itemsize: int, arg: str, value):
@@ -451,14 +469,14 @@ class RowMap:
         span = self.layer_span()
         if self.is_table:
             for i, (t, start) in enumerate(self.segments):
-                first, end = _tensor_span(t)
+                first, end = owned_span(t, f"layers[{i}]")
                 if start < first or start + span > end:
                     raise fail(f"layers[{i}]", tuple(t.shape),
                                f"rows need {span} bytes from the layer base; the tensor has {end - start}")
             return
         reach = (self.num_layers - 1) * self.layer_stride + span
         for c, (t, _) in enumerate(self.segments):       # one tensor per component
-            first, end = _tensor_span(t)
+            first, end = owned_span(t, f"component {c} buffer")
             start = self.base + c * self.comp_stride
             if start < first or start + reach > end:
                 raise fail("strides", (self.layer_stride, self.page_stride, self.token_stride),
@@ -469,17 +487,31 @@ class RowMap:
 # Engines pass the same buffers on every call (often as new views of them). Maps built for
 # them are kept, keyed by what they were built from, so a call finds its maps, and with
 # them its launch plans, instead of building them again. A kept map holds its tensors, so
-# their memory cannot be handed to another buffer while it is kept; the table is bounded.
+# their memory cannot be handed to another buffer while it is kept, unless a tensor's
+# storage is changed in place (``resize_``, ``set_``, freed): its old memory may then go
+# to a new buffer with the same key, so a hit whose maps no longer rest where they were
+# built is built again. The table is bounded.
 _KEPT: "OrderedDict[tuple, object]" = OrderedDict()
 _KEEP = 512
 
 
 def kept(key: tuple, build):
-    """The value kept under ``key``, made by ``build()`` on a miss."""
+    """The value kept under ``key``, made by ``build()`` on a miss or where the kept
+    value's maps no longer rest on their tensors as built (`intact`)."""
     hit = _KEPT.get(key)
-    if hit is None:
+    if hit is None or not intact(hit):
         hit = keep(key, build())
     return hit
+
+
+def intact(value) -> bool:
+    """Whether every map in ``value`` (a map, or lists and tuples holding maps) still rests
+    on tensors at the addresses it was built on."""
+    if isinstance(value, RowMap):
+        return all(_rests_at(t, born) for (t, _), born in zip(value.segments, value.born))
+    if isinstance(value, (list, tuple)):
+        return all(map(intact, value))
+    return True
 
 
 def keep(key: tuple, value):

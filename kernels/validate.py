@@ -10,7 +10,7 @@ import kvtier.platforms as platforms
 
 from .errors import KvtierError, fail
 from .iota import iota
-from .rowmap import RowMap
+from .rowmap import RowMap, owned_span
 
 INDEX_DTYPES = (torch.int32, torch.int64)
 _CPU = torch.device("cpu")
@@ -29,14 +29,16 @@ def compute_device(*maps: RowMap) -> torch.device:
 
 
 def check_dense(arg: str, t, holds: str, tensor_of: str = "") -> None:
-    """``t`` must be a dense (strided) tensor with memory (not meta); ``holds`` names
-    what it holds and ``tensor_of`` the dtypes wanted, for the errors."""
+    """``t`` must be a dense (strided) tensor with memory (not meta) holding all its
+    elements (`owned_span`); ``holds`` names what it holds and ``tensor_of`` the dtypes
+    wanted, for the errors."""
     if not isinstance(t, torch.Tensor):
         raise fail(arg, type(t).__name__, f"must be a torch.Tensor{tensor_of}")
     if t.layout != torch.strided:
         raise fail(f"{arg}.layout", t.layout, "must be a dense (strided) tensor")
     if t.is_meta:
         raise fail(f"{arg}.device", str(t.device), f"a meta tensor holds no {holds}")
+    owned_span(t, arg)
 
 
 def check_index(arg: str, idx, device: torch.device) -> None:

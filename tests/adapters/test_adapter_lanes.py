@@ -75,6 +75,47 @@ def test_other_memory_or_other_strides_take_the_full_path(full_paths):
         adapters.transfer_kv_per_layer(square.t(), da, b, db, idx, idx, 2 * N)
 
 
+def _moved(t):
+    t.set_(torch.zeros_like(t))                     # the same shape in other memory
+
+
+def _grown(t):
+    t.resize_(4 * N, *ROW)                          # beyond its storage: new memory, a new shape
+
+
+def _freed(t):
+    t.untyped_storage().resize_(0)
+
+
+@pytest.mark.parametrize("brk", [_moved, _grown, _freed], ids=["set_", "resize_", "storage-freed"])
+def test_a_kept_lane_never_writes_where_a_layer_tensor_used_to_be(full_paths, brk):
+    """A lane found by its tensors' addresses (`run_keyed`'s ``by_address``) watches no
+    storage: a device layer whose storage changed in place no longer matches the key, so
+    the call takes the full path, which moves exactly its bytes into the tensor's memory as
+    it is now or refuses it; no byte lands in the memory the layer had."""
+    host = _rand(2, N, *ROW, seed=30)
+    dk, dv = torch.zeros(N, *ROW, dtype=torch.bfloat16), torch.zeros(N, *ROW, dtype=torch.bfloat16)
+    si, di = torch.tensor([3, 0, 9]), torch.tensor([7, 1, 2])
+    adapters.transfer_kv_per_layer(host[0], dk, host[1], dv, si, di, ITEM)
+    old = dk.untyped_storage()        # the memory the lane's maps were built on (resize_ moves it)
+    old_bytes = bytes(old)
+    brk(dk)
+    readable = dk.untyped_storage().nbytes() >= dk.numel() * dk.element_size()
+    before = (dk.clone() if readable else None, dv.clone())
+    try:
+        adapters.transfer_kv_per_layer(host[0], dk, host[1], dv, si, di, ITEM)
+    except KvtierError as e:
+        assert "dst_k=" in str(e) and len(full_paths) == 1, e     # refused while its maps were built
+        assert torch.equal(dv, before[1]), "bytes moved by a refused call"
+        assert not readable or torch.equal(dk, before[0]), "bytes moved by a refused call"
+    else:
+        assert readable, "a call into a tensor without memory went ahead"
+        _expect_per_layer(host[0], dk, host[1], dv, si, di, *before)
+        assert len(full_paths) == 2, "the kept lane served a tensor whose memory changed"
+    if brk is _moved:                               # set_ leaves the old storage to us
+        assert bytes(old) == old_bytes, "a byte landed where the layer used to be"
+
+
 @pytest.mark.parametrize("item_size", [True, float(ITEM), -ITEM])
 def test_a_scalar_equal_to_a_seen_int_is_still_checked(full_paths, item_size):
     a, b = _rand(N, *ROW, seed=4), _rand(N, *ROW, seed=5)

@@ -112,3 +112,40 @@ def test_pools_name_a_device_layer_that_moved_and_change_no_host_byte(layout, v_
         hp.load_to_device_per_layer(dp, hi, di, 1)
     assert all(torch.equal(hp.buffers[n].view(torch.uint8), host[n]) for n in host), "host bytes moved"
     hp.load_to_device_per_layer(dp, hi, di, 0)       # layer 0 rests on tensors that did not move
+
+
+@pytest.mark.parametrize("keep_bytes", [0, 16], ids=["freed", "shrunk"])
+def test_a_map_is_not_built_on_a_tensor_its_storage_no_longer_holds(keep_bytes):
+    """An engine releasing its KV memory frees (or shrinks) the storage in place and the
+    tensor keeps its shape: a map built then is refused, naming the tensor, as is an
+    index list in the same state (it would be read from memory nobody owns)."""
+    layers = _layers(2, seed=4)
+    layers[1].untyped_storage().resize_(keep_bytes)
+    with pytest.raises(KvtierError, match=re.escape("layers[1]=(8, 2, 4): its elements need 128 bytes but its "
+                                                    f"storage holds {keep_bytes}")):
+        RowMap.from_layers(layers)
+    stacked = torch.zeros(2, ROWS, *ROW, dtype=DT)
+    stacked.untyped_storage().resize_(keep_bytes)
+    with pytest.raises(KvtierError, match=re.escape("component 0 buffer=(2, 8, 2, 4)")):
+        RowMap.from_stacked(stacked)
+    idx = torch.tensor([1, 2, 3])
+    idx.untyped_storage().resize_(keep_bytes)
+    d = RowMap.from_stacked(torch.zeros(1, ROWS, *ROW, dtype=DT))
+    with pytest.raises(KvtierError, match=re.escape("src_indices=(3,): its elements need 24 bytes")):
+        copy_rows(d, idx, d, torch.tensor([0, 1, 2]))
+
+
+@BREAKS
+def test_a_kept_map_whose_tensor_moved_is_built_again(brk):
+    """A kept map's key names an address; a tensor whose storage changed in place gives its
+    old memory up, and a new buffer there would find the map by that key: the map is built
+    again from the buffer passed now (its addresses, its watch) instead."""
+    from kvtier.kernels.rowmap import kept
+    old = torch.zeros(2, ROWS, *ROW, dtype=DT)
+    key = ("test-kept-moved", brk.__name__)        # a key of its own per case
+    first = kept(key, lambda: RowMap.from_stacked(old))
+    assert kept(key, lambda: RowMap.from_stacked(old)) is first      # intact: kept
+    brk(old)
+    new = torch.ones(2, ROWS, *ROW, dtype=DT)
+    again = kept(key, lambda: RowMap.from_stacked(new))
+    assert again is not first and again.segments[0][0] is new and again.born == (new.data_ptr(),)
