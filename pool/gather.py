@@ -224,7 +224,10 @@ def gather(pool, indices: torch.Tensor, *, pages: bool = False,
     else:
         slots, verdict = slots_of(pool, indices, pages)
         bufs = gather_groups(pool, slots, pages, verdict=verdict)
-    return {name: buf[i] for (names, _), buf in zip(pool.groups, bufs) for i, name in enumerate(names)}
+    views = {}
+    for (names, _), buf in zip(pool.groups, bufs):
+        views.update(zip(names, buf.unbind()))      # (one call for a group's views: indexing costs twice)
+    return views
 
 
 def _gather_out(pool, indices: torch.Tensor, pages: bool, out: Dict[str, torch.Tensor]):
