@@ -46,26 +46,16 @@ def owned_span(t: torch.Tensor, arg: str = "t"):
     which its storage must hold (``arg`` names ``t`` where it does not: a storage freed or
     shrunk in place, as an engine releasing its KV memory does, leaves the tensor's shape
     as it was)."""
-    first, end, owned = _spans(t)
-    if end > first and (first < owned[0] or end > owned[1]):
+    first = t.data_ptr()
+    if t.numel() == 0:
+        return first, first
+    last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
+    end = first + (last + 1) * t.element_size()
+    owned = _storage_span(t)
+    if first < owned[0] or end > owned[1]:
         raise fail(arg, tuple(t.shape), f"its elements need {end - first} bytes but its storage holds "
                    f"{owned[1] - owned[0]} (freed or shrunk in place)")
     return first, end
-
-
-def _spans(t: torch.Tensor):
-    """(first, end) of ``t``'s elements and (first, end) of its storage, byte addresses."""
-    first = t.data_ptr()
-    if t.numel() == 0:
-        return first, first, None
-    last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
-    return first, first + (last + 1) * t.element_size(), _storage_span(t)
-
-
-def _rests_at(t: torch.Tensor, born: int) -> bool:
-    """Whether ``t`` still starts at ``born`` with its elements in its storage."""
-    first, end, owned = _spans(t)
-    return first == born and (end == first or owned[0] <= first and end <= owned[1])
 
 
 def _dense_row(shape: Sequence[int], strides: Sequence[int], itemsize: int, arg: str, value):
@@ -506,9 +496,10 @@ def kept(key: tuple, build):
 
 def intact(value) -> bool:
     """Whether every map in ``value`` (a map, or lists and tuples holding maps) still rests
-    on tensors at the addresses it was built on."""
+    on tensors at the addresses it was built on (as the storage watch compares them: a
+    tensor whose storage was freed starts at 0)."""
     if isinstance(value, RowMap):
-        return all(_rests_at(t, born) for (t, _), born in zip(value.segments, value.born))
+        return all(t.data_ptr() == born for (t, _), born in zip(value.segments, value.born))
     if isinstance(value, (list, tuple)):
         return all(map(intact, value))
     return True
