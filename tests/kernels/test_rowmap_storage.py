@@ -130,9 +130,13 @@ def test_a_map_is_not_built_on_a_tensor_its_storage_no_longer_holds(keep_bytes):
         RowMap.from_stacked(stacked)
     idx = torch.tensor([1, 2, 3])
     idx.untyped_storage().resize_(keep_bytes)
-    d = RowMap.from_stacked(torch.zeros(1, ROWS, *ROW, dtype=DT))
+    buf = Guarded((1, ROWS, *ROW), DT)
+    d = RowMap.from_stacked(buf.t)
+    before = buf.snapshot()
     with pytest.raises(KvtierError, match=re.escape("src_indices=(3,): its elements need 24 bytes")):
         copy_rows(d, idx, d, torch.tensor([0, 1, 2]))
+    assert torch.equal(buf.snapshot(), before), "bytes moved by a refused copy"
+    buf.check()
 
 
 @BREAKS
