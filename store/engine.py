@@ -1,0 +1,218 @@
+"""The store engine interface: batched, byte-level access to one key-value store.
+
+An engine moves opaque objects (a page object's header and payload, `kvtier.store.page`)
+between a store and caller-owned buffers. It knows nothing of pages, layouts or
+checksums; it only promises, per key, one `Status`:
+
+- ``exists(keys)``: HIT where an object is stored under the key, MISS where none is.
+- ``get_into(keys, targets)``: each target is a sequence of writable buffers (anything
+  with the buffer protocol: memoryviews of host page memory); a stored object whose
+  length equals the target's total length is written into the buffers in order (a
+  scatter read, zero-copy where the client allows) and reported HIT. An object of
+  another length is CORRUPT, and the target's bytes are then undefined. A missing key
+  is MISS (the target untouched where the engine can tell before reading).
+- ``put_from(keys, sources)``: each source is a sequence of readable buffers whose
+  concatenation is the object (a gather write); HIT where the store acknowledged it.
+  A put replaces any object under the key; a reader sees the old object or the new
+  one, never a mix (the file engine renames atomically; Redis SET is atomic).
+
+A store fault never raises into the caller: a dead, refused or reset connection is
+ERROR, a reply that did not come within the engine's timeout is TIMEOUT, and the call
+returns within about twice the timeout whatever the store does. Every failure mode
+logs one WARNING on the ``kvtier`` logger (the first time it happens per engine) and
+is counted in `Engine.stats`. Bad arguments (not a fault of the store) raise
+`KvtierError` naming the argument, before any byte moves.
+
+Engines are chosen by URL (`open_store`): ``file:///dir``, ``redis://host:port``
+(``valkey://`` the same), ``redis+cluster://host:port[,host:port...]``
+(``valkey+cluster://``), ``mooncake://...``. A malformed URL, an unknown scheme, a
+missing client library or an unreachable store raises `KvtierError` naming the URL at
+construction. Client libraries are imported by the engine's module only (the ``store``
+extra); the file engine needs none.
+"""
+from __future__ import annotations
+
+import enum
+import importlib
+import logging
+import threading
+from collections import Counter
+from typing import Callable, Dict, List, Sequence, Tuple
+from urllib.parse import urlsplit
+
+from kvtier.kernels.errors import KvtierError, fail
+
+log = logging.getLogger("kvtier")
+
+DEFAULT_TIMEOUT_MS = 1000
+
+
+class Status(enum.IntEnum):
+    """The outcome of one key of a batched call."""
+
+    HIT = 0         # exists: stored; get_into: read in full; put_from: stored
+    MISS = 1        # no object under the key
+    TIMEOUT = 2     # the store did not answer within the timeout
+    CORRUPT = 3     # an object of the wrong length (an engine), or one that failed verification
+    ERROR = 4       # the store refused or the connection failed
+
+
+Buffers = Sequence[object]      # buffer-protocol objects (memoryview, bytearray, numpy arrays)
+
+
+class Engine:
+    """One store, by URL. Subclasses implement `_exists`, `_get_into`, `_put_from` (and
+    optionally `_delete`, `raw_throughput`, `close`); the public methods validate the
+    arguments, count the outcomes and turn any exception a client raises into a status,
+    so no store fault reaches the caller. Engines are safe to call from several threads
+    at once (HiCache's controller runs a backup thread and a prefetch thread)."""
+
+    scheme = ""
+
+    def __init__(self, url: str, timeout_ms: int = DEFAULT_TIMEOUT_MS):
+        if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, (int, float)) or not timeout_ms > 0:
+            raise fail("timeout_ms", timeout_ms, "must be a positive number of milliseconds")
+        self.url = url
+        self.timeout = float(timeout_ms) / 1000.0
+        self.stats: Counter = Counter()
+        self._stats_lock = threading.Lock()
+        self._warned: set = set()
+
+    # ------------------------------------------------------------------ public calls
+    def exists(self, keys: Sequence[str]) -> List[Status]:
+        keys = _keys(keys)
+        return self._guarded("exists", len(keys), lambda: self._exists(keys))
+
+    def get_into(self, keys: Sequence[str], targets: Sequence[Buffers]) -> List[Status]:
+        keys = _keys(keys)
+        targets = _buffers("targets", targets, len(keys), writable=True)
+        return self._guarded("get", len(keys), lambda: self._get_into(keys, targets))
+
+    def put_from(self, keys: Sequence[str], sources: Sequence[Buffers]) -> List[Status]:
+        keys = _keys(keys)
+        sources = _buffers("sources", sources, len(keys), writable=False)
+        return self._guarded("put", len(keys), lambda: self._put_from(keys, sources))
+
+    def delete(self, keys: Sequence[str]) -> List[Status]:
+        """Remove the objects (HIT: removed or absent; a fault: its status)."""
+        keys = _keys(keys)
+        return self._guarded("delete", len(keys), lambda: self._delete(keys))
+
+    def close(self) -> None:
+        """Release connections and threads; later calls return ERROR."""
+
+    def raw_throughput(self, value_bytes: int, count: int) -> Dict[str, float]:
+        """The store's own GET and SET throughput for ``count`` values of ``value_bytes``,
+        measured with the store's own tool or client in the simplest way it offers
+        (``{"get_gbps": ..., "set_gbps": ..., "how": "..."}``): what `kvtier bench
+        --store` puts beside kvtier's figures."""
+        raise NotImplementedError(f"{type(self).__name__} has no raw throughput measurement")
+
+    # ------------------------------------------------------------------ for subclasses
+    def _exists(self, keys: List[str]) -> List[Status]:
+        raise NotImplementedError
+
+    def _get_into(self, keys: List[str], targets: List[List[memoryview]]) -> List[Status]:
+        raise NotImplementedError
+
+    def _put_from(self, keys: List[str], sources: List[List[memoryview]]) -> List[Status]:
+        raise NotImplementedError
+
+    def _delete(self, keys: List[str]) -> List[Status]:
+        raise NotImplementedError
+
+    def warn_once(self, mode: str, message: str, *args) -> None:
+        """One WARNING per failure ``mode`` per engine (the rest are counted only)."""
+        if mode not in self._warned:
+            self._warned.add(mode)
+            log.warning("kvtier store %s: " + message, self.url, *args)
+
+    def count(self, op: str, statuses: Sequence[Status]) -> None:
+        with self._stats_lock:
+            for s in statuses:
+                self.stats[f"{op}.{s.name.lower()}"] += 1
+
+    def _guarded(self, op: str, n: int, call: Callable[[], List[Status]]) -> List[Status]:
+        if n == 0:
+            return []
+        try:
+            out = list(call())
+            if len(out) != n:
+                raise RuntimeError(f"engine returned {len(out)} statuses for {n} keys")
+        except Exception as e:      # a client's exception is a store fault, never the caller's
+            self.warn_once(f"{op}.exception", "%s failed (%s: %s); reported as ERROR",
+                           op, type(e).__name__, e)
+            out = [Status.ERROR] * n
+        for s in set(out):
+            if s in (Status.TIMEOUT, Status.ERROR, Status.CORRUPT):
+                self.warn_once(f"{op}.{s.name}", "%s: %s (counted in stats from now on)", op, s.name)
+        self.count(op, out)
+        return out
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r})"
+
+
+def _keys(keys) -> List[str]:
+    if isinstance(keys, (str, bytes)) or not isinstance(keys, (list, tuple)):
+        raise fail("keys", type(keys).__name__, "must be a list of str keys")
+    for i, k in enumerate(keys):
+        if not isinstance(k, str) or not k:
+            raise fail(f"keys[{i}]", k, "must be a non-empty str")
+    return list(keys)
+
+
+def _buffers(arg: str, seqs, n: int, writable: bool) -> List[List[memoryview]]:
+    if not isinstance(seqs, (list, tuple)) or len(seqs) != n:
+        got = len(seqs) if isinstance(seqs, (list, tuple)) else type(seqs).__name__
+        raise fail(arg, got, f"must be a list of {n} buffer lists, one per key")
+    out = []
+    for i, seq in enumerate(seqs):
+        if not isinstance(seq, (list, tuple)) or not seq:
+            raise fail(f"{arg}[{i}]", type(seq).__name__, "must be a non-empty list of buffers")
+        views = []
+        for j, b in enumerate(seq):
+            try:
+                v = b if isinstance(b, memoryview) else memoryview(b)
+            except TypeError:
+                raise fail(f"{arg}[{i}][{j}]", type(b).__name__, "must support the buffer protocol") from None
+            if writable and v.readonly:
+                raise fail(f"{arg}[{i}][{j}]", "read-only buffer", "get_into writes into it")
+            if not v.contiguous:
+                raise fail(f"{arg}[{i}][{j}]", "non-contiguous buffer", "must be contiguous")
+            views.append(v.cast("B") if v.format != "B" or v.ndim != 1 else v)
+        out.append(views)
+    return out
+
+
+# ---------------------------------------------------------------------- by URL
+# scheme -> (module, class name); modules are imported only when their URL is opened.
+SCHEMES: Dict[str, Tuple[str, str]] = {
+    "file": ("kvtier.store.file", "FileEngine"),
+    "redis": ("kvtier.store.redis", "RedisEngine"),
+    "valkey": ("kvtier.store.redis", "RedisEngine"),
+    "redis+cluster": ("kvtier.store.redis", "RedisClusterEngine"),
+    "valkey+cluster": ("kvtier.store.redis", "RedisClusterEngine"),
+    "mooncake": ("kvtier.store.mooncake", "MooncakeEngine"),
+}
+
+
+def open_store(url: str, timeout_ms: int = DEFAULT_TIMEOUT_MS, **options) -> Engine:
+    """The engine for ``url``, connected (a store that cannot be reached raises
+    `KvtierError` naming the URL, as does a malformed URL or a missing client library)."""
+    if not isinstance(url, str) or "://" not in url:
+        raise fail("url", url, "must be a store URL: file:///dir, redis://host:port, "
+                   "redis+cluster://host:port[,...], valkey://..., mooncake://...")
+    scheme = urlsplit(url).scheme.lower()
+    if scheme not in SCHEMES:
+        raise fail("url", url, f"unknown scheme {scheme!r}; one of {sorted(SCHEMES)}")
+    module, cls = SCHEMES[scheme]
+    try:
+        engine_cls = getattr(importlib.import_module(module), cls)
+    except ImportError as e:
+        raise fail("url", url, f"its engine needs a client library that is not installed ({e}); "
+                   "pip install 'kvtier[store]'") from None
+    return engine_cls(url, timeout_ms=timeout_ms, **options)
+
+
+__all__ = ["Engine", "Status", "open_store", "SCHEMES", "DEFAULT_TIMEOUT_MS", "KvtierError"]
