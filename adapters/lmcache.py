@@ -52,10 +52,10 @@ import torch
 from kvtier.kernels.errors import KvtierError, fail
 from kvtier.kernels.iota import iota
 from kvtier.kernels.ops import BACKUP, GATHER, LOAD, SCATTER
-from kvtier.kernels.rowmap import RowMap, kept, tensor_key
+from kvtier.kernels.rowmap import RowMap
 from kvtier.kernels.validate import compute_device
 
-from .maps import run_copy
+from .maps import call, layout_keys, plain, run_copy
 
 __all__ = ["KVCacheFormat", "multi_layer_kv_transfer"]
 
@@ -145,11 +145,7 @@ def _check_key_value(key_value, use_mla: bool) -> None:
 
 
 def _lmcache_maps(key_value: torch.Tensor, comps: Sequence[_Comp]) -> List[RowMap]:
-    """The memory object's side, one map per component (kept for a buffer passed again)."""
-    return kept(("lmcache_kv", comps, *tensor_key(key_value)), lambda: _build_lmcache(key_value, comps))
-
-
-def _build_lmcache(key_value: torch.Tensor, comps: Sequence[_Comp]) -> List[RowMap]:
+    """The memory object's side, one map per component."""
     _, layers, tokens, _ = key_value.shape
     row = key_value.shape[3] * key_value.element_size()
     return [RowMap.from_strides(key_value[c.plane], num_layers=layers, num_rows=tokens, page_size=1,
@@ -158,41 +154,30 @@ def _build_lmcache(key_value: torch.Tensor, comps: Sequence[_Comp]) -> List[RowM
 
 
 def _paged_maps(ptrs, comps: Sequence[_Comp], layers: int, page_buffer_size: int) -> List[RowMap]:
-    """The paged side, one map per component: from an address table (read once per table
-    and version: reading costs a device sync) or from contiguous multi-layer tensors."""
+    """The paged side, one map per component: over the engine's address table, read by
+    every launch as it is then (a component's layer ``l`` at entry ``l * entries +
+    entry``, plus its offset), or over contiguous multi-layer tensors."""
     entries = 1 + max(c.entry for c in comps)
     if isinstance(ptrs, torch.Tensor):
         if ptrs.dim() != 1 or ptrs.numel() != layers * entries:
             raise fail("key_value_ptrs.shape", tuple(ptrs.shape),
                        f"must list {entries} address(es) per layer for {layers} layers ({layers * entries})")
-        # The kept value holds the table, so its memory cannot become another table's.
-        key = ("lmcache_table", comps, page_buffer_size, _version(ptrs), *tensor_key(ptrs))
-        return kept(key, lambda: (ptrs, _table_maps(ptrs, comps, entries, page_buffer_size)))[1]
+        return _table_maps(ptrs, comps, entries, page_buffer_size)
     if not isinstance(ptrs, (list, tuple)) or len(ptrs) != entries:
         raise fail("key_value_ptrs", type(ptrs).__name__ if not isinstance(ptrs, (list, tuple)) else len(ptrs),
                    f"must be an int64 address table, or a list of {entries} multi-layer tensor(s)")
-    key = ("lmcache_stacked", comps, page_buffer_size, *(tensor_key(t) for t in ptrs))
-    return kept(key, lambda: _stacked_maps(ptrs, comps, layers, page_buffer_size))
-
-
-def _version(t: torch.Tensor) -> int:
-    """How often ``t`` was written; -1 for an inference-mode tensor, which keeps no count
-    (such a table is taken as unchanged while it lives)."""
-    try:
-        return t._version
-    except RuntimeError:
-        return -1
+    return _stacked_maps(ptrs, comps, layers, page_buffer_size)
 
 
 def _table_maps(ptrs: torch.Tensor, comps, entries: int, page_buffer_size: int) -> List[RowMap]:
-    # uint64 tables as engines build them: the same bytes as int64 (offsets added as int64).
-    table = ptrs.view(torch.int64) if ptrs.dtype == getattr(torch, "uint64", None) else ptrs
     out = []
     for c in comps:
-        t = table[c.entry::entries]
+        # (entry e of layer l is table[l * entries + e]: a view from entry e, read in steps)
+        table = ptrs[c.entry:] if c.entry else ptrs
         try:
-            out.append(RowMap.from_table(t + c.offset if c.offset else t, row_bytes=c.width,
-                                         num_rows=page_buffer_size))
+            out.append(RowMap.engine_table(table, row_bytes=c.width, num_rows=page_buffer_size,
+                                           num_layers=ptrs.numel() // entries, table_layer=entries,
+                                           offset=c.offset))
         except KvtierError as e:
             raise KvtierError(f"key_value_ptrs: {e}") from None
     return out
@@ -252,16 +237,36 @@ def multi_layer_kv_transfer(key_value: torch.Tensor, key_value_ptrs, slot_mappin
         raise fail("slot_mapping", f"{slot_mapping.numel()} slots",
                    f"must give one slot per token of key_value ({key_value.shape[2]})")
     comps = _components(key_value, use_mla, fmt, page_buffer_size, k_hidden_dims, v_hidden_dims)
-    paged = _paged_maps(key_value_ptrs, comps, key_value.shape[1], page_buffer_size)
-    _check_device(paged_memory_device, paged)
-    lmc = _lmcache_maps(key_value, comps)
-    tokens = iota(key_value.shape[2], torch.int64, compute_device(*paged, *lmc))
-    host = key_value.device.type == "cpu"
-    if to_lmcache:
-        pairs, si, di, names = list(zip(paged, lmc)), slot_mapping, tokens, ("slot_mapping", "key_value tokens")
-        op = BACKUP if host else GATHER
-    else:
-        pairs, si, di, names = list(zip(lmc, paged)), tokens, slot_mapping, ("key_value tokens", "slot_mapping")
-        op = LOAD if host else SCATTER
-    run_copy(pairs, si, di, num_layers=key_value.shape[1], op=op, skip_negative=True, config=config,
-             check=check, index_names=names)
+    args = (key_value, key_value_ptrs)
+    key = ("lmcache", comps, to_lmcache, *plain(page_buffer_size, config), str(paged_memory_device),
+           *layout_keys(args))
+
+    def full():
+        paged = _paged_maps(key_value_ptrs, comps, key_value.shape[1], page_buffer_size)
+        _check_device(paged_memory_device, paged)
+        lmc = _lmcache_maps(key_value, comps)
+        tokens = iota(key_value.shape[2], torch.int64, compute_device(*paged, *lmc))
+        host = key_value.device.type == "cpu"
+        if to_lmcache:
+            pairs, si, di, names = list(zip(paged, lmc)), slot_mapping, tokens, ("slot_mapping", "key_value tokens")
+            op = BACKUP if host else GATHER
+        else:
+            pairs, si, di, names = list(zip(lmc, paged)), tokens, slot_mapping, ("key_value tokens", "slot_mapping")
+            op = LOAD if host else SCATTER
+        return run_copy(pairs, si, di, num_layers=key_value.shape[1], op=op, skip_negative=True, config=config,
+                        check=check, index_names=names, table_names=("key_value_ptrs", "key_value_ptrs"), args=args,
+                        arg_names=("key_value", "key_value_ptrs"))
+    # The memory object's token list is kvtier's own (0 .. num_tokens - 1) on the paged side's device.
+    tokens = _tokens(key_value, key_value_ptrs)
+    si, di = (slot_mapping, tokens) if to_lmcache else (tokens, slot_mapping)
+    call(key, args, si, di, check, full)
+
+
+def _tokens(key_value: torch.Tensor, ptrs) -> Optional[torch.Tensor]:
+    """0 .. num_tokens - 1 on the device the copy runs on (the paged side's)."""
+    device = ptrs.device if isinstance(ptrs, torch.Tensor) else (
+        ptrs[0].device if isinstance(ptrs, (list, tuple)) and ptrs and isinstance(ptrs[0], torch.Tensor)
+        else key_value.device)
+    if device.type == "cpu":
+        device = key_value.device
+    return iota(key_value.shape[2], torch.int64, device)

@@ -3,30 +3,40 @@
 The engine adapters (`kvtier.adapters`) take an engine's own arguments: tensors
 addressed by byte arithmetic from ``item_size`` and ``layout_dim``, per-layer pointer
 tables, lists of per-layer tensors, token indices wherever they live. This module turns
-each of those into a `RowMap` (the layouts stay data: strides, not branches), and
-`run_copy` validates every component of a transfer before the first byte moves, then
+each of those into a `RowMap` (the layouts stay data: strides, not branches), and a
+`CallShape` validates every component of a transfer before the first byte moves, then
 copies them, in one launch where the components can share it.
+
+An engine calls with the same *kind* of arguments on every batch, often new tensors
+(new views of its buffers, new staging buffers). What a call works out that depends on
+its arguments' layouts only (the maps' geometry, the stacking, the checks, the bound
+copies) is a `CallShape`, kept for the process under a key made of the call's kind, its
+scalars and its tensors' layouts (`layout_keys`: shape, strides, dtype, device, address
+alignment). Each call then reads its own tensors' addresses (`Source`) and its own index
+lists, which every launch checks (`kvtier.kernels.index_check`). A kept call shape holds
+no tensor, so nothing an engine drops stays alive.
 """
 from __future__ import annotations
 
 import re
+import threading
+from collections import OrderedDict
 from dataclasses import replace
 from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
-from kvtier.kernels.config import CopyConfig
 import kvtier.platforms as platforms
-from kvtier.kernels.copy_rows import GUARD, interpreter_active, triton_available
-from kvtier.kernels.index_check import checks_on
-from kvtier.kernels.index_memo import LastPair, facts, last_pair, on_device
-from kvtier.kernels.ops import BACKUP, LOAD, Op
+from kvtier.kernels.config import CopyConfig
+from kvtier.kernels.copy_rows import _dummy, _runner, interpreter_active, run, triton_available
 from kvtier.kernels.errors import KvtierError, fail
-from kvtier.kernels.rowmap import RowMap, keep as _keep, kept as _kept, tensor_key as _tensor_key
+from kvtier.kernels.index_check import Checks, checks_on
+from kvtier.kernels.ops import BACKUP, LOAD, Op
+from kvtier.kernels.rowmap import RowMap
+from kvtier.kernels.staging import on_device
 from kvtier.kernels.validate import check_copy, check_dense, check_index, compute_device, index_ok
 from kvtier.autotune.key import rows_bucket
-from kvtier.pool import launch as launcher
-from kvtier.pool.launch import bind_launch, lookup, lookup_state
+from kvtier.pool.launch import DEBUG, bind_launch, log, log_launch, lookup, lookup_state
 
 # Rows assumed behind a raw address table: it carries no size, so indices into a table
 # side are checked for sign only (as the engines' own kernels do not check them at all).
@@ -79,13 +89,8 @@ def _layers_in(layout_dim: int, item_size: int, arg: str = "layout_dim") -> int:
 
 def lf_buffer(arg: str, t: torch.Tensor, item_size: int) -> RowMap:
     """One layer, rows packed: row i at ``base + i * item_size`` (SGLang's ``lf``)."""
-    _positive("item_size", item_size)   # before the lookup: 32.0 == 32 would find an int's map
-    check_dense(arg, t, "bytes")
-    return _kept(("lf", arg, item_size, *_tensor_key(t)), lambda: _lf_buffer(arg, t, item_size))
-
-
-def _lf_buffer(arg: str, t: torch.Tensor, item_size: int) -> RowMap:
     _positive("item_size", item_size)
+    check_dense(arg, t, "bytes")
     rows = _dense_bytes(arg, t, item_size) // item_size
     page = _page_of(t, item_size)
     rows -= rows % page
@@ -96,16 +101,9 @@ def _lf_buffer(arg: str, t: torch.Tensor, item_size: int) -> RowMap:
 def pf_buffer(arg: str, t: torch.Tensor, item_size: int, layout_dim: int) -> RowMap:
     """All layers of a token together: row (i, l) at ``base + i * layout_dim + l * item_size``
     (SGLang's ``pf``; ``layout_dim`` = layers x item_size bytes)."""
-    _positive("item_size", item_size)   # before the lookup, as in lf_buffer
-    _layers_in(layout_dim, item_size)
-    check_dense(arg, t, "bytes")
-    return _kept(("pf", arg, item_size, layout_dim, *_tensor_key(t)),
-                 lambda: _pf_buffer(arg, t, item_size, layout_dim))
-
-
-def _pf_buffer(arg: str, t: torch.Tensor, item_size: int, layout_dim: int) -> RowMap:
     _positive("item_size", item_size)
     layers = _layers_in(layout_dim, item_size)
+    check_dense(arg, t, "bytes")
     rows = _dense_bytes(arg, t, layout_dim) // layout_dim
     return RowMap.from_strides(t, num_layers=layers, num_rows=rows, page_size=1, row_bytes=item_size,
                                token_stride=layout_dim, page_stride=layout_dim, layer_stride=item_size)
@@ -139,10 +137,8 @@ def layer_table(arg: str, layers, item_size: int, num_layers: int, exact: bool =
     What a table is trusted with (docs/adapters.md, "What kvtier trusts about pointer
     tables"): every address stays a live buffer of at least (largest index + 1) x
     ``item_size`` bytes until the call's copies have run (kvtier holds the table, not the
-    buffers). A table is read once per version of its tensor (`_table_map`): a write
-    through torch is seen at the next call; a write that bypasses torch's version counter
-    (a numpy view, DLPack, a raw pointer; any write to an inference-mode table) is not,
-    and the map kept from the earlier read is used as it was."""
+    buffers). Every launch reads the table as it is then (kvtier keeps no copy of it) and
+    refuses a null or misaligned entry before it moves a byte."""
     _positive("item_size", item_size)
     _positive("num_layers", num_layers)
     count = layers.numel() if isinstance(layers, torch.Tensor) and layers.dim() == 1 else (
@@ -151,32 +147,12 @@ def layer_table(arg: str, layers, item_size: int, num_layers: int, exact: bool =
         raise fail(f"{arg}.size(0)", count, f"does not match num_layers={num_layers}")
     if isinstance(layers, torch.Tensor):
         try:
-            return _table_map(layers, item_size)
+            return RowMap.engine_table(layers, row_bytes=item_size, num_rows=UNSIZED_ROWS)
         except KvtierError as e:
             raise KvtierError(f"{arg}: {e}") from None
     m = per_layer_list(arg, layers)
     if m.row_bytes != item_size:
         raise fail("item_size", item_size, f"the rows of {arg} are {m.row_bytes} bytes")
-    return m
-
-
-def _table_map(table: torch.Tensor, item_size: int) -> RowMap:
-    """`RowMap.from_table`, kept for the table tensor (`kvtier.kernels.index_memo`):
-    reading a table costs a device sync, and an engine passes the same tables on every
-    call. Built again when the table has been written through torch since (its version
-    changed). Kept by address too, for what has no version to go by: a table made in
-    inference mode (trusted not to be rewritten in place: pass a new table instead), and
-    any table while a graph is being captured (the map made before the capture is used;
-    reading a table there would sync)."""
-    known = facts(table)
-    m = known.get(("table", item_size)) if known is not None else None
-    if m is not None:
-        return m
-    by_address = ("table", item_size, *_tensor_key(table))
-    if known is None:
-        return _kept(by_address, lambda: RowMap.from_table(table, row_bytes=item_size, num_rows=UNSIZED_ROWS))
-    m = known[("table", item_size)] = _keep(
-        by_address, RowMap.from_table(table, row_bytes=item_size, num_rows=UNSIZED_ROWS))
     return m
 
 
@@ -194,55 +170,29 @@ def per_layer_list(arg: str, layers: Sequence[torch.Tensor], page_size: int = 1)
         raise KvtierError(f"{arg}: {e}") from None
 
 
-# ---------------------------------------------------------------- indices
-def indices(src_indices, dst_indices, device: torch.device, keep: bool = True) -> tuple:
-    """Both index lists checked for shape (tensor, int32/int64, 1-D, equal lengths) and
-    moved to the device where the copy runs (asynchronously, once per unchanged list:
-    `kvtier.kernels.index_memo.on_device`): (src, dst, their facts) where the facts are
-    the `kvtier.kernels.index_memo.facts` dicts (None where nothing is kept). Where a
-    checked list lives is kept in its facts per device, so a per-layer loop checks it
-    once; ``keep=False`` (an all-layer call's lists, seen once) keeps nothing."""
-    if keep:
-        fs = facts(src_indices) if type(src_indices) is torch.Tensor else None
-        fd = facts(dst_indices) if type(dst_indices) is torch.Tensor else None
-    else:
-        fs = fd = None
-    if fs is None or fs.get(device) is not _HERE:
-        src_indices, fs = _index("src_indices", src_indices, fs, device, keep)
-    if fd is None or fd.get(device) is not _HERE:
-        dst_indices, fd = _index("dst_indices", dst_indices, fd, device, keep)
-    if src_indices.numel() != dst_indices.numel():
-        raise fail("dst_indices", f"{dst_indices.numel()} indices",
-                   f"src_indices has {src_indices.numel()}; counts must match")
-    return src_indices, dst_indices, fs, fd
-
-
-_HERE, _STAGED = "here", "staged"     # where a checked list lives, kept in its facts per device
-
-
-def _index(arg: str, idx, known: Optional[dict], device: torch.device, keep: bool = True):
-    """(``idx`` checked and on ``device``, its facts) for a list not yet known to be
-    there."""
-    where = known.get(device) if known is not None else None
-    if where is None:
-        if index_ok(idx, device):
-            where = _HERE
-        else:
-            check_index(arg, idx, idx.device if isinstance(idx, torch.Tensor) else device)
-            where = _HERE if idx.device == device else _STAGED
-        if known is not None:
-            known[device] = where
-    if where is _HERE:
-        return idx, known
-    staged = on_device(idx, device, keep, arg)
-    return staged, facts(staged) if keep else None
-
-
 def page_count(indices_numel: int, page_size: int, arg: str = "src_indices") -> None:
     """The direct and Ascend calls move whole pages: the index count must be a multiple."""
     _positive("page_size", page_size)
     if indices_numel % page_size:
         raise fail(f"len({arg})", indices_numel, f"must be a multiple of page_size={page_size}")
+
+
+# ---------------------------------------------------------------- indices
+def _index(arg: str, idx, device: torch.device) -> torch.Tensor:
+    """``idx`` checked for shape (a tensor, int32/int64, 1-D, strided) and on ``device``
+    (staged there from another device without waiting, `kvtier.kernels.staging`)."""
+    if index_ok(idx, device):
+        return idx
+    check_index(arg, idx, idx.device if isinstance(idx, torch.Tensor) else device)
+    return on_device(idx, device, arg)
+
+
+def indices(src_indices, dst_indices, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Both index lists checked for shape and on ``device`` (`_index`), of equal counts."""
+    si, di = _index("src_indices", src_indices, device), _index("dst_indices", dst_indices, device)
+    if si.numel() != di.numel():
+        raise fail("dst_indices", f"{di.numel()} indices", f"src_indices has {si.numel()}; counts must match")
+    return si, di
 
 
 # ---------------------------------------------------------------- the copy
@@ -252,224 +202,198 @@ Job = Tuple[Sequence[Pair], int, int, Optional[int]]
 
 
 def run_copy(pairs: Sequence[Pair], src_indices, dst_indices, *, src_layer: int = 0,
-             dst_layer: int = 0, num_layers: Optional[int] = None, **kw) -> "Lane":
+             dst_layer: int = 0, num_layers: Optional[int] = None, **kw) -> "CallShape":
     """Copy every (src, dst) component pair over one layer map at the same indices."""
     return run_jobs([(pairs, src_layer, dst_layer, num_layers)], src_indices, dst_indices, **kw)
 
 
 def run_jobs(jobs: Sequence[Job], src_indices, dst_indices, *, op: Op, by_page: bool = False,
              skip_negative: bool = False, config=None, block_quota: Optional[int] = None,
-             check: Optional[bool] = None, index_names: Tuple[str, str] = ("src_indices", "dst_indices")) -> "Lane":
+             check: Optional[bool] = None, index_names: Tuple[str, str] = ("src_indices", "dst_indices"),
+             table_names: Tuple[str, str] = ("src table", "dst table"), args: tuple = (),
+             arg_names: tuple = ()) -> "CallShape":
     """Copy several jobs (each its own layer map, as the Ascend indexer cache has) at the
-    same indices. Within a job, components that can share a launch (equal geometry, one
-    allocation or address tables) are stacked into one. Every copy is validated before
-    the first one runs, so a bad argument moves no byte; errors about the indices name
-    them as the caller does (``index_names``). Index values are checked without a device
-    sync (`kvtier.kernels.index_check`: at once for host indices; for device indices
-    the copies read the check's verdict and the error comes at the next call or at
-    `kvtier.kernels.synchronize()`). ``skip_negative``: pairs holding a negative index
-    are skipped, as SGLang's kernels skip them. What depends only on the maps and the
-    call's shape (stacking, layer checks, configurations, bound copies) is worked out
-    once per call shape and kept (`_Route`). Returns the call's `Lane`."""
-    if config is not None and not isinstance(config, CopyConfig):
-        raise fail("config", type(config).__name__, "must be a kvtier CopyConfig (or None for the tuned one)")
-    key = (tuple((tuple(pairs), sl, dl, nl) for pairs, sl, dl, nl in jobs), op, by_page, skip_negative,
-           config, block_quota)
-    try:
-        route = _ROUTES.get(key)
-        if route is None:
-            route = _Route(jobs, src_indices, dst_indices, op, by_page, config, block_quota)
-            if len(_ROUTES) >= _KEEP_ROUTES:
-                _ROUTES.clear()
-            _ROUTES[key] = route
-    except KvtierError as e:
-        raise _renamed(e, index_names) from None
-    lane = Lane(route, bool(skip_negative), index_names)
-    _run(lane, src_indices, dst_indices, check)
-    return lane
+    same indices, validated as one `CallShape` and run; returns the call shape. ``args``:
+    the call's tensors (and lists of tensors) the maps were built from (``arg_names``:
+    how the caller names them): the call shape learns where each map's addresses come
+    from in them, so a later call with arguments of the same layouts runs it again without
+    building a map (`call`)."""
+    shape = CallShape(jobs, src_indices, dst_indices, op, by_page, skip_negative, config, block_quota,
+                      index_names, table_names, args, arg_names)
+    shape.run(args, src_indices, dst_indices, check, lambda: jobs)
+    return shape
 
 
-class Lane(NamedTuple):
-    """A call shape as run: its route, whether negative pairs are skipped, and the
-    caller's names for its index arguments."""
+class Source(NamedTuple):
+    """Where one side's addresses come from in a call's arguments (flattened: lists of
+    tensors count element by element): a stacked side's first component base is
+    ``flat[base].data_ptr() + base_offset`` and its second ``flat[second].data_ptr() +
+    second_offset`` (the component stride is their difference; ``second`` -1: the map's
+    own stride); a table side reads ``flat[base]`` (from entry ``base_offset`` on) and,
+    past its split, ``flat[second]``; a side whose table kvtier made from per-layer
+    tensors takes their addresses (``layers``: their positions and byte offsets)."""
 
-    route: "_Route"
-    skip_negative: bool
-    index_names: Tuple[str, str]
+    kind: str                    # "stacked", "table" or "layers"
+    base: int = -1
+    base_offset: int = 0
+    second: int = -1
+    second_offset: int = 0
+    comp_stride: int = 0
+    layers: tuple = ()
+    entry_offset: int = 0       # a table side: bytes added to every entry
 
 
-def _run(lane: Lane, src_indices, dst_indices, check: Optional[bool], watched: bool = False) -> None:
-    """One call on ``lane``: the indices checked (shape at once, values without a device
-    sync), then the route's bound copies launched. The same two index tensors as the
-    last call's, unchanged, are not prepared or checked again (`_LAST`). ``watched``: the
-    caller vouches for the storage of the maps' tensors (`run_keyed`'s ``by_address``)."""
-    global _LAST
-    route, skip_negative, names = lane
-    checking = checks_on(check)
-    flags = (route.limits, skip_negative, checking)     # by value: each layer has a route of its own
-    try:
-        r, stream = _LAST, route.stream_key()
-        if r is not None and r.matches(src_indices, dst_indices, route.device, flags, stream, GUARD):
-            (si, di, n), verdict = r.prepared, r.verdict
+def _flat(args) -> list:
+    out = []
+    for a in args:
+        if isinstance(a, (list, tuple)):
+            out.extend(a)
         else:
-            si, di, fs, fd = indices(src_indices, dst_indices, route.device, route.keeps_lists)
-            n = si.numel()
-            verdict, ticket = None, []
-            if n and checking:
-                verdict = GUARD.check_pair(route.device, route.check_plans[skip_negative], si, di, fs, fd, ticket)
-            if fs is not None and fd is not None:
-                _LAST = last_pair(src_indices, dst_indices, route.device, flags, stream, ticket, verdict, (si, di, n))
-    except KvtierError as e:
-        raise _renamed(e, names) from None
-    if n:
-        bounds = route.bound(n, skip_negative)
-        if len(bounds) == 1 or watched:     # run_bound checks its copy's storage unless watched
-            for bound in bounds:
-                launcher.run_bound(route.op, bound, si, di, verdict, None, watched)
+            out.append(a)
+    return out
+
+
+def _flat_names(args, names) -> list:
+    """``names`` (one per argument) as `_flat` lays the arguments out: a list's elements
+    named by their index."""
+    out = []
+    for i, a in enumerate(args):
+        name = names[i] if i < len(names) else f"argument {i}"
+        if isinstance(a, (list, tuple)):
+            out.extend(f"{name}[{j}]" for j in range(len(a)))
         else:
-            launcher.run_all(route.op, bounds, si, di, verdict)
+            out.append(name)
+    return out
 
 
-# The last call's index lists as prepared and checked (`kvtier.kernels.index_memo.LastPair`;
-# its ``prepared``: the lists on the device and their count). One record, replaced whole
-# (threads see a whole record or the next one).
-_LAST: Optional[LastPair] = None
-
-
-def _renamed(e: KvtierError, names: Tuple[str, str]) -> KvtierError:
-    """``e`` with the index arguments named as the caller names them."""
-    if names == ("src_indices", "dst_indices"):
-        return e
-    mapping = dict(zip(("src_indices", "dst_indices"), names))
-    return KvtierError(re.sub(r"\b(src|dst)_indices\b", lambda m: mapping[m.group(0)], str(e)))
-
-
-# ---------------------------------------------------------------- call shapes by argument keys
-# An engine calls with the same buffers (often as new views of them), scalars and tables
-# on every batch. `run_keyed` finds the call's `Lane` by a key made from those arguments
-# alone, so a repeated call builds no map and looks none up.
-UNCACHED = object()     # in a key: an argument that cannot be keyed; the call takes the slow path
-_PLAIN = (int, type(None), CopyConfig)
-_LANES = {}
-_KEEP_LANES = 1024      # cleared past this (a model's per-layer calls are a few keys per layer)
-
-
-_TENSOR = torch.Tensor
-
-
-def arg_keys(tensors: tuple) -> tuple:
-    """What the maps built from ``tensors`` depend on, as one flat tuple: each one's first
-    byte, shape, contiguity, dtype and device index. The buffers an engine addresses by
-    byte arithmetic must be contiguous, so a map exists only for contiguous ones, whose
-    strides follow from their shape. Where the key matches, the maps built from earlier
-    tensors with the same key address exactly the bytes the call's own tensors hold, the
-    same way (so no storage watch is needed for them: `run_keyed`'s ``by_address``).
-    ``(UNCACHED,)`` where one is not a tensor with storage."""
-    key = ()
+def _position(flat: list, t: torch.Tensor, addr: int) -> Tuple[int, int]:
+    """(position in ``flat``, byte offset) of the argument a map's address ``addr`` (in
+    tensor ``t``) comes from: the argument itself, else one starting at ``addr``, else one
+    holding it in the same storage; (-1, 0) where none does."""
+    for i, a in enumerate(flat):
+        if a is t:
+            return i, addr - a.data_ptr()
+    tensors = [(i, a) for i, a in enumerate(flat) if isinstance(a, torch.Tensor)]
+    for i, a in tensors:
+        if a.data_ptr() == addr:
+            return i, 0
     try:
-        for t in tensors:       # (one loop of bound calls: cheaper than a map per attribute)
-            if not isinstance(t, _TENSOR):
-                return (UNCACHED,)
-            key += (t.data_ptr(), t.shape, t.is_contiguous(), t.dtype, t.get_device())
-    except RuntimeError:        # no storage (sparse and such): the full path names it
-        return (UNCACHED,)
-    return key
+        storage = t.untyped_storage().data_ptr()
+    except (RuntimeError, AttributeError):
+        return -1, 0
+    for i, a in tensors:
+        try:
+            same = a.untyped_storage().data_ptr() == storage
+        except RuntimeError:
+            continue
+        if same and a.data_ptr() <= addr < a.data_ptr() + max(a.numel() * a.element_size(), 1):
+            return i, addr - a.data_ptr()
+    return -1, 0
 
 
-def arg_key(t) -> object:
-    """`arg_keys` of the one tensor ``t``; `UNCACHED` for anything that is not a tensor
-    with storage."""
-    key = arg_keys((t,))
-    return UNCACHED if key[0] is UNCACHED else key
+def _source(m: RowMap, flat: list) -> Optional[Source]:
+    """Where ``m``'s addresses come from in the arguments ``flat``; None where they do
+    not (a map of memory no argument holds: the call shape is then not kept)."""
+    if m.is_table and not m.table_trusted:
+        first, off = _position(flat, m.table, m.table.data_ptr())
+        second, off2 = -1, 0
+        if m.table2 is not None:
+            second, off2 = _position(flat, m.table2, m.table2.data_ptr())
+            if second < 0 or off2 % 8:
+                return None
+        if first < 0 or off % 8:
+            return None
+        return Source("table", first, off // 8, second, off2 // 8, m.comp_stride, entry_offset=m.base)
+    if m.is_table:      # kvtier's own table of per-layer tensors' bases
+        if len(m.segments) != m.num_components * m.num_layers:
+            return None
+        layers = []
+        for t, addr in m.segments:
+            pos, off = _position(flat, t, addr)
+            if pos < 0:
+                return None
+            layers.append((pos, off))
+        return Source("layers", layers=tuple(layers), comp_stride=m.comp_stride)
+    if not m.segments:
+        return None
+    t0, a0 = m.segments[0]
+    first, off = _position(flat, t0, m.base)
+    if first < 0:
+        return None
+    if m.num_components == 1:
+        return Source("stacked", first, off, comp_stride=m.comp_stride)
+    if len(m.segments) != m.num_components or m.num_components != 2:
+        # Components in one allocation at a fixed stride: the first one's base says it all.
+        return Source("stacked", first, off, comp_stride=m.comp_stride) if _one_storage(m) else None
+    t1, _ = m.segments[1]
+    second, off1 = _position(flat, t1, m.base + m.comp_stride)
+    if second < 0:
+        return None
+    return Source("stacked", first, off, second, off1)
 
 
-def table_key(t) -> object:
-    """A key for an address table: the tensor object at its version (torch bumps it on
-    every in-place write through torch, so a rewritten table gets a new key). The lane
-    kept under it pins the tensor (`run_keyed`'s ``pins``), so no other object takes its
-    id while the key is kept. `UNCACHED` for a list of tensors and for an inference
-    tensor (no version counter: its writes would not be seen)."""
-    if not isinstance(t, torch.Tensor):
-        return UNCACHED
+def _one_storage(m: RowMap) -> bool:
     try:
-        return id(t), t._version
-    except RuntimeError:            # an inference tensor
-        return UNCACHED
+        return len({t.untyped_storage().data_ptr() for t, _ in m.segments}) == 1
+    except RuntimeError:
+        return False
 
 
-def plain(*values) -> tuple:
-    """``values`` for a key where each is an exact int, None or a `CopyConfig`; else a
-    key part that is never kept (True == 1 and 1.0 == 1 must not find an int's lane)."""
-    for v in values:
-        if type(v) not in _PLAIN:
-            return (UNCACHED,)
-    return values
-
-
-def run_keyed(key: tuple, src_indices, dst_indices, check: Optional[bool], full: Callable[[], Lane],
-              pins: tuple = (), by_address: bool = False) -> None:
-    """One adapter call whose maps and options depend on nothing but ``key`` (the call's
-    kind, its `plain` scalars, the `arg_key` / `table_key` of its tensors): a call whose
-    key was seen runs the lane kept under it, building no map; otherwise ``full()`` runs
-    the call through `run_jobs` and returns its lane, kept unless the key holds
-    `UNCACHED`. ``pins``: objects the key names by id (tables), kept alive with the lane.
-    ``by_address``: every tensor is in the key by `arg_keys`, so a found lane's maps
-    address the call's own tensors' bytes, which are theirs while the call holds them:
-    the storage watch of the lane's tensors is left out."""
-    try:
-        found = _LANES.get(key)
-    except TypeError:                 # an unhashable argument: the full path names it
-        found, key = None, (UNCACHED,)
-    if found is not None:
-        _run(found[0], src_indices, dst_indices, check, by_address)
-        return
-    lane = full()
-    if UNCACHED not in key:
-        if len(_LANES) >= _KEEP_LANES:
-            _LANES.clear()
-        _LANES[key] = (lane, pins)
-
-
-class _Route:
+class CallShape:
     """One adapter call shape: its jobs' component pairs stacked into launches and
-    validated (layers, rows, reachability), the index limits, and per rows bucket the
-    bound copies with their tuned configurations. Built on the first call of the shape
-    (whose indices validate the pairs), kept in `_ROUTES`."""
+    validated (layers, rows, reachability), the index checks (names, limits, whole
+    pages, negatives), where each launch's addresses come from in the call's arguments
+    (`Source`), and per rows bucket the bound copies with their tuned configurations.
+    Built from the first call of the shape (whose indices validate the pairs); holds no
+    tensor."""
 
-    def __init__(self, jobs, src_indices, dst_indices, op: Op, by_page: bool, config, block_quota):
-        maps = [m for pairs, *_ in jobs for p in pairs for m in p]
-        # One object per device, so calls on different routes compare devices by identity.
-        device = compute_device(*maps)
-        self.device = _DEVICES.setdefault(device, device)
-        si, di, _, _ = indices(src_indices, dst_indices, self.device, keep=False)
-        self.plans = []
-        for pairs, src_layer, dst_layer, num_layers in jobs:
-            for s, d in _stacked(list(pairs)):
-                _, n_layers = check_copy(s, si, d, di, src_layer, dst_layer, num_layers, by_page,
-                                         check_values=False)
-                self.plans.append((s, d, src_layer, dst_layer, n_layers))
-        srcs, dsts = [p[0] for p in self.plans], [p[1] for p in self.plans]
-        self.src_limit = (min(m.num_rows for m in srcs), _whole_pages(srcs[0], by_page))
-        self.dst_limit = (min(m.num_rows for m in dsts), _whole_pages(dsts[0], by_page))
-        self.limits = (self.src_limit, self.dst_limit)
-        # The guard's plan of the pair's value check, without and with negatives skipped.
-        self.check_plans = tuple(GUARD.pair(("src_indices", *self.src_limit), ("dst_indices", *self.dst_limit), neg)
-                                 for neg in (False, True))
-        # A per-layer call's lists come again for the next layer; an all-layer call's
-        # do not: what is learnt about them is kept for the former only.
-        self.keeps_lists = op.scope != "all"
-        self._on_cpu = self.device.type == "cpu"
+    def __init__(self, jobs, src_indices, dst_indices, op: Op, by_page: bool, skip_negative: bool, config,
+                 block_quota, index_names: Tuple[str, str], table_names: Tuple[str, str], args: tuple,
+                 arg_names: tuple = ()):
+        if config is not None and not isinstance(config, CopyConfig):
+            raise fail("config", type(config).__name__, "must be a kvtier CopyConfig (or None for the tuned one)")
+        try:
+            maps = [m for pairs, *_ in jobs for p in pairs for m in p]
+            self.device = _DEVICES.setdefault(compute_device(*maps), compute_device(*maps))
+            si, di = indices(src_indices, dst_indices, self.device)
+            plans = []
+            for pairs, src_layer, dst_layer, num_layers in jobs:
+                for s, d in _stacked(list(pairs)):
+                    _, n_layers = check_copy(s, si, d, di, src_layer, dst_layer, num_layers, by_page,
+                                             check_values=False)
+                    plans.append((s, d, src_layer, dst_layer, n_layers))
+        except KvtierError as e:
+            raise _renamed(e, index_names) from None
+        srcs, dsts = [p[0] for p in plans], [p[1] for p in plans]
+        self.whole = (_whole_pages(srcs[0], by_page), _whole_pages(dsts[0], by_page))
+        self.checks = Checks.of((index_names[0], min(m.num_rows for m in srcs), self.whole[0]),
+                                (index_names[1], min(m.num_rows for m in dsts), self.whole[1]),
+                                skip_negative, table_names)
         self.quota = None if block_quota is None else _positive("block_quota", block_quota)
         _require_runnable(maps, self.device)
-        self.op, self.by_page, self.config = op, by_page, config
+        self.op, self.by_page, self.config, self.skip_negative = op, by_page, config, bool(skip_negative)
+        self.index_names = index_names
+        flat = _flat(args)
+        self.sources = [(_source(p[0], flat), _source(p[1], flat)) for p in plans]
+        self.keepable = all(s is not None and d is not None for s, d in self.sources)
+        # The bytes each argument the addresses come from must own from its first byte
+        # (a storage freed, shrunk or moved in place under the same shape is refused).
+        names = _flat_names(args, arg_names)
+        used = sorted({p for src in self.sources if src is not None for side in src if side is not None
+                       for p in _positions(side)})
+        self.spans = tuple((p, _span(flat[p]), names[p] if p < len(names) else f"argument {p}") for p in used)
+        self.plans = plans          # (maps: dropped by `forget_maps` once the shape is kept)
+        self.layouts = [(p[0].layout_key(), p[1].layout_key()) for p in plans]
         self.bounds = {}
         self.last = None        # (n, lookup state, bound copies) of the last call
+        self.lock = threading.Lock()
 
-    def stream_key(self):
-        """The device's current stream (`kvtier.platforms.stream_key`); None on the CPU."""
-        return None if self._on_cpu else platforms.stream_key(self.device)
+    def forget_maps(self) -> None:
+        """Drop the maps the shape was built from (and the tensors they hold): a kept shape
+        takes every address from its call's arguments."""
+        self.plans = [(_layout_only(s), _layout_only(d), sl, dl, nl) for s, d, sl, dl, nl in self.plans]
 
-    def bound(self, n: int, skip_negative: bool) -> list:
+    def bound(self, n: int) -> list:
         """The bound copies for ``n`` index pairs (per rows bucket, under the current
         lookup state)."""
         state = lookup_state()
@@ -485,39 +409,234 @@ class _Route:
                 if self.quota is not None:
                     cfg = replace(cfg, num_programs=self.quota)
                 found.append(bind_launch(self.op, s, d, src_layer=sl, dst_layer=dl, num_layers=nl, n_rows=n,
-                                         by_page=self.by_page, config=cfg, skip_negative=skip_negative))
-            if len(self.bounds) >= _KEEP_ROUTES:
-                self.bounds.clear()
-            self.bounds[key] = found
+                                         by_page=self.by_page, config=cfg, skip_negative=self.skip_negative,
+                                         whole=self.whole, tables=(not s.table_trusted, not d.table_trusted)))
+            with self.lock:
+                if len(self.bounds) >= 64:
+                    self.bounds.clear()
+                self.bounds[key] = found
         self.last = (n, state, found)
         return found
+
+    def run(self, args: tuple, src_indices, dst_indices, check: Optional[bool], rebuild: Callable) -> None:
+        """One call: the lists checked for shape and put where the copy runs, each launch's
+        addresses read off ``args``, every launch enqueued with the value checks (or
+        none, with checks off). ``rebuild()``: the call's jobs, for the torch reference."""
+        try:
+            si, di = indices(src_indices, dst_indices, self.device)
+        except KvtierError as e:
+            raise _renamed(e, self.index_names) from None
+        n = si.numel()
+        bounds = self.bound(n) if n else ()
+        if not bounds:
+            return
+        if bounds[0].runner != "kernel":
+            sides = [()] * len(bounds)
+        elif self.keepable:         # every address from the call's own arguments
+            flat = _flat(args)
+            for p, span, name in self.spans:
+                _owns(flat[p], span, name)
+            sides = [(*_side(b, src, flat, 0), *_side(b, dst, flat, 1)) for b, (src, dst) in zip(bounds, self.sources)]
+        else:                       # a shape made for this call alone: its own maps'
+            sides = [b.sides(p[0], p[1]) for b, p in zip(bounds, self.plans)]
+        if log.isEnabledFor(DEBUG):
+            for b in bounds:
+                log_launch(self.op, b.config.strategy, b.config, n, n * b.op_bytes)
+        try:
+            run(bounds, sides, si, di, self.checks if checks_on(check) else None, self.device,
+                lambda: [_stacked_pairs(rebuild())[i] for i in range(len(bounds))])
+        except KvtierError as e:
+            raise _renamed(e, self.index_names) from None
+
+
+def _positions(src: Source) -> tuple:
+    """The argument positions ``src`` reads addresses from."""
+    if src.kind == "layers":
+        return tuple(p for p, _ in src.layers)
+    return tuple(p for p in (src.base, src.second) if p >= 0)
+
+
+def _span(t: torch.Tensor) -> int:
+    """Bytes from ``t``'s first element to one past its last (its strides followed)."""
+    if t.numel() == 0:
+        return 0
+    return (sum((n - 1) * st for n, st in zip(t.shape, t.stride())) + 1) * t.element_size()
+
+
+def _owns(t: torch.Tensor, span: int, name: str) -> None:
+    """``t``'s storage holds the ``span`` bytes from its first (one storage read: a
+    tensor whose storage was freed, shrunk or moved in place keeps its shape)."""
+    st = t.untyped_storage()
+    first, start = t.data_ptr(), st.data_ptr()
+    if first < start or first + span > start + st.nbytes() or not first:
+        raise fail(name, tuple(t.shape), f"its elements need {span} bytes but its storage holds "
+                   f"{st.nbytes()} from {start:#x} (freed or shrunk in place)")
+
+
+def _stacked_pairs(jobs) -> List[Pair]:
+    return [pair for pairs, *_ in jobs for pair in _stacked(list(pairs))]
+
+
+def _side(bound, src: Source, flat: list, which: int) -> tuple:
+    """One side's launch arguments (`kvtier.kernels.copy_rows.Side`) from the call's
+    arguments."""
+    unit = bound.unit
+    kind = src.kind
+    if kind == "stacked":
+        a = flat[src.base]
+        base = a.data_ptr() + src.base_offset
+        if src.second >= 0:
+            comp = (flat[src.second].data_ptr() + src.second_offset - base) // unit
+        else:
+            comp = src.comp_stride // unit
+        dummy = _dummy(bound.device)
+        plat_base = _kernel_address(bound, a, base)
+        return plat_base, dummy, dummy, comp
+    if kind == "table":
+        t = flat[src.base]
+        if src.base_offset:
+            t = t[src.base_offset:]
+        t2 = flat[src.second] if src.second >= 0 else t
+        if src.second_offset:
+            t2 = t2[src.second_offset:]
+        return src.entry_offset, t, t2, src.comp_stride // unit
+    # kvtier's table of per-layer tensors' bases, made for these addresses (kept by them)
+    addrs = tuple(flat[p].data_ptr() + off for p, off in src.layers)
+    return 0, _table_of(addrs, bound.device), _dummy(bound.device), src.comp_stride // unit
+
+
+def _kernel_address(bound, t: torch.Tensor, addr: int) -> int:
+    """``addr`` (in ``t``) as the copy's kernel addresses it: host memory through its
+    registered device address where the platform needs one (Ascend)."""
+    if t.device.type == "cpu" and bound.device.type != "cpu":
+        plat = platforms.of(bound.device)
+        kernel = plat.host_address(t)
+        if kernel is None:
+            raise KvtierError(f"host buffer {tuple(t.shape)}: {plat.unreachable}")
+        return kernel + (addr - t.data_ptr())
+    return addr
+
+
+_TABLES: "OrderedDict[tuple, torch.Tensor]" = OrderedDict()
+_TABLES_LOCK = threading.Lock()
+
+
+def _table_of(addrs: tuple, device: torch.device) -> torch.Tensor:
+    """An int64 table of ``addrs`` on ``device``: made once per addresses (a pure function
+    of them; the least recently used of 256 dropped)."""
+    key = (addrs, device)
+    t = _TABLES.get(key)
+    if t is None:
+        t = torch.tensor(addrs, dtype=torch.int64)
+        if device.type != "cpu":
+            t = t.pin_memory().to(device, non_blocking=True)
+        with _TABLES_LOCK:
+            _TABLES[key] = t
+            if len(_TABLES) > 256:
+                _TABLES.popitem(last=False)
+    return t
+
+
+def _layout_only(m: RowMap) -> RowMap:
+    from kvtier.kernels.copy_rows import layout_of
+    return layout_of(m)
 
 
 _DEVICES = {}
 
-# Adapter call shapes kept (cleared, not evicted one by one, past the bound): each holds
-# its maps, so their tensors stay alive while kept (as kept maps do).
-_ROUTES = {}
-_KEEP_ROUTES = 256
+
+def _renamed(e: KvtierError, names: Tuple[str, str]) -> KvtierError:
+    """``e`` with the index arguments named as the caller names them."""
+    if names == ("src_indices", "dst_indices"):
+        return e
+    mapping = dict(zip(("src_indices", "dst_indices"), names))
+    return KvtierError(re.sub(r"\b(src|dst)_indices\b", lambda m: mapping[m.group(0)], str(e)))
+
+
+# ---------------------------------------------------------------- call shapes by argument layouts
+# An engine calls with the same kind of buffers, scalars and tables on every batch. `call`
+# finds the call's `CallShape` by a key made from those arguments' layouts alone, so a
+# repeated call builds no map and looks none up.
+UNCACHED = object()     # in a key: an argument that cannot be keyed; the call takes the slow path
+_PLAIN = (int, type(None), CopyConfig)
+_SHAPES: "OrderedDict[tuple, CallShape]" = OrderedDict()
+_SHAPES_LOCK = threading.Lock()
+KEEP_SHAPES = 1024      # call shapes kept for the process (least recently made dropped)
+_TENSOR = torch.Tensor
+
+
+def layout_keys(tensors: tuple) -> tuple:
+    """What the maps built from ``tensors`` depend on, as one flat tuple: each one's shape,
+    strides, dtype, device and first byte's alignment (its address modulo 16: the copy's
+    accesses assume it). Lists of tensors count element by element. ``(UNCACHED,)``
+    where one is not a tensor with storage."""
+    key = ()
+    try:
+        for t in tensors:       # (one loop of bound calls: cheaper than a map per attribute)
+            if type(t) is _TENSOR or isinstance(t, _TENSOR):
+                key += (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15)
+            elif isinstance(t, (list, tuple)):
+                inner = layout_keys(t)
+                if inner[:1] == (UNCACHED,):
+                    return (UNCACHED,)
+                key += (len(t), *inner)
+            else:
+                return (UNCACHED,)
+    except RuntimeError:        # no storage (sparse and such): the full path names it
+        return (UNCACHED,)
+    return key
+
+
+def plain(*values) -> tuple:
+    """``values`` for a key where each is an exact int, None or a `CopyConfig`; else a
+    key part that is never kept (True == 1 and 1.0 == 1 must not find an int's shape)."""
+    for v in values:
+        if type(v) not in _PLAIN:
+            return (UNCACHED,)
+    return values
+
+
+def call(key: tuple, args: tuple, src_indices, dst_indices, check: Optional[bool],
+         build: Callable[[], "CallShape"]) -> None:
+    """One adapter call whose maps and options depend on nothing but ``key`` (the call's
+    kind, its `plain` scalars, the `layout_keys` of ``args``, its tensors): a call whose
+    key was seen runs the `CallShape` kept under it, building no map; otherwise
+    ``build()`` runs the call through `run_jobs` (with ``args``) and returns its shape,
+    kept unless the key holds `UNCACHED` or its addresses cannot be read off the
+    arguments."""
+    try:
+        found = _SHAPES.get(key)
+    except TypeError:                 # an unhashable argument: the full path names it
+        found, key = None, (UNCACHED,)
+    if found is not None:
+        found.run(args, src_indices, dst_indices, check, lambda: _rebuild(build))
+        return
+    shape = build()
+    if UNCACHED not in key and shape.keepable and _runner(shape.device.type) == "kernel":
+        shape.forget_maps()
+        with _SHAPES_LOCK:
+            _SHAPES[key] = shape
+            if len(_SHAPES) > KEEP_SHAPES:
+                _SHAPES.popitem(last=False)
+
+
+def _rebuild(build):
+    raise KvtierError("internal: a kept call shape on the torch reference")
 
 
 def _stacked(pairs: List[Pair]) -> List[Pair]:
-    """Components that can share a launch as one pair of maps (kept across calls)."""
-    if len(pairs) > 1:
-        return _kept(("stack", *pairs), lambda: _stack(pairs))
-    return pairs
-
-
-def _stack(pairs: List[Pair]) -> List[Pair]:
     """One pair of maps for all components where both sides can be joined: in one
-    allocation by a component stride, else (separate allocations, as SGLang's per-layer
-    device tensors) by a table of their bases."""
+    allocation by a component stride, else by the step between their bases (stacked) or
+    as two tables (an engine's), else by a table of their bases; else the pairs as
+    they are."""
+    if len(pairs) == 1:
+        return pairs
     src, dst = (_join([p[i] for p in pairs]) for i in (0, 1))
     return [(src, dst)] if src is not None and dst is not None else pairs
 
 
 def _join(maps: List[RowMap]) -> Optional[RowMap]:
-    return RowMap.stack(maps) or RowMap.stack_as_table(maps)
+    return RowMap.stack(maps) or RowMap.join(maps) or RowMap.stack_as_table(maps)
 
 
 def _whole_pages(m: RowMap, by_page: bool) -> int:

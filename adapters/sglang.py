@@ -36,8 +36,8 @@ import torch
 
 from kvtier.kernels.ops import BACKUP, LOAD, LOAD_LAYER
 
-from .maps import (arg_key, arg_keys, direction, layer_table, lf_buffer, page_count, per_layer_list, pf_buffer,
-                   ph_buffer, plain, run_copy, run_keyed, table_key)
+from .maps import (call, direction, layer_table, layout_keys, lf_buffer, page_count, per_layer_list, pf_buffer,
+                   ph_buffer, plain, run_copy)
 from kvtier.kernels.errors import KvtierError, fail
 from kvtier.kernels.rowmap import RowMap
 from kvtier.kernels.validate import is_int
@@ -74,15 +74,16 @@ def _layer_id(layer_id, m: RowMap, arg: str = "layer_id") -> int:
 
 
 # ------------------------------------------------------------------ one layer, per component
-# Each call is keyed by its kind, scalars and tensors (`run_keyed`): a repeated call (the
-# same buffers, often as new views) builds no map.
+# Each call is keyed by its kind, scalars and its tensors' layouts (`call`): a repeated
+# call (the same kind of buffers, often new views) builds no map.
 def _lf_lf(names, tensors, src_indices, dst_indices, item_size, block_quota, config, check):
     def full():
         pairs = [(lf_buffer(sn, s, item_size), lf_buffer(dn, d, item_size)) for sn, s, dn, d in _comps(names, tensors)]
         return run_copy(pairs, src_indices, dst_indices, op=LOAD_LAYER, skip_negative=True,
-                        block_quota=block_quota, config=config, check=check)
-    run_keyed(("lf_lf", names, *plain(item_size, block_quota, config), *arg_keys(tensors)),
-              src_indices, dst_indices, check, full, by_address=True)
+                        block_quota=block_quota, config=config, check=check, args=tensors,
+                        arg_names=sum(names, ()))
+    call(("lf_lf", names, *plain(item_size, block_quota, config), *layout_keys(tensors)), tensors,
+         src_indices, dst_indices, check, full)
 
 
 def _pf_lf(names, tensors, src_indices, dst_indices, layer_id, item_size, src_layout_dim, block_quota,
@@ -92,9 +93,9 @@ def _pf_lf(names, tensors, src_indices, dst_indices, layer_id, item_size, src_la
                  for sn, s, dn, d in _comps(names, tensors)]
         return run_copy(pairs, src_indices, dst_indices, src_layer=_layer_id(layer_id, pairs[0][0]),
                         num_layers=1, op=LOAD_LAYER, skip_negative=True, block_quota=block_quota,
-                        config=config, check=check)
-    run_keyed(("pf_lf", names, *plain(layer_id, item_size, src_layout_dim, block_quota, config),
-               *arg_keys(tensors)), src_indices, dst_indices, check, full, by_address=True)
+                        config=config, check=check, args=tensors, arg_names=sum(names, ()))
+    call(("pf_lf", names, *plain(layer_id, item_size, src_layout_dim, block_quota, config), *layout_keys(tensors)),
+         tensors, src_indices, dst_indices, check, full)
 
 
 def transfer_kv_per_layer(src_k, dst_k, src_v, dst_v, src_indices, dst_indices, item_size: int,
@@ -147,9 +148,10 @@ def transfer_kv_per_layer_ph_lf(src_k, dst_k, src_v, dst_v, src_indices, dst_ind
         pairs = [(ph_buffer(sn, s, item_size, src_layout_dim, page_size, head_num), lf_buffer(dn, d, item_size))
                  for sn, s, dn, d in _comps(_KV, tensors)]
         return run_copy(pairs, src_indices, dst_indices, src_layer=_layer_id(layer_id, pairs[0][0]),
-                        num_layers=1, op=LOAD_LAYER, block_quota=block_quota, config=config, check=check)
-    run_keyed(("ph_lf", *plain(layer_id, item_size, src_layout_dim, page_size, head_num, block_quota, config),
-               *arg_keys(tensors)), src_indices, dst_indices, check, full, by_address=True)
+                        num_layers=1, op=LOAD_LAYER, block_quota=block_quota, config=config, check=check,
+                        args=tensors, arg_names=sum(_KV, ()))
+    call(("ph_lf", *plain(layer_id, item_size, src_layout_dim, page_size, head_num, block_quota, config),
+          *layout_keys(tensors)), tensors, src_indices, dst_indices, check, full)
 
 
 # ------------------------------------------------------------------ all layers, tables
@@ -162,14 +164,17 @@ def _all_layer(kind, names, tensors, host_side, src_indices, dst_indices, item_s
                   layer_table(dn, d, item_size, num_layers, exact=False) if host_side is None else host_side(dn, d))
                  for sn, s, dn, d in _comps(names, tensors)]
         return run_copy(pairs, src_indices, dst_indices, num_layers=num_layers, op=BACKUP,
-                        skip_negative=skip_negative, block_quota=block_quota, config=config, check=check)
-    dst_key = table_key if host_side is None else arg_key
-    if len(tensors) == 4:       # K and V: the sources are tables, the destinations tables or buffers
-        keys = (table_key(tensors[0]), dst_key(tensors[1]), table_key(tensors[2]), dst_key(tensors[3]))
-    else:
-        keys = (table_key(tensors[0]), dst_key(tensors[1]))
-    run_keyed((kind, names, *plain(item_size, num_layers, *scalars, block_quota, config), *keys),
-              src_indices, dst_indices, check, full, tensors)
+                        skip_negative=skip_negative, block_quota=block_quota, config=config, check=check,
+                        table_names=_table_names(names, host_side is None), args=tensors,
+                        arg_names=sum(names, ()))
+    call((kind, names, *plain(item_size, num_layers, *scalars, block_quota, config), *layout_keys(tensors)),
+         tensors, src_indices, dst_indices, check, full)
+
+
+def _table_names(names, dst_tables: bool):
+    """How the caller names each side's tables (all of a side's, joined with +)."""
+    src = "+".join(sn for sn, _ in names)
+    return src, "+".join(dn for _, dn in names) if dst_tables else "dst table"
 
 
 def transfer_kv_all_layer(src_k_layers, dst_k_layers, src_v_layers, dst_v_layers, src_indices,

@@ -213,6 +213,7 @@ class KvtierOffloadingHandler:
         self._jobs: deque = deque()
         self._pending: dict = {}          # job_id -> end event
         self._free: List[_Rows] = []      # index buffers of finished jobs
+        self._closed = False
         cls = _result_type()
         self._result = cls
         self._typed = "transfer_type" in {f.name for f in dataclasses.fields(cls)}
@@ -222,6 +223,8 @@ class KvtierOffloadingHandler:
         """Queue job ``job_id`` moving ``spec = (src_spec, dst_spec)`` (or ``spec,
         dst_spec``); True once it is queued. GPU specs carry GPU block ids (and, per
         group, ``group_sizes`` / ``block_indices``); CPU specs carry chunk ids."""
+        if self._closed:
+            raise fail("handler", "shut down", "transfer_async after shutdown(): make a new handler")
         src_spec, dst_spec = _pair(spec, dst_spec)
         if isinstance(job_id, bool) or not isinstance(job_id, (int, np.integer)):
             raise fail("job_id", job_id, "must be an int")
@@ -289,12 +292,16 @@ class KvtierOffloadingHandler:
                 end.synchronize()
 
     def shutdown(self) -> None:
-        """Wait for every queued job and drop the handler's buffers."""
+        """Wait for every queued job and drop the handler's buffers and maps (with them the
+        views of the engine's tensors: vLLM can then release its shared region); later
+        transfers are refused."""
         for job in self._jobs:
             job.end.synchronize()
         self._jobs.clear()
         self._pending.clear()
         self._free.clear()
+        self._groups = []
+        self._closed = True
 
     # ------------------------------------------------------------ internals
     def _rows(self, n: int) -> _Rows:

@@ -9,10 +9,9 @@ configuration and builds its launch arguments, then records each launch grid ins
 launching. This gives the programs a transfer uses and the host time a call spends up to
 its launches, with no GPU and no interpreter run.
 
-What calls inside the probe learn about their index tensors (`kvtier.kernels.index_memo`:
-"these values passed the range check") is kept in a table of the probe's own and dropped
-when it ends, and the last index pairs callers kept (`index_memo.LastPair`) are void from
-its start and again at its end: no check ran there, so a later real call must check again.
+Nothing a call learns inside the probe outlives it as a verdict: kvtier keeps no verdict
+of any index list between calls (every launch checks its own), so a later real call
+checks again whatever was recorded here.
 """
 from __future__ import annotations
 
@@ -64,12 +63,9 @@ class LaunchProbe:
         # Imported here: both need Triton, which is present from this point on.
         self._check_mod = importlib.import_module("kvtier.kernels.index_check_kernel")
         self._maps = importlib.import_module("kvtier.adapters.maps")
-        self._memo = importlib.import_module("kvtier.kernels.index_memo")
         self._rec, self._check_rec = _Recorder(self.keep_args), _Recorder(self.keep_args)
         self._saved = (_core._kernel, _core.interpreter_active, self._check_mod._check_indices_kernel,
-                       self._maps.interpreter_active, _core._RUNNERS, self._memo._MEMO)
-        self._memo._MEMO = {}
-        self._memo.forget_all()
+                       self._maps.interpreter_active, _core._RUNNERS)
         _core._kernel = lambda: self._rec
         self._check_mod._check_indices_kernel = self._check_rec
         # The CPU falls back to the reference without the interpreter; the probe never
@@ -82,8 +78,7 @@ class LaunchProbe:
 
     def __exit__(self, *exc) -> None:
         (_core._kernel, _core.interpreter_active, self._check_mod._check_indices_kernel,
-         self._maps.interpreter_active, _core._RUNNERS, self._memo._MEMO) = self._saved
-        self._memo.forget_all()
+         self._maps.interpreter_active, _core._RUNNERS) = self._saved
 
     @property
     def grids(self):

@@ -9,7 +9,6 @@ Triton cannot run, copies fall back to the torch reference with one warning.
 import kvtier.platforms  # noqa: F401
 from .config import CopyConfig, Space
 from .copy_rows import copy_rows, synchronize
-from .index_check import IndexGuard
 from .errors import KvtierError
 from .reference import copy_rows_reference
 from .layouts import NAMES as LAYOUTS, HostLayout, host_layout
@@ -18,7 +17,7 @@ from .rowmap import RowMap
 
 __all__ = [
     "RowMap", "LAYOUTS", "HostLayout", "host_layout", "OPS", "Op", "CopyConfig", "Space", "default_config",
-    "copy_rows", "copy_rows_reference", "synchronize", "IndexGuard", "KvtierError",
+    "copy_rows", "copy_rows_reference", "synchronize", "KvtierError",
 ]
 
 

@@ -91,14 +91,18 @@ def _shape(s: dict) -> str:
 def compile_report(target: str = "sm90", *, config: Optional[CopyConfig] = None, row_bytes: int = 1024,
                    src_table: bool = True, dst_table: bool = False, page_size: int = 1,
                    n_chunks: int = 1, num_components: int = 1, align: int = 16,
-                   index_bits: int = 64, offset_bits: int = 32) -> KernelReport:
+                   index_bits: int = 64, offset_bits: int = 32, check: int = 2,
+                   check_tables: bool = False) -> KernelReport:
     """Compile one kernel configuration for ``target`` and report on it (never raises
     for a compile failure: the report's ``error`` says what went wrong). ``offset_bits``:
-    32 describes layers spanning under 2 GiB (row offsets in 32 bits), 64 larger ones."""
+    32 describes layers spanning under 2 GiB (row offsets in 32 bits), 64 larger ones.
+    ``check``: how the launch checks its index lists (2: inline, as link copies do; 1: by
+    a check launch's verdict, as device copies do; 0: not); ``check_tables``: it also
+    checks an engine table's entries."""
     config = config or CopyConfig()
     shape = dict(row_bytes=row_bytes, src_table=src_table, dst_table=dst_table, page_size=page_size,
                  n_chunks=n_chunks, num_components=num_components, align=align, index_bits=index_bits,
-                 offset_bits=offset_bits)
+                 offset_bits=offset_bits, check=check, check_tables=check_tables)
     if target in TARGETS and _interpreter_ran_here():       # one request: compile_reports' child
         return compile_reports([(target, config, shape)])[0]
     return _report(target, config, shape)
@@ -167,8 +171,12 @@ def kernel_constants(config: CopyConfig, shape: dict) -> dict:
     warp = TARGETS[shape.get("target", "sm90")][2]
     const = constants(Geometry(shape["src_table"], **side), Geometry(shape["dst_table"], **side), 1 << 20,
                       config, threads=config.num_warps * warp)
-    # Pools and adapters launch with the device-side index check's verdict word.
-    return dict(const, CHECKED=shape.get("checked", True), SKIP_NEG=shape.get("skip_negative", False))
+    # Link copies (few programs) check their lists inline; device copies read a check
+    # launch's verdict (`check` 1); engine tables add their entries' check.
+    return dict(const, SRC_TSPLIT=shape["num_components"], DST_TSPLIT=shape["num_components"],
+                CHECK=shape.get("check", 2), SKIP_NEG=shape.get("skip_negative", False),
+                SRC_WHOLE=shape.get("whole", 1), DST_WHOLE=shape.get("whole", 1),
+                CHECK_TABLES=bool(shape.get("check_tables", False)), CHECK_BLOCK=1024)
 
 
 def _compile(target: str, config: CopyConfig, shape: dict):
@@ -177,12 +185,15 @@ def _compile(target: str, config: CopyConfig, shape: dict):
     from triton.compiler import ASTSource
     from .copy_rows_kernel import _copy_rows_kernel
     const = kernel_constants(config, dict(shape, target=target))
-    word_type = {1: "*u8", 2: "*i16", 4: "*i32", 8: "*i64"}[const["WORD"]]
     idx = f"*i{shape['index_bits']}"
-    ptrs = {"src_ptr": word_type, "dst_ptr": word_type, "src_table": "*i64", "dst_table": "*i64",
-            "src_idx": idx, "dst_idx": idx, "verdict": "*i32"}
-    # Counts are i32 as Triton types them at launch; strides stay i64 (the widest case).
-    counts = ("n_rows", "n_layers", "src_layer0", "dst_layer0", "src_table_layers", "dst_table_layers")
+    word = "*i32" if const["CHECK"] == 1 else "*i64"     # the verdict words, or the failure record
+    ptrs = {"src_table": "*i64", "dst_table": "*i64", "src_table2": "*i64", "dst_table2": "*i64",
+            "src_idx": idx, "dst_idx": idx, "verdict": word, "record": word}
+    # Dense index lists: Triton specializes their stride of 1 to a constant at launch.
+    const = dict(const, src_idx_stride=1, dst_idx_stride=1)
+    # Counts are i32 as Triton types them at launch; addresses and strides i64 (the widest case).
+    counts = ("n_idx", "src_limit", "dst_limit", "src_arg", "dst_arg", "src_targ", "dst_targ", "n_layers",
+              "src_layer0", "dst_layer0", "src_t_comp", "src_t_layer", "dst_t_comp", "dst_t_layer")
     names = _copy_rows_kernel.arg_names
     sig = {n: ptrs.get(n, "constexpr" if n in const else "i32" if n in counts else "i64") for n in names}
     # Pointer arguments from torch allocations are 16-byte aligned; Triton specializes them so.

@@ -4,32 +4,44 @@ One kernel copies rows from one row map to another at given source and destinati
 indices, over a range of layers and every component of the maps. Backup (device ->
 host), load (host -> device), gather (scattered rows -> contiguous buffer) and scatter
 are all this copy with different maps. Each side is addressed either as a stacked
-buffer (base pointer + strides, Ascend style) or through an int64 table of per-layer
-base addresses (CUDA style); the choice is a compile-time constant per side.
+buffer (base address + strides, Ascend style) or through int64 tables of per-layer base
+addresses (CUDA style); the choice is a compile-time constant per side.
+
+A `BoundCopy` is everything a launch between two maps' *layouts* needs but the
+addresses: it holds no tensor and is a pure function of the layouts, the layer range,
+the page mode, the configuration and the device, so bound copies are kept for the
+process (`bind`). Each call passes its own addresses (a `Side` per map: a base, or the
+tables) and its own index lists, which every launch checks before it moves a byte
+(`run`, `kvtier.kernels.index_check`).
 """
 from __future__ import annotations
 
 import logging
 import os
+import threading
 import warnings
-from dataclasses import dataclass
-from typing import Optional
+from collections import OrderedDict
+from dataclasses import replace
+from typing import NamedTuple, Optional, Sequence
 
 import torch
 
 import kvtier.platforms as platforms
 
-from . import direct_launch
+from . import direct_launch, faults
 from .config import CopyConfig
 from .errors import KvtierError, fail
-from .index_check import IndexGuard, checks_on
-from .index_memo import page_starts
 from .plan import kernel_constants, plan_copy  # noqa: F401  (plan_copy: tests and tools)
-from .rowmap import _WORD_DTYPES, RowMap
+from .rowmap import RowMap
 from .storage_watch import Watch, check_storage, watch  # noqa: F401  (Watch: callers' type)
 from .validate import check_copy
 
-__all__ = ["copy_rows", "synchronize", "KvtierError", "interpreter_active", "triton_available", "plan_copy"]
+__all__ = ["copy_rows", "synchronize", "KvtierError", "interpreter_active", "triton_available", "plan_copy",
+           "BoundCopy", "Side", "Checks", "bind", "run"]
+
+# What every program of a launch does before it moves a byte (the kernel's CHECK).
+UNCHECKED, BY_VERDICT, INLINE = 0, 1, 2
+CHECK_BLOCK = 1024          # index or table entries a program reads per step of a check
 
 
 def _triton():
@@ -96,6 +108,7 @@ _warned = set()
 def _warn_once(key: str, msg: str) -> None:
     if key not in _warned:
         _warned.add(key)
+        logging.getLogger("kvtier").warning("%s", msg)
         warnings.warn(msg, RuntimeWarning, stacklevel=3)
 
 
@@ -115,72 +128,109 @@ def _unify_chunks(src: RowMap, dst: RowMap):
 
 
 def _chunked_like(contig: RowMap, other: RowMap) -> RowMap:
-    from dataclasses import replace
-    return replace(contig, n_chunks=other.n_chunks, chunk_bytes=other.chunk_bytes,
-                   chunk_stride=other.chunk_bytes).sharing_anchors(contig)
+    return replace(contig, n_chunks=other.n_chunks, chunk_bytes=other.chunk_bytes, chunk_stride=other.chunk_bytes)
 
 
 def _split_chunks(m: RowMap, c: int) -> RowMap:
     # Only contiguous chunk sub-splits are representable with one chunk stride.
     if m.n_chunks == 1 or m.chunk_stride == m.chunk_bytes:
-        from dataclasses import replace
-        return replace(m, n_chunks=m.row_bytes // c, chunk_bytes=c, chunk_stride=c).sharing_anchors(m)
+        return replace(m, n_chunks=m.row_bytes // c, chunk_bytes=c, chunk_stride=c)
     raise KvtierError(f"cannot pair {m.describe()} with a map chunked in {c}-byte pieces")
 
 
+# ---------------------------------------------------------------------- one copy
 def copy_rows(src: RowMap, src_indices: torch.Tensor, dst: RowMap, dst_indices: torch.Tensor,
               *, src_layer: int = 0, dst_layer: int = 0, num_layers: Optional[int] = None,
               by_page: bool = False, config: Optional[CopyConfig] = None, check: Optional[bool] = None,
-              verdict: Optional[torch.Tensor] = None, skip_negative: bool = False) -> None:
+              skip_negative: bool = False) -> None:
     """Copy rows: for every component c and layer l < num_layers,
     ``dst[c, dst_layer + l, dst_indices[j]] = src[c, src_layer + l, src_indices[j]]``.
 
-    Indices are token slots (int32/int64, 1-D, on the device where the copy runs: the
-    maps' accelerator, else the CPU). ``by_page=True`` asserts that the indices are whole
-    pages (runs of page_size slots from a page boundary, checked): where both sides store
-    a page contiguously, each page then moves as one row. ``num_layers`` defaults to all
-    layers both sides have from their start layers.
+    Indices are token slots (int32/int64, 1-D, any strides, on the device where the copy
+    runs: the maps' accelerator, else the CPU). ``by_page=True`` asserts that the indices
+    are whole pages (runs of page_size slots from a page boundary, checked): where both
+    sides store a page contiguously, each page then moves as one row. ``num_layers``
+    defaults to all layers both maps have from the start layers. ``skip_negative``: a
+    pair holding a negative index is skipped (the engines' convention) instead of refused.
 
-    Value checks (range, whole pages) never wait for the device: indices on the host are
-    checked at once, indices on the device by a check kernel whose verdict the copy reads,
-    so a bad list moves nothing and raises `KvtierError` at the next `copy_rows` call or at
-    `kvtier.kernels.synchronize()` (`kvtier.kernels.index_check`). ``check=False`` (or
-    ``KVTIER_CHECK=0``) skips them; the shape checks always run. ``verdict``: a verdict
-    word from the caller's own `IndexGuard` (the copy moves nothing unless it is 0).
-    ``skip_negative``: a pair holding a negative index is skipped, not refused (the
-    engines' convention). The copy is enqueued on the current stream.
+    Every launch checks the index values it copies with before it moves a byte (range,
+    whole pages; `kvtier.kernels.index_check`), on the device, without a sync: a bad
+    list moves nothing and raises `KvtierError` here where the check has run already
+    (the CPU), else at this thread's next call or `synchronize()`. ``check=False`` (or
+    ``KVTIER_CHECK=0``) skips the value checks; shape checks always run. ``config`` sets
+    the launch configuration (`CopyConfig`), else the platform default applies.
     """
     device, num_layers = check_copy(src, src_indices, dst, dst_indices, src_layer, dst_layer,
                                     num_layers, by_page, check_values=False)
     if config is not None and not isinstance(config, CopyConfig):
         raise fail("config", type(config).__name__, "must be a kvtier CopyConfig (or None for the default)")
-    n = src_indices.numel()
-    if n == 0 or num_layers == 0:
+    if src_indices.numel() == 0 or num_layers == 0:
         return
-    if verdict is None and checks_on(check):
-        verdict = GUARD.check(device, [
-            ("src_indices", src_indices, src.num_rows, src.page_size if by_page else 1),
-            ("dst_indices", dst_indices, dst.num_rows, dst.page_size if by_page else 1)],
-            negatives_skip=skip_negative)
-    copy_validated(src, src_indices, dst, dst_indices, src_layer, dst_layer, num_layers, by_page,
-                   config, device, verdict, skip_negative)
+    from .index_check import Checks, checks_on
+    page = (src.page_size, dst.page_size) if by_page else (1, 1)
+    bound = bind(src, dst, src_layer=src_layer, dst_layer=dst_layer, num_layers=num_layers, by_page=by_page,
+                 config=config, device=device, n_rows=src_indices.numel(), skip_negative=skip_negative,
+                 whole=page, tables=(not src.table_trusted, not dst.table_trusted))
+    checks = Checks.of(("src_indices", src.num_rows, page[0]), ("dst_indices", dst.num_rows, page[1]),
+                       skip_negative) if checks_on(check) else None
+    check_storage(bound_watch(src, dst, src_layer, dst_layer, num_layers))
+    run((bound,), (bound.sides(src, dst),), src_indices, dst_indices, checks, device, ((src, dst),))
 
 
-def copy_validated(src: RowMap, src_indices, dst: RowMap, dst_indices, src_layer: int = 0, dst_layer: int = 0,
-                   num_layers: int = 1, by_page: bool = False, config: Optional[CopyConfig] = None,
-                   device: Optional[torch.device] = None, verdict: Optional[torch.Tensor] = None,
-                   skip_negative: bool = False, bound: Optional["BoundCopy"] = None) -> None:
-    """`copy_rows` after its checks: the pools' and adapters' hot path, for arguments they
-    have validated themselves (shapes here are not checked again). ``bound``: the
-    `BoundCopy` these arguments make, where the caller keeps it (then only the indices
-    and the verdict are read from the call)."""
-    if bound is None:
-        if src_indices.numel() == 0 or num_layers == 0:
-            return
-        bound = bind(src, dst, src_layer=src_layer, dst_layer=dst_layer, num_layers=num_layers,
-                     by_page=by_page, config=config, device=device, n_rows=src_indices.numel(),
-                     skip_negative=skip_negative)
-    bound(src_indices, dst_indices, verdict)
+def bound_watch(src: RowMap, dst: RowMap, src_layer: int, dst_layer: int, num_layers: int) -> Watch:
+    """The storage watch of a copy between ``src`` and ``dst`` over a layer range."""
+    return watch(src, src_layer, num_layers) + watch(dst, dst_layer, num_layers)
+
+
+# ---------------------------------------------------------------------- running a call
+def run(bounds: Sequence["BoundCopy"], sides: Sequence[tuple], si: torch.Tensor, di: torch.Tensor,
+        checks: Optional["Checks"], device: torch.device, maps=None) -> None:
+    """Enqueue one call: its bound copies (``sides``: each one's `BoundCopy.sides`) at
+    index lists ``si``, ``di`` (shapes validated by the caller), all of them or none.
+
+    With ``checks`` (`kvtier.kernels.index_check.Checks`: the lists' names, limits, pages)
+    every launch checks the lists before it moves a byte: inline, where the call is one
+    launch of few programs (each program reads the lists whole; `Platform.inline_check`),
+    else by one check launch of the call's own whose verdict every launch reads (the
+    calling thread's words on this stream, `kvtier.kernels.faults`). A failure recorded
+    by an earlier call of this thread is raised first; a failure of this call is raised
+    at once where the check has run by the time the launches are enqueued (the CPU).
+    ``maps``: the (source, destination) maps of each copy, or a function that makes them:
+    what the torch reference copies with where Triton cannot run."""
+    faults.raise_pending()
+    n = si.numel()
+    if checks is not None and (checks.src_page > 1 or checks.dst_page > 1):     # a count is metadata
+        for name, page in ((checks.src_name, checks.src_page), (checks.dst_name, checks.dst_page)):
+            if n % page:
+                raise fail(f"len({name})", n, f"page-granular copy needs a multiple of page_size={page}")
+    if bounds[0].runner != "kernel":
+        return _reference_call(bounds, maps() if callable(maps) else maps, si, di, checks)
+    if not n:
+        return
+    if checks is None:
+        for b, s in zip(bounds, sides):
+            b(si, di, s, UNCHECKED, si)
+        return
+    record = faults.record(device)
+    if len(bounds) == 1 and bounds[0].inline_ok(n):
+        bounds[0](si, di, sides[0], INLINE, record.tensor, checks)
+    else:
+        from .index_check import check_launch
+        words = check_launch(device, checks, si, di, bounds, sides, record)
+        for b, s in zip(bounds, sides):
+            b(si, di, s, BY_VERDICT, words)
+    if record.view is not None and record.view[0] and device.type == "cpu":
+        faults.raise_pending(this_call=True)
+
+
+def _reference_call(bounds, maps, si, di, checks) -> None:
+    """The call on the torch reference (no Triton, or CPU tensors without the
+    interpreter): the lists checked on the host first, then every copy."""
+    if checks is not None:
+        from .index_check import check_on_host
+        check_on_host(checks, si, di)
+    for b, (src, dst) in zip(bounds, maps):
+        b.reference(si, di, src, dst)
 
 
 _FALLBACK = {
@@ -208,14 +258,10 @@ def _runner(device_type: str) -> str:
     return r
 
 
-# The checks of plain copy_rows calls (pools and adapters keep their own).
-GUARD = IndexGuard()
-
-
 def synchronize(device=None) -> None:
-    """Wait for ``device`` and raise the first index failure a device-side check of a
-    `copy_rows` call found (the check point for callers that do not call again)."""
-    GUARD.synchronize(device)
+    """Wait for ``device`` and raise the first index failure a device-side check of one of
+    this thread's calls found (the check point for callers that do not call again)."""
+    faults.synchronize(device)
 
 
 _interpreter_problem = []
@@ -244,210 +290,187 @@ def check_interpreter() -> None:
         raise KvtierError(_interpreter_problem[0])
 
 
-def _reference(src, si, dst, di, src_layer, dst_layer, num_layers, skip_negative=False):
-    from .reference import copy_rows_reference
-    if skip_negative:
-        keep = (si >= 0) & (di >= 0)
-        si, di = si[keep], di[keep]
-    copy_rows_reference(src, si, dst, di, src_layer=src_layer, dst_layer=dst_layer,
-                        num_layers=num_layers, check=False)
+# ---------------------------------------------------------------------- bound copies
+class Side(NamedTuple):
+    """What one call passes for one side of a bound copy: the base address of a stacked
+    side (as the kernel addresses it; a table side: bytes added to every entry), its
+    component stride in the copy's units, and a table side's tables (the first for
+    components below the map's ``table_split``, the second for the rest; unused ones are
+    any int64 tensor on the device)."""
+
+    base: int
+    table: torch.Tensor
+    table2: torch.Tensor
+    comp_stride: int
 
 
-@dataclass(frozen=True)
-class LaunchPlan:
-    """Everything a launch between two maps passes that does not depend on the indices or
-    the layer range (a `BoundCopy` holds one)."""
-
-    sp: torch.Tensor
-    st: torch.Tensor
-    dp: torch.Tensor
-    dt: torch.Tensor
-    strides: tuple
-    const: dict
-    rows: int
-    n_comp: int
-    src_layers: int
-    dst_layers: int
-    dp_dtype: torch.dtype       # the word type a rebased destination is viewed as
+_BOUND: "OrderedDict[tuple, BoundCopy]" = OrderedDict()
+_BOUND_LOCK = threading.Lock()
+KEEP_BOUND = 1024       # bound copies kept for the process (least recently bound dropped)
 
 
 def bind(src: RowMap, dst: RowMap, *, src_layer: int, dst_layer: int, num_layers: int, by_page: bool,
-         config: Optional[CopyConfig], device: torch.device, n_rows: int,
-         skip_negative: bool = False, keep: bool = True) -> "BoundCopy":
+         config: Optional[CopyConfig], device: torch.device, n_rows: int, skip_negative: bool = False,
+         whole: tuple = (1, 1), tables: tuple = (False, False)) -> "BoundCopy":
     """The `BoundCopy` for copying about ``n_rows`` index pairs (its power-of-two bucket)
-    between validated maps: made once and kept in the source map's derived record (the
-    last `KEEP_BOUND` per source map). ``keep=False`` for a destination the caller will
-    not pass again (a new result buffer): kept, it would keep that buffer alive."""
+    between maps of ``src``'s and ``dst``'s layouts (`RowMap.layout_key`). ``whole``: the
+    page size each side's list must come in whole runs of (1: none); ``tables``: whether
+    each side's tables are checked for null or misaligned entries (tables an engine made;
+    kvtier's own are right by construction). A pure function of its arguments' layouts,
+    kept for the process in a bounded table (`KEEP_BOUND`); it holds no tensor."""
     if config is None:
         config = platforms.of(device).default_config(crosses_link=src.device.type != dst.device.type)
-    key = (dst, src_layer, dst_layer, num_layers, by_page, config, device,
-           1 << (max(n_rows, 1) - 1).bit_length(), skip_negative)
-    plans = src.derived.plans
-    b = plans.get(key)
+    key = (src.layout_key(), dst.layout_key(), src_layer, dst_layer, num_layers, by_page, config, device,
+           1 << (max(n_rows, 1) - 1).bit_length(), bool(skip_negative), whole, tables, _runner(device.type))
+    b = _BOUND.get(key)
     if b is None:
-        b = BoundCopy(src, dst, src_layer, dst_layer, num_layers, by_page, config, device, key[7], skip_negative)
-        if keep:
-            if len(plans) >= KEEP_BOUND:
-                try:                             # the oldest (another thread may be here too)
-                    del plans[next(iter(plans))]
-                except (StopIteration, KeyError, RuntimeError):
-                    pass
-            plans[key] = b
+        b = BoundCopy(src, dst, src_layer, dst_layer, num_layers, by_page, config, device, key[8],
+                      bool(skip_negative), whole, tables)
+        with _BOUND_LOCK:
+            _BOUND[key] = b
+            if len(_BOUND) > KEEP_BOUND:
+                _BOUND.popitem(last=False)
     return b
 
 
-KEEP_BOUND = 64
-
-
 class BoundCopy:
-    """One row copy between two validated maps over a layer range, with everything but
-    the indices and the verdict worked out once: the launch plan (kernel constants,
-    pointer and table arguments, strides in units), the page view, and the tensors to
-    watch. Calling it with (source indices, destination indices, verdict) enqueues the
-    copy: the pools' and adapters' hot path.
-
-    Before each launch it checks, on the host, that every tensor the maps were built on
-    still has, in the layers it touches, the storage it had then (after ``resize_``,
-    ``set_`` or a freed storage the map's addresses point at memory the tensor no longer
-    owns): a `KvtierError` names the tensor instead of a write into freed memory.
+    """One row copy between two map layouts over a layer range, with everything but the
+    addresses and the indices worked out once: the page view, the kernel's constants, the
+    strides in units, how each side's tables are read. Calling it with (source indices,
+    destination indices, the call's `Side` pair, check mode, word) enqueues the copy:
+    the hot path of every pool and adapter. It holds no tensor.
     """
 
-    __slots__ = ("config", "num_layers", "skip_negative", "page", "runner", "plan", "maps", "origin",
-                 "constants", "rest", "items", "watch", "layers", "direct")
+    __slots__ = ("config", "num_layers", "skip_negative", "page", "runner", "constants", "rest", "items",
+                 "layers", "direct", "rows", "unit", "device", "op_bytes", "inline_programs", "whole",
+                 "layouts", "check_tables")
 
     def __init__(self, src: RowMap, dst: RowMap, src_layer: int, dst_layer: int, num_layers: int,
-                 by_page: bool, config: CopyConfig, device: torch.device, n_bucket: int, skip_negative: bool):
-        self.config, self.num_layers, self.origin = config, num_layers, (src, dst)
-        self.skip_negative, self.layers = skip_negative, (src_layer, dst_layer)
-        self.watch = watch(src, src_layer, num_layers) + watch(dst, dst_layer, num_layers)
+                 by_page: bool, config: CopyConfig, device: torch.device, n_bucket: int, skip_negative: bool,
+                 whole: tuple, tables: tuple):
+        self.config, self.num_layers, self.device = config, num_layers, device
+        self.skip_negative, self.layers, self.whole = skip_negative, (src_layer, dst_layer), whole
+        self.op_bytes = src.row_bytes * src.num_components * num_layers     # per index pair, for logs
         self.page = 0
         if by_page and src.page_size > 1 and src.page_contiguous and dst.page_contiguous:
             self.page = src.page_size
             src, dst = src.pages_as_rows(), dst.pages_as_rows()
             n_bucket = max(n_bucket // self.page, 1)
-        self.maps = (src, dst)
+        plat = _platform(device)
+        s, d = _unify_chunks(src.kernel_view(plat, device), dst.kernel_view(plat, device))
+        self.layouts = (layout_of(s), layout_of(d))
+        self.check_tables = (bool(tables[0] and s.is_table), bool(tables[1] and d.is_table))
         self.runner = _runner(device.type)
+        self.inline_programs = plat.inline_check_programs
         self.direct = None
+        const = kernel_constants(s, d, n_bucket, config, threads=config.num_warps * plat.warp_threads,
+                                 min_rows=plat.min_rows, min_piece_bytes=plat.min_piece_bytes)
+        self.unit = const["WORD"] * const["ALIGN"]
+        self.rows = const["ROWS"]
+        c = const   # work items per tile of rows: one per (component, layer), and with SPLIT
+        blocks = c["N_CHUNKS"] * -(-c["CHUNK_WORDS"] // c["BLOCK"]) if c.get("SPLIT") else 1
+        self.items = s.num_components * num_layers * blocks
         if self.runner != "kernel":
             return
         if not interpreter_active() and direct_launch.enabled():
             self.direct = direct_launch.Launches(config.num_warps)
-        p = self.plan = _make_plan(src, dst, n_bucket, config, device)
-        scalars = (num_layers, src_layer, dst_layer, p.src_layers, p.dst_layers, *p.strides)
-        base = dict(p.const, SKIP_NEG=skip_negative, IDX_STEP=max(self.page, 1))
-        self.constants = dict(base, CHECKED=False)
+        u = self.unit
+        scalars = (num_layers, src_layer, dst_layer, s.entry_comp, s.table_layer, d.entry_comp, d.table_layer,
+                   s.layer_stride // u, s.page_stride // u, s.token_stride // u, s.chunk_stride // u,
+                   d.layer_stride // u, d.page_stride // u, d.token_stride // u, d.chunk_stride // u)
+        base = dict(const, SRC_TSPLIT=s.entry_split, DST_TSPLIT=d.entry_split, SKIP_NEG=skip_negative,
+                    IDX_STEP=max(self.page, 1), SRC_WHOLE=whole[0], DST_WHOLE=whole[1],
+                    CHECK_TABLES=any(self.check_tables), CHECK_BLOCK=CHECK_BLOCK)
         names = constexpr_names()
-        # The launch arguments after the verdict, as one tuple: (unchecked, checked).
-        self.rest = tuple((p.dp, p.dt, p.sp, p.st, *scalars, *(dict(base, CHECKED=c)[k] for k in names))
-                          for c in (False, True))
-        c = p.const   # work items per tile of rows: one per (component, layer), and with SPLIT
-        blocks = c["N_CHUNKS"] * -(-c["CHUNK_WORDS"] // c["BLOCK"]) if c.get("SPLIT") else 1
-        self.items = p.n_comp * num_layers * blocks          # per chunk and column block
+        # The launch arguments after the sides, per check mode.
+        self.rest = tuple((*scalars, *(dict(base, CHECK=mode)[k] for k in names))
+                          for mode in (UNCHECKED, BY_VERDICT, INLINE))
 
-    def __call__(self, si: torch.Tensor, di: torch.Tensor, verdict: Optional[torch.Tensor] = None,
-                 watched: bool = False, dst_buffer: Optional[torch.Tensor] = None,
-                 src_buffer: Optional[torch.Tensor] = None) -> None:
-        """Enqueue the copy at dense indices; with a ``verdict`` word, its programs copy
-        nothing unless it is 0. ``watched``: the caller has run `check_storage` on this
-        copy's watch already (a call of several launches checks them all before the
-        first). ``dst_buffer`` (``src_buffer``): for a copy bound to a destination (source)
-        *layout* (a stacked map without tensors, see `rebased`), the contiguous buffer this
-        call writes (reads), laid out as it (already viewed as the kernel's word type, or
-        it is viewed here). Where the copy moves pages, the indices are whole pages of
-        slots and the kernel reads each page's first (``IDX_STEP``).
-
-        One frame from here to the launch: every pool and adapter call passes it."""
-        if not watched:
-            check_storage(self.watch)
-        if not si.is_contiguous():      # the kernel reads indices as dense arrays
-            si = si.contiguous()
-        if not di.is_contiguous():
-            di = di.contiguous()
-        if self.runner != "kernel":
-            _warn_once(self.runner, _FALLBACK[self.runner])
-            if self.page:           # the reference reads page numbers
-                si, di = page_starts(si, self.page), page_starts(di, self.page)
-            src, dst = self.maps
-            return _reference(src, si, dst, di, *self.layers, self.num_layers, self.skip_negative)
-        p, n = self.plan, si.numel()
+    # -- what a call passes
+    def sides(self, src: RowMap, dst: RowMap) -> tuple:
+        """The call arguments for maps ``src`` and ``dst`` (of this copy's layouts): both
+        sides' `Side`, flattened as the kernel takes them."""
         if self.page:
-            n //= self.page
-        if not n:
-            return
-        config = self.config
-        grid = min(config.num_programs, self.items * -(-n // p.rows))
-        if verdict is None:         # unchecked: any tensor stands in for the unread word
-            verdict, rest = si, self.rest[0]
+            src, dst = src.pages_as_rows(), dst.pages_as_rows()
+        plat = _platform(self.device)
+        return (*self.side(src.kernel_view(plat, self.device)), *self.side(dst.kernel_view(plat, self.device)))
+
+    def side(self, m: RowMap) -> Side:
+        """`Side` of map ``m`` (as a kernel addresses it) for this copy."""
+        if m.is_table:
+            t = m.table_on(self.device)
+            t2 = m.table2 if m.table2 is not None else t
+            return Side(m.base, t, t2, m.comp_stride // self.unit)
+        dummy = _dummy(self.device)
+        return Side(m.base, dummy, dummy, m.comp_stride // self.unit)
+
+    def inline_ok(self, n: int) -> bool:
+        """Whether a launch for ``n`` indices checks them inline: few enough programs that
+        each reading the lists whole costs less than a check launch."""
+        return self.grid(n) <= self.inline_programs
+
+    def grid(self, n: int) -> int:
+        rows = n // self.page if self.page else n
+        return max(1, min(self.config.num_programs, self.items * -(-rows // self.rows)))
+
+    # -- the launch
+    def __call__(self, si: torch.Tensor, di: torch.Tensor, sides: tuple, mode: int, word: torch.Tensor,
+                 checks: Optional["object"] = None) -> None:
+        """Enqueue the copy at index lists ``si``, ``di`` (1-D, any strides) with the
+        call's ``sides``; ``mode`` UNCHECKED (``word`` any tensor), BY_VERDICT (``word``:
+        the verdict the call's check launch writes) or INLINE (``word``: this thread's
+        failure record; ``checks``: the lists' limits and names). One frame from here to
+        the launch: every pool and adapter call passes it."""
+        n = si.numel()
+        if mode == INLINE:
+            args = (si, di, n, si.stride(0), di.stride(0), checks.src_limit, checks.dst_limit, checks.src_arg,
+                    checks.dst_arg, checks.src_targ, checks.dst_targ, word, word, *sides, *self.rest[2])
         else:
-            rest = self.rest[1]
-        # (the launch arguments after the verdict: destination pointer and table, source
-        # pointer and table, then the bound copy's own)
-        if dst_buffer is not None:
-            if dst_buffer.dtype is not p.dp_dtype:
-                dst_buffer = dst_buffer.view(-1).view(p.dp_dtype)
-            args, varying = (si, di, n, verdict, dst_buffer, dst_buffer, *rest[2:]), _DST_WORDS
-        elif src_buffer is not None:
-            if src_buffer.dtype is not p.dp_dtype:
-                src_buffer = src_buffer.view(-1).view(p.dp_dtype)
-            args, varying = (si, di, n, verdict, rest[0], rest[1], src_buffer, src_buffer, *rest[4:]), _SRC_WORDS
-        else:
-            args, varying = (si, di, n, verdict, *rest), ()
+            args = (si, di, n, si.stride(0), di.stride(0), 0, 0, 0, 0, 0, 0, word, word, *sides, *self.rest[mode])
+        grid = self.grid(n)
         direct = self.direct
         if direct is not None:      # a compiled kernel: kept and launched directly once checked
-            direct.launch(_kernel(), grid, args, direct_launch.copy_spec(args, varying))
+            direct.launch(_kernel(), grid, args, direct_launch.copy_spec(args))
         else:
-            _kernel()[(grid,)](*args, num_warps=config.num_warps)
+            _kernel()[(grid,)](*args, num_warps=self.config.num_warps)
+
+    def reference(self, si: torch.Tensor, di: torch.Tensor, src: RowMap, dst: RowMap) -> None:
+        """The copy between maps ``src`` and ``dst`` (of this copy's layouts) on the torch
+        reference, where Triton cannot run (one warning)."""
+        _warn_once(self.runner, _FALLBACK[self.runner])
+        from .reference import copy_rows_reference
+        if self.page:       # the reference reads page numbers
+            src, dst = src.pages_as_rows(), dst.pages_as_rows()
+            si, di = (si[::self.page] // self.page), (di[::self.page] // self.page)
+        if self.skip_negative:
+            keep = (si >= 0) & (di >= 0)
+            si, di = si[keep], di[keep]
+        copy_rows_reference(src, si, dst, di, src_layer=self.layers[0], dst_layer=self.layers[1],
+                            num_layers=self.num_layers, check=False)
 
 
-def rebased(m: RowMap) -> RowMap:
-    """Stacked map ``m`` as a layout only (no tensors, nothing kept alive): a copy bound to
-    it is given its buffer per call (`BoundCopy.__call__`'s ``dst_buffer`` or
-    ``src_buffer``), contiguous from the map's base and aligned as ``m``'s base was."""
-    from dataclasses import replace
-    if m.is_table:
-        raise KvtierError(f"{m.describe()}: only a stacked map can be a layout")
-    return replace(m, segments=(), born=())
+def layout_of(m: RowMap) -> RowMap:
+    """``m`` without its tensors: the geometry a bound copy keeps (a table map keeps a
+    placeholder table, so it still reads as one)."""
+    return replace(m, segments=(), born=(), table=_PLACEHOLDER if m.is_table else None, table2=None,
+                   table_comp=m.entry_comp, table_split=m.entry_split)
 
 
-_DST_WORDS, _SRC_WORDS = (4, 5), (6, 7)        # where a call's own buffer goes in the arguments
-
-
-def _make_plan(src: RowMap, dst: RowMap, n_bucket: int, config: CopyConfig, device: torch.device) -> LaunchPlan:
-    plat = _platform(device)
-    # A map as the kernel addresses it (Ascend: registered host memory by device address).
-    src, dst = src.kernel_view(plat, device), dst.kernel_view(plat, device)
-    src, dst = _unify_chunks(src, dst)
-    const = kernel_constants(src, dst, n_bucket, config, threads=config.num_warps * plat.warp_threads,
-                             min_rows=plat.min_rows, min_piece_bytes=plat.min_piece_bytes)
-    word = const["WORD"]
-    unit = word * const["ALIGN"]
-    args = []
-    for m in (src, dst):
-        if m.is_table:
-            table = m.table_on(device)
-            # The pointer argument of a table side is unused; its dtype names the word type.
-            other = dst if m is src else src
-            ptr = other.anchor(word) if not other.is_table and other.segments else _word_view(table, word)
-            args.append((ptr, table))
-        else:
-            # A stacked map without tensors is a layout: each call brings its buffer.
-            a = m.anchor(word) if m.segments else None
-            args.append((a, a))
-    (sp, st), (dp, dt) = args
-    return LaunchPlan(sp, st, dp, dt, (*_units(src, unit), *_units(dst, unit)), const, const["ROWS"],
-                      src.num_components, src.num_layers, dst.num_layers, _WORD_DTYPES[word])
+_PLACEHOLDER = torch.zeros(1, dtype=torch.int64)
 
 
 def _platform(device: torch.device):
-    """The platform record whose launch floors, thread counts and map views apply."""
+    """The platform record whose launch floors, thread counts and map views apply (a seam:
+    tests and the Ascend lowering checks plan as another platform here)."""
     return platforms.of(device)
 
 
-def _units(m: RowMap, unit: int):
-    """The map's strides in units of ``unit`` bytes (comp, layer, page, token, chunk)."""
-    return (m.comp_stride // unit, m.layer_stride // unit, m.page_stride // unit,
-            m.token_stride // unit, m.chunk_stride // unit)
+_DUMMIES = {}
 
 
-def _word_view(t: torch.Tensor, word: int) -> torch.Tensor:
-    return t.view(torch.uint8)[: (t.numel() * 8 // word) * word].view(_WORD_DTYPES[word])
+def _dummy(device: torch.device) -> torch.Tensor:
+    """An int64 tensor on ``device`` for a pointer argument the kernel does not read."""
+    t = _DUMMIES.get(device)
+    if t is None:
+        t = _DUMMIES[device] = torch.zeros(1, dtype=torch.int64, device=device)
+    return t

@@ -6,31 +6,53 @@ at import time whether kernels run compiled or in its CPU interpreter.
 import triton
 import triton.language as tl
 
-# The rows and start layers change from call to call (a layer loop passes every layer,
-# batches bring every count) and nothing in the code gains from knowing that one is 1 or
-# a multiple of 16: Triton would compile a variant for each such class as it first
-# meets it (a stall of a second or more in the middle of serving), so they are not
-# specialized on. (Tools that compile the kernel from its source pass this on.)
-NOT_SPECIALIZED = ("n_rows", "src_layer0", "dst_layer0")
+# What changes from call to call (a layer loop passes every layer, batches bring every
+# count, the index lists and a layout's buffers are the caller's) is not specialized on:
+# Triton would compile a variant for each class of value it first meets (a stall of a
+# second or more in the middle of serving). (Tools that compile the kernel from its
+# source pass this on.)
+NOT_SPECIALIZED = ("n_idx", "src_limit", "dst_limit", "src_arg", "dst_arg", "src_targ", "dst_targ",
+                   "src_base", "dst_base", "src_comp_stride", "dst_comp_stride", "src_layer0", "dst_layer0")
+
+# Check modes (CHECK): what every program does before it moves a byte.
+UNCHECKED, BY_VERDICT, INLINE = 0, 1, 2
+# Failure codes written to the record (kvtier.kernels.faults names them).
+NEGATIVE, OUT_OF_RANGE, NOT_WHOLE_PAGES, BAD_ADDRESS = 1, 2, 3, 4
 
 
 @triton.jit(do_not_specialize=NOT_SPECIALIZED)
 def _copy_rows_kernel(
-    # What changes from call to call first, then what a bound copy keeps (the launcher
-    # passes the rest as one prebuilt tuple), then the compile-time constants.
-    src_idx, dst_idx, n_rows, verdict, dst_ptr, dst_table, src_ptr, src_table,
-    n_layers, src_layer0, dst_layer0, src_table_layers, dst_table_layers,
-    src_comp_stride, src_layer_stride, src_page_stride, src_token_stride, src_chunk_stride,
-    dst_comp_stride, dst_layer_stride, dst_page_stride, dst_token_stride, dst_chunk_stride,
-    SRC_TABLE: tl.constexpr, DST_TABLE: tl.constexpr, WORD: tl.constexpr,
-    SRC_PAGE: tl.constexpr, DST_PAGE: tl.constexpr,
+    # What changes from call to call first (the lists and their checks, each side's buffer
+    # or tables, the layer range), then what a bound copy keeps (passed as one prebuilt
+    # tuple), then the compile-time constants.
+    src_idx, dst_idx, n_idx, src_idx_stride, dst_idx_stride,
+    src_limit, dst_limit, src_arg, dst_arg, src_targ, dst_targ, verdict, record,
+    src_base, src_table, src_table2, src_comp_stride, dst_base, dst_table, dst_table2, dst_comp_stride,
+    n_layers, src_layer0, dst_layer0,
+    src_t_comp, src_t_layer, dst_t_comp, dst_t_layer,
+    src_layer_stride, src_page_stride, src_token_stride, src_chunk_stride,
+    dst_layer_stride, dst_page_stride, dst_token_stride, dst_chunk_stride,
+    SRC_TABLE: tl.constexpr, DST_TABLE: tl.constexpr, SRC_TSPLIT: tl.constexpr, DST_TSPLIT: tl.constexpr,
+    WORD: tl.constexpr, SRC_PAGE: tl.constexpr, DST_PAGE: tl.constexpr,
     N_COMP: tl.constexpr, N_CHUNKS: tl.constexpr, CHUNK_WORDS: tl.constexpr,
     ROWS: tl.constexpr, BLOCK: tl.constexpr, LOG_BLOCK: tl.constexpr, ALIGN: tl.constexpr,
-    MIN_PIECE: tl.constexpr, CHECKED: tl.constexpr, SKIP_NEG: tl.constexpr,
+    MIN_PIECE: tl.constexpr, CHECK: tl.constexpr, SKIP_NEG: tl.constexpr,
+    SRC_WHOLE: tl.constexpr, DST_WHOLE: tl.constexpr, CHECK_TABLES: tl.constexpr, CHECK_BLOCK: tl.constexpr,
     STAGES: tl.constexpr, SPLIT: tl.constexpr, SRC_I32: tl.constexpr, DST_I32: tl.constexpr,
     IDX_STEP: tl.constexpr,
 ):
     """Persistent copy of ``[ROWS, BLOCK]`` word tiles.
+
+    Check first (CHECK). INLINE: every program reads both index lists whole, through the
+    same pointers and strides its copies read them with, and, with CHECK_TABLES, every
+    table entry its copies will read; one bad value (negative without SKIP_NEG, at or past
+    the side's limit, a run of SRC_WHOLE / DST_WHOLE slots that is not one whole page, a
+    null or misaligned table entry) and no program moves a byte. Program 0 writes the
+    first failure (code, argument id, position, value, limit, page) to ``record`` unless
+    one is already there, for the host to read without a sync. BY_VERDICT: every program
+    reads the word an earlier check launch of the same call wrote, and moves nothing
+    unless it is 0. The lists are read in CHECK_BLOCK-wide tiles; nothing is written but
+    the record.
 
     Work items: program p takes items p, p + grid, p + 2 * grid, ... of a loop that
     Triton software-pipelines over STAGES stages (on sm_90 the loads of the next
@@ -53,14 +75,19 @@ def _copy_rows_kernel(
     MIN_PIECE wide (triton-ascend lowers a piece under 32 bytes element by element);
     MIN_PIECE = 1 compiles the window out.
 
+    Addresses. A stacked side is a base address (an int, the layer and component strides
+    from it); a table side reads each (component, layer) base from an int64 table: entry
+    ``c * t_comp + l * t_layer`` of ``table`` for components below TSPLIT, of ``table2``
+    (components from TSPLIT on, counted from 0) for the rest, plus ``base`` bytes and
+    ``c * comp_stride``.
+    Row offsets follow the row-map formula; SRC_I32 / DST_I32 compute a side's offsets
+    within a layer in 32 bits (the plan sets them where a layer spans under 2 GiB), layer
+    and component bases stay 64-bit. Strides arrive in units of ALIGN words, so the
+    compiler sees the alignment of every offset and may use 16-byte accesses, even
+    through addresses loaded from a table.
+
     A tail tile of rows repeats its last row, which rewrites the same bytes, so no row
-    mask is needed. Row offsets follow the row-map formula; SRC_I32 / DST_I32 compute a
-    side's offsets within a layer in 32 bits (the plan sets them where a layer spans
-    under 2 GiB), layer and component bases stay 64-bit. Strides arrive in units of ALIGN
-    words, so the compiler sees the alignment of every offset and may use 16-byte
-    accesses, even through pointers loaded from a table. With CHECKED, every program
-    first reads the verdict word an index check wrote on the same stream and copies
-    nothing unless it is 0. With SKIP_NEG (the engines' convention) a row whose source or
+    mask is needed. With SKIP_NEG (the engines' convention) a row whose source or
     destination index is negative is skipped: the copies are masked by row, which only
     these calls pay for. With IDX_STEP > 1 the index lists are whole pages of IDX_STEP
     slots and a row is a page: row r reads the slot at ``r * IDX_STEP`` and takes its
@@ -69,6 +96,7 @@ def _copy_rows_kernel(
     """
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
+    n_rows = n_idx // IDX_STEP
     tiles = (n_rows + ROWS - 1) // ROWS
     MAIN: tl.constexpr = (CHUNK_WORDS // BLOCK) * BLOCK
     TAIL: tl.constexpr = CHUNK_WORDS - MAIN
@@ -76,9 +104,89 @@ def _copy_rows_kernel(
     # Column blocks per chunk when they are work items (the last one masked if partial).
     COLS: tl.constexpr = (CHUNK_WORDS + BLOCK - 1) // BLOCK
     PER_TILE: tl.constexpr = N_CHUNKS * COLS if SPLIT else 1
+    WT: tl.constexpr = tl.int8 if WORD == 1 else (tl.int16 if WORD == 2 else (tl.int32 if WORD == 4 else tl.int64))
     total = N_COMP * n_layers * tiles * PER_TILE
-    if CHECKED:
+    if CHECK == 1:
         total = tl.where(tl.load(verdict) == 0, total, 0)
+    if CHECK == 2:
+        bad_code = tl.full([], 0, tl.int64)
+        bad_arg = tl.full([], 0, tl.int64)
+        bad_pos = tl.full([], 0, tl.int64)
+        bad_val = tl.full([], 0, tl.int64)
+        bad_lim = tl.full([], 0, tl.int64)
+        bad_page = tl.full([], 0, tl.int64)
+        for which in tl.static_range(2):
+            idx = src_idx if which == 0 else dst_idx
+            stride = src_idx_stride if which == 0 else dst_idx_stride
+            limit = src_limit if which == 0 else dst_limit
+            arg = src_arg if which == 0 else dst_arg
+            WHOLE = SRC_WHOLE if which == 0 else DST_WHOLE
+            for start in range(0, n_idx, CHECK_BLOCK):
+                j = start + tl.arange(0, CHECK_BLOCK)
+                live = j < n_idx
+                v = tl.load(idx + j * stride, mask=live, other=0).to(tl.int64)
+                code = tl.where(v < 0, 0 if SKIP_NEG else 1, tl.where(v >= limit, 2, 0)).to(tl.int64)
+                if WHOLE > 1:
+                    first = tl.load(idx + (j - j % WHOLE) * stride, mask=live, other=0).to(tl.int64)
+                    broken = (first % WHOLE != 0) | (v != first + (j % WHOLE))
+                    code = tl.where((code == 0) & broken, 3, code)
+                code = tl.where(live, code, 0)
+                pos = tl.min(tl.where(code != 0, j, n_idx), axis=0).to(tl.int64)
+                found = (pos < n_idx) & (bad_code == 0)
+                hit = j == pos
+                bad_val = tl.where(found, tl.sum(tl.where(hit, v, 0), axis=0), bad_val)
+                bad_arg = tl.where(found, arg, bad_arg)
+                bad_pos = tl.where(found, pos, bad_pos)
+                bad_lim = tl.where(found, limit, bad_lim)
+                bad_page = tl.where(found, WHOLE, bad_page)
+                bad_code = tl.where(found, tl.sum(tl.where(hit, code, 0), axis=0), bad_code)
+        if CHECK_TABLES:
+            # Every (component, layer) base the copies will read from a table: not null,
+            # aligned as the kernel's accesses assume.
+            for which in tl.static_range(2):
+                IS_TABLE = SRC_TABLE if which == 0 else DST_TABLE
+                if IS_TABLE:
+                    ta = src_table if which == 0 else dst_table
+                    tb = src_table2 if which == 0 else dst_table2
+                    t_comp = src_t_comp if which == 0 else dst_t_comp
+                    t_layer = src_t_layer if which == 0 else dst_t_layer
+                    layer0 = src_layer0 if which == 0 else dst_layer0
+                    arg = src_targ if which == 0 else dst_targ
+                    TSPLIT = SRC_TSPLIT if which == 0 else DST_TSPLIT
+                    n_entries = N_COMP * n_layers
+                    for start in range(0, n_entries, CHECK_BLOCK):
+                        k = start + tl.arange(0, CHECK_BLOCK)
+                        live = k < n_entries
+                        c = k // n_layers
+                        e = (layer0 + k % n_layers).to(tl.int64) * t_layer
+                        addr = tl.load(ta + c.to(tl.int64) * t_comp + e, mask=live & (c < TSPLIT), other=0)
+                        if TSPLIT < N_COMP:
+                            addr += tl.load(tb + (c - TSPLIT).to(tl.int64) * t_comp + e,
+                                            mask=live & (c >= TSPLIT), other=0)
+                        addr = addr.to(tl.int64)
+                        wrong = live & ((addr == 0) | (addr % (ALIGN * WORD) != 0))
+                        pos = tl.min(tl.where(wrong, k, n_entries), axis=0).to(tl.int64)
+                        found = (pos < n_entries) & (bad_code == 0)
+                        hit = k == pos
+                        bad_val = tl.where(found, tl.sum(tl.where(hit, addr, 0), axis=0), bad_val)
+                        bad_arg = tl.where(found, arg, bad_arg)
+                        bad_pos = tl.where(found, pos, bad_pos)
+                        bad_lim = tl.where(found, ALIGN * WORD, bad_lim)
+                        bad_page = tl.where(found, which, bad_page)
+                        bad_code = tl.where(found, 4, bad_code)
+        total = tl.where(bad_code == 0, total, 0)
+        if (bad_code != 0) & (pid == 0):
+            if tl.load(record) == 0:
+                tl.store(record + 1, bad_arg)
+                tl.store(record + 2, bad_pos)
+                tl.store(record + 3, bad_val)
+                tl.store(record + 4, bad_lim)
+                tl.store(record + 5, bad_page)
+                tl.store(record, bad_code)
+    if not SRC_TABLE:
+        s_root = tl.multiple_of(src_base.to(tl.int64).to(tl.pointer_type(WT)), ALIGN * WORD)
+    if not DST_TABLE:
+        d_root = tl.multiple_of(dst_base.to(tl.int64).to(tl.pointer_type(WT)), ALIGN * WORD)
     for w in tl.range(pid, total, grid, num_stages=STAGES):
         part = w % PER_TILE
         item = w // PER_TILE
@@ -89,13 +197,13 @@ def _copy_rows_kernel(
         r = tile * ROWS + tl.arange(0, ROWS)
         r = tl.minimum(r, n_rows - 1)
         if SRC_I32:
-            si = tl.load(src_idx + r * IDX_STEP).to(tl.int32)
+            si = tl.load(src_idx + r * (IDX_STEP * src_idx_stride)).to(tl.int32)
         else:
-            si = tl.load(src_idx + r * IDX_STEP).to(tl.int64)
+            si = tl.load(src_idx + r * (IDX_STEP * src_idx_stride)).to(tl.int64)
         if DST_I32:
-            di = tl.load(dst_idx + r * IDX_STEP).to(tl.int32)
+            di = tl.load(dst_idx + r * (IDX_STEP * dst_idx_stride)).to(tl.int32)
         else:
-            di = tl.load(dst_idx + r * IDX_STEP).to(tl.int64)
+            di = tl.load(dst_idx + r * (IDX_STEP * dst_idx_stride)).to(tl.int64)
         if IDX_STEP > 1:    # a page's first slot -> the page
             if SKIP_NEG:    # C division would send -1 to page 0: keep negatives negative
                 si = tl.where(si < 0, si, si // IDX_STEP)
@@ -119,15 +227,29 @@ def _copy_rows_kernel(
         else:
             d_off = ((di // DST_PAGE) * dst_page_stride + (di % DST_PAGE) * dst_token_stride) * ALIGN
         if SRC_TABLE:
-            s_addr = tl.load(src_table + comp * src_table_layers + src_layer0 + layer)
-            s_base = tl.multiple_of(s_addr.to(tl.pointer_type(src_ptr.dtype.element_ty)), ALIGN * WORD)
+            e = (src_layer0 + layer) * src_t_layer
+            if SRC_TSPLIT < N_COMP:
+                s_addr = (tl.load(src_table + comp * src_t_comp + e, mask=comp < SRC_TSPLIT, other=0)
+                          + tl.load(src_table2 + (comp - SRC_TSPLIT) * src_t_comp + e,
+                                    mask=comp >= SRC_TSPLIT, other=0))
+            else:
+                s_addr = tl.load(src_table + comp * src_t_comp + e)
+            s_base = (tl.multiple_of((s_addr.to(tl.int64) + src_base).to(tl.pointer_type(WT)), ALIGN * WORD)
+                      + comp * src_comp_stride * ALIGN)
         else:
-            s_base = src_ptr + (comp * src_comp_stride + (src_layer0 + layer) * src_layer_stride) * ALIGN
+            s_base = s_root + (comp * src_comp_stride + (src_layer0 + layer) * src_layer_stride) * ALIGN
         if DST_TABLE:
-            d_addr = tl.load(dst_table + comp * dst_table_layers + dst_layer0 + layer)
-            d_base = tl.multiple_of(d_addr.to(tl.pointer_type(dst_ptr.dtype.element_ty)), ALIGN * WORD)
+            e = (dst_layer0 + layer) * dst_t_layer
+            if DST_TSPLIT < N_COMP:
+                d_addr = (tl.load(dst_table + comp * dst_t_comp + e, mask=comp < DST_TSPLIT, other=0)
+                          + tl.load(dst_table2 + (comp - DST_TSPLIT) * dst_t_comp + e,
+                                    mask=comp >= DST_TSPLIT, other=0))
+            else:
+                d_addr = tl.load(dst_table + comp * dst_t_comp + e)
+            d_base = (tl.multiple_of((d_addr.to(tl.int64) + dst_base).to(tl.pointer_type(WT)), ALIGN * WORD)
+                      + comp * dst_comp_stride * ALIGN)
         else:
-            d_base = dst_ptr + (comp * dst_comp_stride + (dst_layer0 + layer) * dst_layer_stride) * ALIGN
+            d_base = d_root + (comp * dst_comp_stride + (dst_layer0 + layer) * dst_layer_stride) * ALIGN
         if SPLIT:
             ch = part // COLS
             cols = (part % COLS) * BLOCK + tl.arange(0, BLOCK)[None, :]

@@ -149,29 +149,33 @@ def _same(theirs: tuple, ours: tuple) -> bool:
     return True
 
 
-def copy_spec(args: tuple, varying: tuple = ()) -> tuple:
-    """What Triton specializes the row copy on among the arguments that change from call
-    to call (the rest are a bound copy's own): the indices' and verdict's dtypes and
-    16-byte alignment, the row count's width (its value is not specialized on), and the
-    same for the tensors at positions ``varying`` (a call's own buffer for a side bound to
-    a layout)."""
-    si, di, n, verdict = args[:4]
-    spec = (si.dtype, si.data_ptr() & 15, di.dtype, di.data_ptr() & 15, n >> 31,
-            verdict.dtype, verdict.data_ptr() & 15)
-    for i in varying:
-        t = args[i]
-        spec += ((i, t.dtype, t.data_ptr() & 15),)
+COPY_CALL_ARGS = 21     # the row copy's per-call arguments come first (kvtier.kernels.copy_rows)
+CHECK_CALL_ARGS = 18    # the index check's (kvtier.kernels.index_check)
+
+
+def _spec(args) -> tuple:
+    """What Triton may specialize on among per-call arguments: a tensor's dtype and 16-byte
+    alignment, an int's being 1, a multiple of 16, and its width."""
+    spec = ()
+    for a in args:
+        if a.__class__ is int:
+            spec += (a == 1, not a % 16, -2147483648 <= a <= 2147483647)
+        else:
+            spec += (a.dtype, a.data_ptr() & 15)
     return spec
 
 
+def copy_spec(args: tuple) -> tuple:
+    """The row copy's specialization among the arguments that change from call to call
+    (the lists, their strides, limits and names, the verdict or record, each side's base
+    or tables; the rest are a bound copy's own)."""
+    return _spec(args[:COPY_CALL_ARGS])
+
+
 def check_spec(args: tuple) -> tuple:
-    """What Triton specializes the index check on: the lists' dtypes and alignment, the
-    limits (1, a multiple of 16, their width), the counts' and ids' widths, the verdict
-    and record words, and the compile-time constants."""
-    a, an, al, ai, b, bn, bl, bi, verdict, record = args[:10]
-    return (a.dtype, a.data_ptr() & 15, b.dtype, b.data_ptr() & 15, an >> 31, ai >> 31, bn >> 31, bi >> 31,
-            al == 1, al & 15, al >> 31, bl == 1, bl & 15, bl >> 31,
-            verdict.dtype, verdict.data_ptr() & 15, record.dtype, record.data_ptr() & 15, args[10:])
+    """The index check's specialization: its per-call arguments' and its compile-time
+    constants."""
+    return _spec(args[:CHECK_CALL_ARGS]) + tuple(args[CHECK_CALL_ARGS:])
 
 
 _DRIVER: Optional[tuple] = None     # (Triton's driver config, its knobs), once imported

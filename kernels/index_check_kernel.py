@@ -8,45 +8,56 @@ import triton
 import triton.language as tl
 
 
-# Counts and argument ids change from call to call: not specialized on (see the row-copy
-# kernel).
-NOT_SPECIALIZED = ("a_n", "a_id", "b_n", "b_id")
+# Counts, limits and argument ids change from call to call: not specialized on (see the
+# row-copy kernel).
+NOT_SPECIALIZED = ("a_n", "a_limit", "a_id", "b_n", "b_limit", "b_id", "ta_n", "ta_id", "tb_n", "tb_id")
 
 
 @triton.jit(do_not_specialize=NOT_SPECIALIZED)
 def _check_indices_kernel(
-    a_idx, a_n, a_limit, a_id, b_idx, b_n, b_limit, b_id, verdict, record,
+    a_idx, a_n, a_stride, a_limit, a_id, b_idx, b_n, b_stride, b_limit, b_id,
+    ta, ta_n, ta_id, tb, tb_n, tb_id, verdict, record,
     A_PAGE: tl.constexpr, B_PAGE: tl.constexpr, TWO: tl.constexpr, NEG_SKIPS: tl.constexpr,
-    BLOCK: tl.constexpr,
+    TABLES: tl.constexpr, T_ALIGN: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    """One program checks one or two index lists before a copy reads them.
+    """One program checks the index lists (one or two) and the address tables (none, one
+    or two) of one call before its copies read them: the call's own check launch, for
+    copies that do not check inline (many programs, several launches, Ascend).
 
-    For list a (and b when TWO): every index in 0 <= i < limit and, with PAGE > 1, every
-    run of PAGE indices one whole page (a page-boundary start, then consecutive slots).
-    The verdict word (device memory, read by every program of the copies that follow on
-    the stream) becomes 0 or the first failure's code; the first failure is also kept in
-    ``record`` (code, argument id, position, value) unless an earlier one is still there,
-    for the host to read without a sync. Codes: 1 negative, 2 out of range, 3 not a whole
-    page; with NEG_SKIPS a negative index passes (the copy skips its pair, the engines'
-    convention). Lists are walked in BLOCK-wide tiles; no index is written.
+    For list a (and b when TWO), read with its stride as the copies read it: every index
+    in 0 <= i < limit and, with PAGE > 1, every run of PAGE indices one whole page (a
+    page-boundary start, then consecutive slots); with NEG_SKIPS a negative index passes
+    (the copy skips its pair, the engines' convention). For the first TABLES tables (ta,
+    tb; ``*_n`` entries each): every entry a non-null address that is a multiple of
+    T_ALIGN bytes. ``verdict`` is the calling thread's pair of words on this stream:
+    word 0 becomes 0 or the first failure's code (the copies of the call read it first),
+    word 1 its negation (1 exactly when word 0 is 0; a copy gated by word 1 runs only for
+    a bad call). The first failure is also kept in ``record`` (code, argument id,
+    position, value, limit, page) unless an earlier one is still there, for the host to
+    read without a sync. Codes: 1 negative, 2 out of range, 3 not a whole page, 4 a bad
+    table address. Lists and tables are walked in BLOCK-wide tiles; nothing else is
+    written.
     """
     bad_code = tl.full([], 0, tl.int64)
     bad_arg = tl.full([], 0, tl.int64)
     bad_pos = tl.full([], 0, tl.int64)
     bad_val = tl.full([], 0, tl.int64)
+    bad_lim = tl.full([], 0, tl.int64)
+    bad_page = tl.full([], 0, tl.int64)
     for which in tl.static_range(2 if TWO else 1):
         idx = a_idx if which == 0 else b_idx
         n = a_n if which == 0 else b_n
+        stride = a_stride if which == 0 else b_stride
         limit = a_limit if which == 0 else b_limit
         arg = a_id if which == 0 else b_id
         PAGE = A_PAGE if which == 0 else B_PAGE
         for start in range(0, n, BLOCK):
             j = start + tl.arange(0, BLOCK)
             live = j < n
-            v = tl.load(idx + j, mask=live, other=0).to(tl.int64)
+            v = tl.load(idx + j * stride, mask=live, other=0).to(tl.int64)
             code = tl.where(v < 0, 0 if NEG_SKIPS else 1, tl.where(v >= limit, 2, 0)).to(tl.int64)
             if PAGE > 1:
-                first = tl.load(idx + (j - j % PAGE), mask=live, other=0).to(tl.int64)
+                first = tl.load(idx + (j - j % PAGE) * stride, mask=live, other=0).to(tl.int64)
                 broken = (first % PAGE != 0) | (v != first + (j % PAGE))
                 code = tl.where((code == 0) & broken, 3, code)
             code = tl.where(live, code, 0)
@@ -56,11 +67,34 @@ def _check_indices_kernel(
             bad_val = tl.where(found, tl.sum(tl.where(hit, v, 0), axis=0), bad_val)
             bad_arg = tl.where(found, arg, bad_arg)
             bad_pos = tl.where(found, pos, bad_pos)
+            bad_lim = tl.where(found, limit, bad_lim)
+            bad_page = tl.where(found, PAGE, bad_page)
             bad_code = tl.where(found, tl.sum(tl.where(hit, code, 0), axis=0), bad_code)
+    for which in tl.static_range(TABLES):
+        table = ta if which == 0 else tb
+        n = ta_n if which == 0 else tb_n
+        arg = ta_id if which == 0 else tb_id
+        for start in range(0, n, BLOCK):
+            k = start + tl.arange(0, BLOCK)
+            live = k < n
+            addr = tl.load(table + k, mask=live, other=0).to(tl.int64)
+            wrong = live & ((addr == 0) | (addr % T_ALIGN != 0))
+            pos = tl.min(tl.where(wrong, k, n), axis=0).to(tl.int64)
+            found = (pos < n) & (bad_code == 0)
+            hit = k == pos
+            bad_val = tl.where(found, tl.sum(tl.where(hit, addr, 0), axis=0), bad_val)
+            bad_arg = tl.where(found, arg, bad_arg)
+            bad_pos = tl.where(found, pos, bad_pos)
+            bad_lim = tl.where(found, T_ALIGN, bad_lim)
+            bad_page = tl.where(found, which, bad_page)
+            bad_code = tl.where(found, 4, bad_code)
     tl.store(verdict, bad_code.to(tl.int32))
+    tl.store(verdict + 1, (bad_code == 0).to(tl.int32))
     if bad_code != 0:
         if tl.load(record) == 0:
             tl.store(record + 1, bad_arg)
             tl.store(record + 2, bad_pos)
             tl.store(record + 3, bad_val)
+            tl.store(record + 4, bad_lim)
+            tl.store(record + 5, bad_page)
             tl.store(record, bad_code)

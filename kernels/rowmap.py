@@ -71,25 +71,21 @@ def _dense_row(shape: Sequence[int], strides: Sequence[int], itemsize: int, arg:
 @dataclass(eq=False)
 class Derived:
     """What a `RowMap` works out from itself once and keeps, so that a launch does not
-    redo it: never part of the map's identity, and new for every map (`dataclasses.replace`
-    makes a new map with an empty one). Filled only by the RowMap methods named here.
+    redo it: pure functions of the map (which never changes), never part of its identity,
+    and new for every map (`dataclasses.replace` makes a new map with an empty one).
+    Filled only by the RowMap methods named here.
 
-    anchors: word-typed tensor from the map's base, per word size (`RowMap.anchor`).
     tables: the address table as read on each device (`RowMap.table_on`).
     pages: the map with a whole page as one row (`RowMap.pages_as_rows`).
     reachable: platform names whose kernels reach this host map (`RowMap.reachable_by`);
         only a yes is kept, since memory may be registered later.
     views: the map as a kernel on each device addresses it (`RowMap.kernel_view`).
-    plans: bound copies from this map (`kvtier.kernels.copy_rows.BoundCopy`), keyed by
-        destination map, layer range, page mode, configuration, device and rows bucket.
     """
 
-    anchors: dict = field(default_factory=dict)
     tables: dict = field(default_factory=dict)
     pages: Optional["RowMap"] = None
     reachable: set = field(default_factory=set)
     views: dict = field(default_factory=dict)
-    plans: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True, eq=False)
@@ -112,8 +108,8 @@ class RowMap:
     token_stride: int
     page_stride: int
     layer_stride: int      # stacked only
-    comp_stride: int       # stacked only
-    base: int              # stacked: address of component 0, layer 0, row 0; table: 0
+    comp_stride: int       # between components' bases (stacked), or added per component to a table's entries
+    base: int              # stacked: address of component 0, layer 0, row 0; table: bytes added to every entry
     table: Optional[torch.Tensor]   # int64 [num_components * num_layers] layer bases
     device: torch.device
     align: int             # power of two (<= 16) dividing every address and stride
@@ -122,6 +118,18 @@ class RowMap:
     # data_ptr() of each segment's tensor when the map was first built (kept by the maps
     # derived from it): a launch compares it with the tensor's own (`watch`).
     born: Optional[tuple] = field(repr=False, default=None)
+    # Table maps: component c's layer l base is entry ``c * entry_comp + l * table_layer``
+    # of ``table`` (components below ``entry_split``) or of ``table2`` (the rest, counted
+    # from 0), plus ``base + c * comp_stride`` (LMCache's K and V planes behind one
+    # address). -1 (the usual table, ``c * num_layers + l`` of one table) follows the
+    # map's own counts through `dataclasses.replace`.
+    table2: Optional[torch.Tensor] = field(repr=False, default=None)
+    table_comp: int = -1
+    table_layer: int = 1
+    table_split: int = -1
+    # Whether kvtier made the table from tensors it holds (False: an engine's pointer
+    # array, read by every launch as it is then, whose entries the launch checks).
+    table_trusted: bool = True
     derived: Derived = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
@@ -133,6 +141,16 @@ class RowMap:
     @property
     def is_table(self) -> bool:
         return self.table is not None
+
+    @property
+    def entry_comp(self) -> int:
+        """Table entries between one component's layer 0 and the next one's."""
+        return self.num_layers if self.table_comp < 0 else self.table_comp
+
+    @property
+    def entry_split(self) -> int:
+        """The components read from ``table``; the rest read ``table2``."""
+        return self.num_components if self.table_split < 0 else self.table_split
 
     @property
     def num_pages(self) -> int:
@@ -158,22 +176,6 @@ class RowMap:
     __repr__ = describe
 
     # ------------------------------------------------------------ derived maps
-    def anchor(self, word_bytes: int) -> torch.Tensor:
-        """A word-typed tensor starting at ``base`` that covers this map (stacked maps):
-        the pointer argument the kernel offsets from."""
-        if self.is_table:
-            raise KvtierError("anchor() is for stacked maps; this map is addressed by a table")
-        a = self.derived.anchors.get(word_bytes)
-        if a is None:
-            owner = self.segments[0][0]
-            first, end = _storage_span(owner)
-            dtype = _WORD_DTYPES[word_bytes]
-            a = torch.empty(0, dtype=dtype, device=owner.device).set_(
-                owner.untyped_storage(), (self.base - first) // word_bytes,
-                ((end - self.base) // word_bytes,), (1,))
-            self.derived.anchors[word_bytes] = a
-        return a
-
     def as_pages(self) -> "RowMap":
         """The same memory seen with a whole page as one row (page_contiguous maps only)."""
         if not self.page_contiguous:
@@ -212,11 +214,15 @@ class RowMap:
             v = self.derived.views[device] = platform.kernel_view(self, device)
         return v
 
-    def sharing_anchors(self, other: "RowMap") -> "RowMap":
-        """This map, reusing ``other``'s word views: for a map with the same base and
-        memory re-described (chunks split differently)."""
-        self.derived.anchors = other.derived.anchors
-        return self
+    def layout_key(self) -> tuple:
+        """Everything a bound copy depends on in this map but its addresses: the
+        geometry, the strides, the alignment, how a table is read and the device type. Two
+        maps with equal keys are launched by one bound copy, each call passing its own
+        base or tables (`kvtier.kernels.copy_rows.Side`)."""
+        return (self.num_components, self.num_layers, self.num_rows, self.page_size, self.row_bytes,
+                self.chunk_bytes, self.n_chunks, self.chunk_stride, self.token_stride, self.page_stride,
+                self.layer_stride, self.is_table, self.align, self.device.type, self.entry_comp,
+                self.table_layer, self.entry_split)
 
     def select_layers(self, start: int, count: int) -> "RowMap":
         """A map of layers start .. start+count (a pipeline stage's slice)."""
@@ -348,7 +354,39 @@ class RowMap:
                 token_stride=token_stride, page_stride=page_stride, layer_stride=0, comp_stride=0,
                 base=0, table=table, device=table.device,
                 align=_pow2_align(row_bytes, token_stride, page_stride, *addrs),
-                segments=tuple(zip(owners, addrs)) if owners is not None else ())
+                segments=tuple(zip(owners, addrs)) if owners is not None else (), table_trusted=False)
+        m._check_bounds()
+        return m
+
+    @classmethod
+    def engine_table(cls, table: torch.Tensor, *, row_bytes: int, num_rows: int, page_size: int = 1,
+                     token_stride: Optional[int] = None, page_stride: Optional[int] = None,
+                     num_layers: Optional[int] = None, table_comp: int = -1, table_layer: int = 1,
+                     num_components: int = 1, comp_stride: int = 0, table2: Optional[torch.Tensor] = None,
+                     table_split: int = -1, offset: int = 0) -> "RowMap":
+        """Layers known by an engine's pointer array that kvtier does not read: every
+        launch reads ``table`` (1-D int64 or uint64 on the device whose kernels read it) as
+        it is then and checks every entry it uses (not null, a multiple of the map's
+        ``align``, which assumes 16-byte aligned bases, as allocators give). Component
+        ``c``'s layer ``l`` is at entry ``c * table_comp + l * table_layer`` (default: one
+        entry per layer, components one after another) of ``table``, or of ``table2`` for
+        components from ``table_split`` on, plus ``offset + c * comp_stride`` bytes. No host
+        read, so no sync; ``num_layers`` defaults to the entries over ``table_layer``."""
+        if (not isinstance(table, torch.Tensor) or table.dtype not in _ADDRESS_DTYPES
+                or table.dim() != 1 or table.numel() == 0 or not table.is_contiguous()):
+            raise fail("table", getattr(table, "dtype", type(table).__name__),
+                       "must be a non-empty contiguous 1-D int64 or uint64 tensor of addresses")
+        token_stride = row_bytes if token_stride is None else token_stride
+        page_stride = token_stride * page_size if page_stride is None else page_stride
+        if num_layers is None:
+            num_layers = -(-table.numel() // table_layer)
+        m = cls(num_components=num_components, num_layers=num_layers, num_rows=num_rows, page_size=page_size,
+                row_bytes=row_bytes, chunk_bytes=row_bytes, n_chunks=1, chunk_stride=0,
+                token_stride=token_stride, page_stride=page_stride, layer_stride=0, comp_stride=comp_stride,
+                base=offset, table=table, device=table.device,
+                align=_pow2_align(row_bytes, token_stride, page_stride, comp_stride, offset, 16), segments=(),
+                table2=table2, table_comp=table_comp, table_layer=table_layer, table_split=table_split,
+                table_trusted=False)
         m._check_bounds()
         return m
 
@@ -403,8 +441,17 @@ class RowMap:
         segs = tuple(s for m in maps for s in m.segments)
         born = tuple(b for m in maps for b in m.born)
         if m0.is_table:
-            return replace(m0, num_components=len(maps), table=torch.cat([m.table for m in maps]),
-                           segments=segs, born=born, align=min(m.align for m in maps))
+            if any(m.table2 is not None or m.entry_comp != m.num_layers or m.table_layer != 1 for m in maps):
+                return None
+            if all(m.table_trusted for m in maps):      # kvtier's own tables: joined in one
+                return replace(m0, num_components=len(maps), table=torch.cat([m.table for m in maps]),
+                               segments=segs, born=born, align=min(m.align for m in maps), table_split=-1)
+            if len(maps) != 2 or any(m.num_components != 1 for m in maps):
+                return None     # an engine's tables are read as they are: two per launch at most
+            step = maps[1].base - maps[0].base      # (each entry's offset, per component)
+            return replace(m0, num_components=2, table=maps[0].table, table2=maps[1].table, table_split=1,
+                           comp_stride=step, segments=segs, born=born, table_trusted=False,
+                           align=min(_pow2_align(step), *(m.align for m in maps)))
         # Stacked: equal distance between consecutive bases inside one allocation.
         storages = {_storage_span(m.segments[0][0]) for m in maps}
         steps = {maps[i + 1].base - maps[i].base for i in range(len(maps) - 1)}
@@ -412,6 +459,31 @@ class RowMap:
             return None
         step = steps.pop()
         out = replace(m0, num_components=len(maps), comp_stride=step, segments=segs, born=born,
+                      align=min(_pow2_align(step), *(m.align for m in maps)))
+        out._check_bounds()
+        return out
+
+    @classmethod
+    def join(cls, maps: Sequence["RowMap"]) -> Optional["RowMap"]:
+        """Single-component stacked maps of equal geometry, in any allocations, as one map
+        whose components are ``comp_stride`` bytes apart (the step between consecutive
+        bases, which may be negative): one launch moves them all, each call passing its
+        own bases (`kvtier.kernels.copy_rows.Side`). None where the steps differ or the
+        maps cannot be joined."""
+        maps = list(maps)
+        if len(maps) == 1:
+            return maps[0]
+        m0 = maps[0]
+        geometry = lambda m: (m.num_layers, m.num_rows, m.page_size, m.row_bytes, m.chunk_bytes,  # noqa: E731
+                              m.n_chunks, m.chunk_stride, m.token_stride, m.page_stride, m.layer_stride, m.device)
+        if any(m.is_table or m.num_components != 1 or geometry(m) != geometry(m0) for m in maps):
+            return None
+        steps = {maps[i + 1].base - maps[i].base for i in range(len(maps) - 1)}
+        if len(steps) != 1:
+            return None
+        step = steps.pop()
+        out = replace(m0, num_components=len(maps), comp_stride=step,
+                      segments=tuple(s for m in maps for s in m.segments), born=tuple(b for m in maps for b in m.born),
                       align=min(_pow2_align(step), *(m.align for m in maps)))
         out._check_bounds()
         return out
@@ -449,7 +521,7 @@ class RowMap:
                 raise fail(name, v, "must be positive")
         if self.num_rows % self.page_size:
             raise fail("num_rows", self.num_rows, f"must be a multiple of page_size={self.page_size}")
-        for name in ("token_stride", "page_stride", "layer_stride", "comp_stride", "chunk_stride"):
+        for name in ("token_stride", "page_stride", "layer_stride", "chunk_stride"):    # (components: any)
             if getattr(self, name) < 0:
                 raise fail(name, getattr(self, name), "negative strides are not supported")
         if self.n_chunks > 1 and self.chunk_stride < self.chunk_bytes:

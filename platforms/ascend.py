@@ -315,4 +315,5 @@ NPU = Platform(
     unreachable=("Ascend kernels reach only host memory registered with the NPU "
                  "(HostPool(register=True), kvtier.platforms.ascend.register_npu_host); "
                  "use the dma strategy (device staging + bulk copies)"),
-    register_host=_register_for_pool, properties=_properties, fit_space=_fit_space)
+    register_host=_register_for_pool, properties=_properties, fit_space=_fit_space,
+    inline_check_programs=0)    # vector compares lower to scalar code: a check launch of its own

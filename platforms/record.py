@@ -67,6 +67,10 @@ class Platform:
     properties: ``(device, torch properties) -> dict`` of platform-specific figures.
     fit_space: ``(space, device figures) -> space`` bounded by the device (Ascend: its
         Unified Buffer).
+    inline_check_programs: the most programs a copy launch may have and still check its
+        index lists inline (each program reads them whole before it copies); a launch
+        with more, or a call of several launches, checks them in a check launch of its
+        own first (`kvtier.kernels.index_check`). 0: never inline.
     """
 
     name: str
@@ -89,6 +93,7 @@ class Platform:
     codegen_target: Callable[[str], Optional[str]] = field(default=lambda arch: None)
     properties: Callable[[torch.device, object], dict] = field(default=lambda device, p: {})
     fit_space: Callable[[Space, dict], Space] = field(default=lambda space, figures: space)
+    inline_check_programs: int = 64
 
     def default_config(self, crosses_link: bool = True) -> CopyConfig:
         return self.link_config if crosses_link else self.device_config

@@ -8,10 +8,12 @@ from typing import List, Tuple
 
 import torch
 
+from kvtier.kernels import faults
 from kvtier.kernels.errors import fail
+from kvtier.kernels.index_check import Checks, check_launch, checks_on
 from kvtier.kernels.validate import check_index, is_int
 
-from .gather import group_shape, gather_groups, scatter_groups, slots_of
+from .gather import group_shape, gather_groups, scatter_groups
 
 
 @dataclass
@@ -29,12 +31,29 @@ def get_cpu_copy(pool, indices: torch.Tensor, chunk_size: int = 8192) -> CpuCopy
     if not is_int(chunk_size) or chunk_size <= 0:
         raise fail("chunk_size", chunk_size, "must be a positive int")
     check_index("indices", indices, pool.index_device)
-    slots, verdict = slots_of(pool, indices, pages=False)
+    verdict = _checked(pool, indices)
     chunks = []
-    for start in range(0, slots.numel(), chunk_size):
-        bufs = gather_groups(pool, slots[start:start + chunk_size], False, verdict=verdict)
+    for start in range(0, indices.numel(), chunk_size):
+        part = indices[start:start + chunk_size]
+        bufs = [torch.empty(*group_shape(pool, names, part.numel(), False), dtype=pool.components[names[0]].dtype,
+                            device=pool.device) for names, _ in pool.groups]
+        gather_groups(pool, part, bufs, False, verdict=verdict)
         chunks.append([b.to("cpu") for b in bufs])
-    return CpuCopy(tuple(names for names, _ in pool.groups), chunk_size, slots.numel(), chunks)
+    return CpuCopy(tuple(names for names, _ in pool.groups), chunk_size, indices.numel(), chunks)
+
+
+def _checked(pool, indices: torch.Tensor):
+    """One check launch of the whole list before the first chunk moves (a bad list moves
+    no chunk): its verdict words, which every chunk's copies read; None with checks off.
+    Where the check has run already (the CPU) its failure is raised here."""
+    if not checks_on(pool.check) or not indices.numel():
+        return None
+    faults.raise_pending()
+    checks = Checks.of(("indices", pool.size, 1), ("indices", pool.size, 1))
+    words = check_launch(pool.device, checks, indices, indices)
+    if pool.device.type == "cpu":
+        faults.raise_pending(this_call=True)
+    return words
 
 
 def load_cpu_copy(pool, copy: CpuCopy, indices: torch.Tensor) -> None:
@@ -76,8 +95,8 @@ def load_cpu_copy(pool, copy: CpuCopy, indices: torch.Tensor) -> None:
                 raise fail(arg, got, "must be on the CPU, as get_cpu_copy returns it")
             if not t.is_contiguous():
                 raise fail(arg, (*got, f"strides {t.stride()}"), "must be contiguous")
-    slots, verdict = slots_of(pool, indices, pages=False)
+    verdict = _checked(pool, indices)
     for k, chunk in enumerate(copy.chunks):
         start = k * copy.chunk_size
-        scatter_groups(pool, slots[start:start + copy.chunk_size],
+        scatter_groups(pool, indices[start:start + copy.chunk_size],
                        [t.to(pool.device) for t in chunk], False, verdict=verdict)

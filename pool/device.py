@@ -19,7 +19,7 @@ import torch
 
 from kvtier.kernels import RowMap
 from kvtier.kernels.errors import KvtierError, fail
-from kvtier.kernels.index_check import IndexGuard
+from kvtier.kernels import faults
 from kvtier.kernels.validate import is_int
 
 from .gather import gather as _gather, scatter as _scatter
@@ -96,10 +96,10 @@ class DevicePool:
         self.page_runs = self.page_size > 1 and all(m.page_contiguous for _, m in self.groups)
         # Index value checks of gather/scatter/CPU copies: None follows KVTIER_CHECK (on).
         self.check: Optional[bool] = None
-        self.guard = IndexGuard()
-        # gather(out=...): the last out checked and its bound copies (pool/gather.py)
-        self._gather_out = None
-        self._gather_layouts: Dict[tuple, tuple] = {}    # new result buffers, per shape
+        # Gathers' and scatters' copies per call shape, and new result buffers' shapes
+        # (pool/gather.py: pure functions of the shape and this pool's maps).
+        self._gather_layouts: Dict[tuple, object] = {}
+        self._gather_shapes: Dict[tuple, list] = {}
 
     # ------------------------------------------------------------------ description
     @property
@@ -129,8 +129,8 @@ class DevicePool:
 
     def synchronize(self) -> None:
         """Wait for the device and raise the first index failure a device-side check of
-        this pool's gathers, scatters or CPU copies found."""
-        self.guard.synchronize(self.device)
+        this thread's calls found."""
+        faults.synchronize(self.device)
 
     # ------------------------------------------------------------------ operations
     def gather(self, indices: torch.Tensor, *, pages: bool = False,

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from math import prod
@@ -51,7 +52,7 @@ from kvtier.kernels.errors import fail
 from kvtier.kernels.iota import iota
 from kvtier.kernels.layouts import host_layout
 from kvtier.kernels.ops import Op
-from kvtier.kernels.rowmap import kept, tensor_key
+from kvtier.kernels.rowmap import tensor_key
 
 from . import link_copy
 from .dma_plan import Chunk, chunk_plans, runs_of, shape_2d
@@ -133,7 +134,9 @@ class Lane:
         self.buffer: Optional[torch.Tensor] = None
         self.slots: Dict[tuple, List[Slot]] = {}
         self.events: Dict[str, object] = {}
-        self.inverted = torch.zeros(1, dtype=torch.int32, device=device)
+        # One transfer enqueues at a time: two threads on one stream would otherwise
+        # interleave their chunks in one ring and wait on each other's events.
+        self.lock = threading.Lock()
         self.host_slots: "OrderedDict[int, Tuple[Chunk, torch.Tensor]]" = OrderedDict()
 
     # -- staging
@@ -191,13 +194,6 @@ class Lane:
     def on_side(self):
         return self.runtime.stream(self.side) if self.side is not None else contextlib.nullcontext()
 
-    # -- the bad-verdict fill
-    def invert(self, verdict: torch.Tensor) -> torch.Tensor:
-        """A word that is 0 exactly when ``verdict`` is not: a copy gated by it runs only
-        for a bad list (written on the caller's stream, where the verdict was)."""
-        torch.logical_not(verdict, out=self.inverted)
-        return self.inverted
-
     def host_slots_of(self, chunk: Chunk, unit: int) -> torch.Tensor:
         """The host slots of ``chunk`` in staging order, on the device (uploaded once per
         kept chunk plan on this lane's stream, so only this lane reads them)."""
@@ -233,30 +229,35 @@ def lane(device: torch.device) -> Lane:
 
 
 # ------------------------------------------------------------------ transfers
-def runs(host_indices: torch.Tensor, unit: int) -> Runs:
+def runs(host_indices: torch.Tensor, unit: int, check=None) -> Runs:
     """`dma_plan.runs` of the host units of ``host_indices`` (CPU slots; ``unit`` slots per
     unit: a page in page-major layouts), kept by value: a call with the indices of an
     earlier one (HiCache's per-layer loads) finds its runs, and with them its chunk plans,
-    without working out its units again."""
-    return runs_of(host_indices, unit)
+    without working out its units again. ``check``: (limit, page) the values must pass
+    first (checked once per values: `dma_plan.runs_of`)."""
+    return runs_of(host_indices, unit, check)
 
 
 def backup(op, dev_map, didx, host_buf, layout, page_size, dev_layer, host_layer, num_layers,
-           run_list, by_page, config, verdict=None) -> None:
-    """Device rows ``didx`` of layers dev_layer.. -> host layers host_layer.. at the runs."""
+           run_list, by_page, config, verdict=None, host_map=None) -> None:
+    """Device rows ``didx`` of layers dev_layer.. -> host layers host_layer.. at the runs.
+    ``verdict``: the words the call's check launch wrote (None: unchecked); ``host_map``:
+    the host buffer as one map of unit rows (the bad-verdict fill reads through it)."""
     t = _Transfer(op, dev_map, didx, host_buf, layout, page_size, dev_layer, host_layer, num_layers,
-                  run_list, by_page, config, verdict)
+                  run_list, by_page, config, verdict, host_map)
     if t.chunks:
-        t.backup()
+        with t.lane.lock:
+            t.backup()
 
 
 def load(op, dev_map, didx, host_buf, layout, page_size, dev_layer, host_layer, num_layers,
-         run_list, by_page, config, verdict=None) -> None:
+         run_list, by_page, config, verdict=None, host_map=None) -> None:
     """Host layers host_layer.. at the runs -> device rows ``didx`` of layers dev_layer.."""
     t = _Transfer(op, dev_map, didx, host_buf, layout, page_size, dev_layer, host_layer, num_layers,
-                  run_list, by_page, config, verdict)
+                  run_list, by_page, config, verdict, host_map)
     if t.chunks:
-        t.load()
+        with t.lane.lock:
+            t.load()
 
 
 def verdict_now(verdict: Optional[torch.Tensor]) -> Optional[int]:
@@ -273,7 +274,7 @@ class _Transfer:
     """One backup or load of one host component group through a lane."""
 
     def __init__(self, op, dev_map, didx, host_buf, layout, page_size, dev_layer, host_layer, num_layers,
-                 run_list, by_page, config, verdict):
+                 run_list, by_page, config, verdict, host_map):
         self.chunks: List[Chunk] = []
         known = verdict_now(verdict)
         if known:
@@ -282,6 +283,7 @@ class _Transfer:
         self.op, self.dev_map, self.didx, self.host_buf = op, dev_map, didx, host_buf
         self.layout, self.page_size, self.num_layers, self.by_page = layout, page_size, num_layers, by_page
         self.dev_layer, self.host_layer, self.config, self.verdict = dev_layer, host_layer, config, verdict
+        self.host_map = host_map
         self.unknown_verdict = known is None
         self.unit = page_size if lay.paged else 1
         cfg = settings()
@@ -337,9 +339,7 @@ class _Transfer:
         return "kernel" if host_map.reachable_by(platforms.of(self.didx.device)) else "copies"
 
     def _host_map(self) -> RowMap:
-        buf, layout, unit = self.host_buf, self.layout, self.unit
-        return kept(("dma-host", layout, unit, *tensor_key(buf)), lambda: RowMap.stack(
-            [RowMap.from_host_layout(buf[c], layout, unit) for c in range(buf.shape[0])]))
+        return self.host_map
 
     def _fill_from_host(self, ch: Chunk, slot: Slot, inverted: torch.Tensor) -> None:
         """Staging slot <- the chunk's host rows, only where the verdict is bad."""
@@ -353,7 +353,7 @@ class _Transfer:
         ln, S, side = self.lane, self.stream, self.lane.side
         n = len(self.ring)
         mode = self._fill_mode()
-        inverted = ln.invert(self.verdict) if mode == "kernel" else None
+        inverted = self.verdict[1:] if mode == "kernel" else None       # 0 exactly for a bad call
         if mode == "copies":
             ln.signal("started", S)
             ln.wait(side, "started")                # fills after the caller's earlier work

@@ -251,14 +251,22 @@ def _plan_chunks(runs_, shape: Shape2D, cap: int) -> List[Chunk]:
     return chunks
 
 
-def runs_of(host_indices: torch.Tensor, unit: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def runs_of(host_indices: torch.Tensor, unit: int, check=None) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`runs` of the host units of ``host_indices`` (slots; ``unit`` slots per unit, a page
     in page-major layouts), kept and found again for equal indices (compared by value:
     their bytes are the key, so an index tensor changed in place is never mistaken for its
-    old values). Indices on a device are read back first, which waits for it: HiCache's
-    host indices are CPU tensors."""
+    old values). ``check``: ``(limit, page)`` the values are checked against first
+    (`kvtier.kernels.index_check.check_list_on_host`, naming ``host_indices``), once per
+    values and check (a pure function of both). Indices on a device are read back first,
+    which waits for it: HiCache's host indices are CPU tensors."""
     idx = host_indices.to("cpu", torch.int64)
-    return _found(_RUNS, (unit, _value(idx)), lambda: runs(idx[::unit] // unit if unit > 1 else idx))
+
+    def make():
+        if check is not None:
+            from kvtier.kernels.index_check import check_list_on_host
+            check_list_on_host("host_indices", idx, check[0], check[1], False)
+        return runs(idx[::unit] // unit if unit > 1 else idx)
+    return _found(_RUNS, (unit, check, _value(idx)), make)
 
 
 def _value(t: torch.Tensor) -> bytes:

@@ -1,47 +1,27 @@
 """Gather and scatter: all layers' rows of a device pool at given slots (or pages) into
-one contiguous buffer per component, and back (prefill-decode transfer, storage
-backends, CPU copies). One launch per group of components covers every layer."""
+one contiguous buffer per component group, and back (prefill-decode transfer, storage
+backends, CPU copies). One launch per group of components covers every layer.
+
+The copies are bound to the buffers' *layout* (`Layout`, per pool, operation and call
+shape: a pure function of them), so a call only passes its buffers' addresses and no
+buffer is kept alive; the caller's buffers (a scatter's data, a gather's ``out``) are
+checked on every call."""
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+from typing import Dict, List, NamedTuple, Optional
 
 import torch
 
 from kvtier.kernels import RowMap
-from kvtier.kernels.copy_rows import _runner, rebased
-from kvtier.kernels.rowmap import kept, tensor_key
+from kvtier.kernels.copy_rows import BY_VERDICT, BoundCopy, _dummy, run
 from kvtier.kernels.errors import fail
-from kvtier.kernels.index_check import checks_on
+from kvtier.kernels.index_check import Checks, checks_on
 from kvtier.kernels.iota import iota
 from kvtier.kernels.validate import check_index, index_ok
 
 from kvtier.kernels.ops import GATHER, SCATTER, Op
 
-from . import launch as launcher
-from .launch import bind_launch, launch, lookup, lookup_state
-
-
-def slots_of(pool, indices: torch.Tensor, pages: bool):
-    """(token slots, verdict) for slot or page ``indices`` whose shape the caller checked
-    (`check_index`): the value checks by the pool's index guard (no device sync; the
-    verdict word gates the copies)."""
-    verdict = check_values(pool, indices, pages)
-    if not pages:
-        return indices, verdict
-    p = pool.page_size
-    return (indices[:, None] * p + iota(p, indices.dtype, indices.device)).reshape(-1), verdict
-
-
-def check_values(pool, indices: torch.Tensor, pages: bool):
-    """The pool guard's value check of slot or page ``indices`` (its verdict word, or
-    None). A gather's or scatter's list comes once: nothing is kept about it."""
-    if not checks_on(pool.check):
-        return None
-    guard = pool.guard
-    plan = guard.plans.get(pages)
-    if plan is None:
-        plan = guard.keep_plan(pages, ("indices", pool.size // pool.page_size if pages else pool.size, 1))
-    return guard.check_pair(pool.device, plan, indices, indices)
+from .launch import DEBUG, bind_launch, log, log_launch, lookup, lookup_state
 
 
 def group_shape(pool, names, n_slots: int, pages: bool):
@@ -51,234 +31,189 @@ def group_shape(pool, names, n_slots: int, pages: bool):
     return (len(names), c.num_layers, *tok, *c.row_shape)
 
 
-def contiguous_map(t: torch.Tensor, pool, pages: bool, keep: bool = True) -> RowMap:
-    """Map over a ``(C, L, tokens..., *row)`` buffer, all its components in one map (kept
-    for a buffer passed again, `gather(out=...)`; ``keep=False`` for a buffer that will
-    not come again, which a kept map would keep alive)."""
+def contiguous_map(t: torch.Tensor, pool, pages: bool) -> RowMap:
+    """Map over a ``(C, L, tokens..., *row)`` buffer, all its components in one map."""
     page = pool.page_size if pages else 1
-    build = lambda: RowMap.stack([RowMap.from_stacked(t[i], page, paged_dims=pages)  # noqa: E731
-                                  for i in range(t.shape[0])])
-    return kept(("contiguous", page, pages, *tensor_key(t)), build) if keep else build()
+    return RowMap.stack([RowMap.from_stacked(t[i], page, paged_dims=pages) for i in range(t.shape[0])])
 
 
-def gather_groups(pool, slots: torch.Tensor, pages: bool, op: Op = GATHER,
-                  verdict: Optional[torch.Tensor] = None, page_indices: bool = False) -> List[torch.Tensor]:
-    """One new contiguous buffer per group in ``pool.groups``, filled from ``slots``
-    (with ``page_indices``: page numbers, ``pages`` then being true)."""
-    n = slots.numel()
-    n_slots = n * (pool.page_size if page_indices else 1)
-    key = (op, pages, page_indices, n_slots, *lookup_state())
-    laid = pool._gather_layouts.get(key)
-    shapes = laid.shapes if laid is not None else [
-        (group_shape(pool, names, n_slots, pages), pool.components[names[0]].dtype) for names, _ in pool.groups]
-    # (the shape as separate arguments: torch parses them faster than one tuple)
-    into = [torch.empty(*shape, dtype=dtype, device=pool.device) for shape, dtype in shapes]
-    if not n:
-        return into
-    if laid is None and _runner(pool.device.type) == "kernel":
-        laid = _remember(pool._gather_layouts, key, _Layout(pool, op, into, pages, page_indices, n_slots, shapes))
-    if laid is not None and laid.takes(into):
-        launcher.run_all(op, laid.bounds, slots, _buffer_side(laid, n, slots), verdict, dst_buffers=laid.words(into))
-    else:
-        bounds = _bind_groups(pool, op, into, pages, page_indices, n_slots, keep=False)
-        launcher.run_all(op, bounds, slots, iota(n, slots.dtype, slots.device), verdict)
-    return into
+class _Group(NamedTuple):
+    """One group's copy of a `Layout`: the bound copy, the pool side's addresses, the
+    buffer side's component stride in the copy's units, the pool's map (for the torch
+    reference) and the word alignment the buffers must have."""
+
+    bound: BoundCopy
+    pool_side: tuple
+    comp_units: int
+    pool_map: RowMap
+    align: int
 
 
-class _Layout:
-    """Buffers of one shape (per pool, operation, call shape and lookup state): the copies
-    bound to the buffers' *layout* (a map without tensors,
-    `kvtier.kernels.copy_rows.rebased`), so each call only hands over its buffers and no
-    buffer is kept alive; the buffers' shapes, the alignment the layout assumes, how a
-    buffer is viewed as the kernel's words, and the buffer side's indices. Made from the
-    first call's buffers: a gather's new results, or (``into_pool``) a scatter's data."""
+class Layout:
+    """The copies of one call shape (per pool, operation, page mode, slot count and
+    lookup state) between the pool and contiguous group buffers of the shapes
+    `group_shape` gives: made from the first call's buffers, used with any buffers of
+    those shapes and alignment."""
 
     def __init__(self, pool, op: Op, bufs: List[torch.Tensor], pages: bool, page_indices: bool, n_slots: int,
-                 shapes: list, into_pool: bool = False):
-        self.shapes = shapes
-        self.bounds = _bind_groups(pool, op, bufs, pages, page_indices, n_slots, keep=False, layout=True,
-                                   into_pool=into_pool)
-        side = 0 if into_pool else 1
-        self.align = min(b.origin[side].align for b in self.bounds)
-        # Each buffer as the kernel's words: in one view where its last dim is whole
-        # words, else through a flat view.
-        self.direct = [b.shape[-1] * b.element_size() % bound.plan.dp_dtype.itemsize == 0
-                       for b, bound in zip(bufs, self.bounds)]
-        self.buffer_side = None     # see _buffer_side
+                 into_pool: bool):
+        self.shapes = [(group_shape(pool, names, n_slots, pages), pool.components[names[0]].dtype)
+                       for names, _ in pool.groups]
+        self.into_pool, self.op, self.pages, self.page_indices = into_pool, op, pages, page_indices
+        self.groups = []
+        for (names, m), buf in zip(pool.groups, bufs):
+            layers = pool.components[names[0]].num_layers
+            cmap = contiguous_map(buf, pool, pages)
+            pool_side, buf_side = (m.pages_as_rows(), cmap.pages_as_rows()) if page_indices else (m, cmap)
+            src, dst = (buf_side, pool_side) if into_pool else (pool_side, buf_side)
+            config = lookup(op, cmap, m, n_slots, layers) if into_pool else lookup(op, m, cmap, n_slots, layers)
+            bound = bind_launch(op, src, dst, num_layers=layers,
+                                n_rows=n_slots // (pool.page_size if page_indices else 1),
+                                by_page=pages and not page_indices, config=config)
+            sides = bound.sides(src, dst)
+            half = sides[:4] if not into_pool else sides[4:]
+            self.groups.append(_Group(bound, half, cmap.comp_stride // bound.unit, pool_side, buf_side.align))
 
-    def takes(self, bufs: List[torch.Tensor]) -> bool:
-        """Whether ``bufs`` are aligned as the layout assumes (fresh allocations are)."""
-        align = self.align
-        for b in bufs:
-            if b.data_ptr() % align:
+    def fits(self, bufs: List[torch.Tensor]) -> bool:
+        """Whether ``bufs`` are contiguous in the layout's shapes and aligned as it assumes
+        (fresh allocations are)."""
+        for b, (shape, dtype), g in zip(bufs, self.shapes, self.groups):
+            if b.shape != shape or b.dtype != dtype or not b.is_contiguous() or b.data_ptr() % g.align:
                 return False
         return True
 
-    def fits(self, bufs: List[torch.Tensor]) -> bool:
-        """Whether ``bufs`` (a caller's, not allocated here) are contiguous in the layout's
-        shapes and aligned as it assumes."""
-        return _in_shapes(bufs, self.shapes) and self.takes(bufs)
+    def run(self, pool, bufs: List[torch.Tensor], idx: torch.Tensor, buffer_rows: torch.Tensor, checks,
+            verdict: Optional[torch.Tensor] = None) -> None:
+        """The call: every group's copy between the pool at ``idx`` and its buffer, the
+        lists checked by ``checks``, or gated by the ``verdict`` words of a check launch
+        this call made already (a call of several steps: `kvtier.pool.cpu_copy`)."""
+        bounds, sides = [], []
+        for g, b in zip(self.groups, bufs):
+            dummy = _dummy(b.device)
+            buf = (b.data_ptr(), dummy, dummy, g.comp_units)
+            sides.append((*buf, *g.pool_side) if self.into_pool else (*g.pool_side, *buf))
+            bounds.append(g.bound)
+        if log.isEnabledFor(DEBUG):
+            for g in self.groups:
+                log_launch(self.op, g.bound.config.strategy, g.bound.config, idx.numel(),
+                           idx.numel() * g.bound.op_bytes)
 
-    def words(self, bufs: List[torch.Tensor]) -> List[torch.Tensor]:
-        return [b.view(bound.plan.dp_dtype) if direct else b.view(-1).view(bound.plan.dp_dtype)
-                for b, bound, direct in zip(bufs, self.bounds, self.direct)]
-
-
-def _in_shapes(bufs: List[torch.Tensor], shapes: list) -> bool:
-    for b, (shape, _) in zip(bufs, shapes):
-        if b.shape != shape or not b.is_contiguous():
-            return False
-    return True
-
-
-def _buffer_side(holder, n: int, slots: torch.Tensor) -> torch.Tensor:
-    """The contiguous side's indices (`iota`) for ``n`` slots, kept on ``holder`` (a
-    `_Layout` or `_OutRoute`: one count each) for slots of this dtype."""
-    kept = holder.buffer_side
-    if kept is None or kept.dtype != slots.dtype:
-        kept = holder.buffer_side = iota(n, slots.dtype, slots.device)
-    return kept
-
-
-def _bind_groups(pool, op: Op, bufs: List[torch.Tensor], pages: bool, page_indices: bool, n_slots: int,
-                 keep: bool, layout: bool = False, into_pool: bool = False) -> list:
-    """One bound copy per group between the pool and its buffer in ``bufs``, from the pool
-    into the buffer (``into_pool``: the other way), with the configuration tuned for the
-    pool's rows; ``layout``: bound to the buffer's layout only (`rebased`), each call then
-    hands over its buffer."""
-    bounds = []
-    for (names, m), buf in zip(pool.groups, bufs):
-        layers = pool.components[names[0]].num_layers
-        cmap = contiguous_map(buf, pool, pages, keep=keep)
-        pool_side, buf_side = _sides(m, cmap, page_indices)
-        if layout:
-            buf_side = rebased(buf_side)
-        if into_pool:
-            config = lookup(op, cmap, m, n_slots, layers)             # tuned for the pool's rows
-            src, dst = buf_side, pool_side
-        else:
-            config = lookup(op, m, cmap, n_slots, layers)
-            src, dst = pool_side, buf_side
-        bounds.append(bind_launch(op, src, dst, num_layers=layers,
-                                  n_rows=n_slots // (pool.page_size if page_indices else 1),
-                                  by_page=pages and not page_indices, config=config, keep=keep))
-    return bounds
+        def maps():     # what the torch reference copies between
+            out = []
+            for g, b in zip(self.groups, bufs):
+                cmap = contiguous_map(b, pool, self.pages)
+                cmap = cmap.pages_as_rows() if self.page_indices else cmap
+                out.append((cmap, g.pool_map) if self.into_pool else (g.pool_map, cmap))
+            return out
+        si, di = (buffer_rows, idx) if self.into_pool else (idx, buffer_rows)
+        if verdict is None:
+            run(bounds, sides, si, di, checks, pool.device, maps)
+            return
+        if bounds[0].runner != "kernel":
+            run(bounds, sides, si, di, None, pool.device, maps)
+            return
+        for b, sd in zip(bounds, sides):
+            b(si, di, sd, BY_VERDICT, verdict)
 
 
-def _remember(kept: dict, key, value):
-    """Keep ``value`` under ``key`` in a per-pool dict of the last few shapes (cleared, not
-    evicted one by one: buffers and shapes come and go)."""
-    if len(kept) >= 16:
-        kept.clear()
-    kept[key] = value
-    return value
-
-
-def scatter_groups(pool, slots: torch.Tensor, bufs: List[torch.Tensor], pages: bool,
-                   op: Op = SCATTER, verdict: Optional[torch.Tensor] = None, page_indices: bool = False) -> None:
-    """Write group buffers (shapes as `gather_groups` makes them) back at ``slots``. A
-    scatter's buffers are the caller's (often received once), so nothing keeps them: the
-    copies are bound to their layout (`_Layout`, per call shape) where they are contiguous
-    in the group shapes and aligned as the first ones were, else to maps of them made for
-    the call."""
-    n = slots.numel()
-    if not n:
-        return
-    n_slots = n * (pool.page_size if page_indices else 1)
+def _layout(pool, op: Op, bufs, pages: bool, page_indices: bool, n_slots: int, into_pool: bool) -> Layout:
+    """The pool's `Layout` for this call shape (kept per pool: a few shapes at a time)."""
     key = (op, pages, page_indices, n_slots, *lookup_state())
     laid = pool._gather_layouts.get(key)
-    if laid is None and _runner(pool.device.type) == "kernel":
-        shapes = [(group_shape(pool, names, n_slots, pages), None) for names, _ in pool.groups]
-        if _in_shapes(bufs, shapes):
-            laid = _remember(pool._gather_layouts, key,
-                             _Layout(pool, op, bufs, pages, page_indices, n_slots, shapes, into_pool=True))
-    if laid is not None and laid.fits(bufs):
-        launcher.run_all(op, laid.bounds, _buffer_side(laid, n, slots), slots, verdict, src_buffers=laid.words(bufs))
-    else:
-        bounds = _bind_groups(pool, op, bufs, pages, page_indices, n_slots, keep=False, into_pool=True)
-        launcher.run_all(op, bounds, iota(n, slots.dtype, slots.device), slots, verdict)
+    if laid is None or not laid.fits(bufs):
+        laid = Layout(pool, op, bufs, pages, page_indices, n_slots, into_pool)
+        if laid.fits(bufs):
+            if len(pool._gather_layouts) >= 16:
+                pool._gather_layouts.clear()
+            pool._gather_layouts[key] = laid
+    return laid
 
 
-def _sides(pool_map: RowMap, buf_map: RowMap, page_indices: bool):
-    """The pool's and the buffer's maps as the copy addresses them: with page indices,
-    whole pages as rows."""
-    if page_indices:
-        return pool_map.pages_as_rows(), buf_map.pages_as_rows()
-    return pool_map, buf_map
+def _checks(pool, pages: bool, page_indices: bool, n: int, into_pool: bool) -> Optional[Checks]:
+    """The checks of a gather's or scatter's pool list (below the pool's slots, or pages
+    with ``page_indices``) and of the buffer side's rows (kvtier's own, 0..n-1)."""
+    if not checks_on(pool.check):
+        return None
+    limit = pool.size // pool.page_size if page_indices else pool.size
+    page = pool.page_size if pages and not page_indices else 1
+    listed, buffer = ("indices", limit, page), ("buffer rows", n, page)
+    return Checks.of(buffer, listed) if into_pool else Checks.of(listed, buffer)
 
 
-def _pages_direct(pool, pages: bool) -> bool:
-    """Whether page indices address the pool directly (every group stores a page as one
-    contiguous run, `DevicePool.page_runs`): then no slot list is made from them."""
-    return pages and pool.page_runs
+def _slots(pool, indices: torch.Tensor, pages: bool):
+    """(the list the copy reads, whether it holds page numbers): page indices address the
+    pool directly where every group stores a page as one contiguous run
+    (`DevicePool.page_runs`), else they become the pages' slots."""
+    if not pages:
+        return indices, False
+    if pool.page_runs:
+        return indices, True
+    p = pool.page_size
+    return (indices[:, None] * p + iota(p, indices.dtype, indices.device)).reshape(-1), False
 
 
 def gather(pool, indices: torch.Tensor, *, pages: bool = False,
            out: Optional[Dict[str, torch.Tensor]] = None) -> Dict[str, torch.Tensor]:
     if not index_ok(indices, pool.index_device):
         check_index("indices", indices, pool.index_device)
+    n_slots = indices.numel() * (pool.page_size if pages else 1)
     if out is not None:
-        return _gather_out(pool, indices, pages, out)
-    if _pages_direct(pool, pages):
-        bufs = gather_groups(pool, indices, pages, verdict=check_values(pool, indices, pages), page_indices=True)
+        bufs = _out_buffers(pool, out, n_slots, pages)
     else:
-        slots, verdict = slots_of(pool, indices, pages)
-        bufs = gather_groups(pool, slots, pages, verdict=verdict)
+        key = (GATHER, pages, n_slots)
+        shapes = pool._gather_shapes.get(key)
+        if shapes is None:
+            if len(pool._gather_shapes) >= 64:
+                pool._gather_shapes.clear()
+            shapes = pool._gather_shapes[key] = [(group_shape(pool, names, n_slots, pages),
+                                                  pool.components[names[0]].dtype) for names, _ in pool.groups]
+        # (the shape as separate arguments: torch parses them faster than one tuple)
+        bufs = [torch.empty(*shape, dtype=dtype, device=pool.device) for shape, dtype in shapes]
+    gather_groups(pool, indices, bufs, pages)
+    if out is not None:
+        return out
     views = {}
     for (names, _), buf in zip(pool.groups, bufs):
         views.update(zip(names, buf.unbind()))      # (one call for a group's views: indexing costs twice)
     return views
 
 
-def _gather_out(pool, indices: torch.Tensor, pages: bool, out: Dict[str, torch.Tensor]):
-    """`gather` into ``out`` (an engine refills one ``out`` per call): while the same dict
-    comes back holding the same tensors at the same addresses, for indices of the same
-    count, nothing but the value check and the launches is done again."""
-    n_slots = indices.numel() * (pool.page_size if pages else 1)
-    kept = pool._gather_out
-    if kept is None or not kept.serves(out, n_slots, pages):
-        into = _out_buffers(pool, out, n_slots, pages)
-        kept = pool._gather_out = _OutRoute(out, n_slots, pages, into)
-    direct = _pages_direct(pool, pages)
-    if direct:
-        slots, verdict = indices, check_values(pool, indices, pages)
-    else:
-        slots, verdict = slots_of(pool, indices, pages)
-    n = slots.numel()
-    if n:
-        state = lookup_state()
-        if kept.state != state:
-            kept.bounds = _bind_groups(pool, GATHER, kept.into, pages, direct, n_slots, keep=True)
-            kept.state = state
-        launcher.run_all(GATHER, kept.bounds, slots, _buffer_side(kept, n, slots), verdict)
-    return out
+def gather_groups(pool, indices: torch.Tensor, bufs: List[torch.Tensor], pages: bool, op: Op = GATHER,
+                  verdict: Optional[torch.Tensor] = None) -> None:
+    """Fill group buffers ``bufs`` (shapes as `group_shape`) from slot (or page) ``indices``
+    (``verdict``: see `Layout.run`)."""
+    idx, page_indices = _slots(pool, indices, pages)
+    n = idx.numel()
+    if not n:
+        return
+    n_slots = n * (pool.page_size if page_indices else 1)
+    laid = _layout(pool, op, bufs, pages, page_indices, n_slots, False)
+    laid.run(pool, bufs, idx, iota(n, idx.dtype, idx.device), _checks(pool, pages, page_indices, n, False), verdict)
 
 
-class _OutRoute:
-    """A checked ``out`` of `gather`: the dict, its tensors and their addresses when
-    checked, the group buffers behind them, and the bound copies filling those (bound
-    under ``state``, the lookup state; rebound when it changes)."""
+def scatter(pool, indices: torch.Tensor, data: Dict[str, torch.Tensor], *, pages: bool = False) -> None:
+    if not index_ok(indices, pool.index_device):
+        check_index("indices", indices, pool.index_device)
+    bufs = _buffers(pool, data, indices.numel() * (pool.page_size if pages else 1), pages, "data")
+    scatter_groups(pool, indices, bufs, pages)
 
-    def __init__(self, out: dict, n_slots: int, pages: bool, into: List[torch.Tensor]):
-        self.out, self.values = out, tuple(out.values())
-        self.ptrs = tuple(t.data_ptr() for t in self.values)
-        self.n_slots, self.pages, self.into = n_slots, pages, into
-        self.state, self.bounds = None, None
-        self.buffer_side = None     # see _buffer_side
 
-    def serves(self, out, n_slots: int, pages: bool) -> bool:
-        """Whether ``out`` is the checked dict, unchanged, for the same count and mode."""
-        if out is not self.out or n_slots != self.n_slots or pages != self.pages or len(out) != len(self.values):
-            return False
-        for t, kept, ptr in zip(out.values(), self.values, self.ptrs):
-            if t is not kept or t.data_ptr() != ptr:
-                return False
-        return True
+def scatter_groups(pool, indices: torch.Tensor, bufs: List[torch.Tensor], pages: bool, op: Op = SCATTER,
+                   verdict: Optional[torch.Tensor] = None) -> None:
+    """Write group buffers (shapes as `group_shape`) back at slot (or page) ``indices``
+    (``verdict``: see `Layout.run`)."""
+    idx, page_indices = _slots(pool, indices, pages)
+    n = idx.numel()
+    if not n:
+        return
+    n_slots = n * (pool.page_size if page_indices else 1)
+    laid = _layout(pool, op, bufs, pages, page_indices, n_slots, True)
+    laid.run(pool, bufs, idx, iota(n, idx.dtype, idx.device), _checks(pool, pages, page_indices, n, True), verdict)
 
 
 def _out_buffers(pool, out, n_slots: int, pages: bool) -> List[torch.Tensor]:
     """The group buffers behind ``out`` (what an earlier gather of this shape returned),
-    every tensor checked."""
+    every tensor checked on every call."""
     into = _buffers(pool, out, n_slots, pages, "out")
     why = "must be a tensor an earlier gather() of this shape returned (its group buffer)"
     for (names, _), buf in zip(pool.groups, into):
@@ -292,24 +227,13 @@ def _out_buffers(pool, out, n_slots: int, pages: bool) -> List[torch.Tensor]:
     return into
 
 
-def scatter(pool, indices: torch.Tensor, data: Dict[str, torch.Tensor], *, pages: bool = False) -> None:
-    if not index_ok(indices, pool.index_device):
-        check_index("indices", indices, pool.index_device)
-    bufs = _buffers(pool, data, indices.numel() * (pool.page_size if pages else 1), pages, "data")
-    if _pages_direct(pool, pages):
-        scatter_groups(pool, indices, bufs, pages, verdict=check_values(pool, indices, pages), page_indices=True)
-    else:
-        slots, verdict = slots_of(pool, indices, pages)
-        scatter_groups(pool, slots, bufs, pages, verdict=verdict)
-
-
 def _buffers(pool, data, n_slots: int, pages: bool, arg: str) -> List[torch.Tensor]:
     """One contiguous buffer per group from a dict shaped as `gather` returns (``arg``
     names it in errors): the group buffer behind gather()'s views, else a stacked copy.
     Every tensor is checked before anything moves."""
-    if not isinstance(data, dict) or data.keys() != pool.components.keys():
-        raise fail(arg, sorted(data) if isinstance(data, dict) else type(data).__name__,
-                   f"must be a dict with exactly the pool's components {sorted(pool.components)}")
+    if not isinstance(data, dict) or list(data) != list(pool.components):
+        raise fail(arg, list(data) if isinstance(data, dict) else type(data).__name__,
+                   f"must be a dict with exactly the pool's components {list(pool.components)}, in that order")
     bufs = []
     device = pool.device
     for names, _ in pool.groups:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import weakref
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
@@ -21,16 +22,18 @@ from kvtier.kernels.config import STRATEGIES as LINK_STRATEGIES
 from kvtier.kernels.errors import fail
 from kvtier.kernels.layouts import host_layout
 from kvtier.kernels.ops import BACKUP, LOAD, LOAD_LAYER, Op
-from kvtier.kernels.index_check import IndexGuard, checks_on
+from kvtier.kernels import faults
+from kvtier.kernels.copy_rows import BY_VERDICT, UNCHECKED, run
+from kvtier.kernels.index_check import Checks, check_launch, checks_on
+from kvtier.kernels.staging import on_device
 from kvtier.kernels.storage_watch import check_storage, watch
-from kvtier.kernels.index_memo import facts, last_pair, on_device
 from kvtier.kernels.validate import check_index, index_ok, is_int
 
 from . import dma
 from .allocator import PageAllocator
 from .device import DevicePool
 from . import launch as launcher
-from .launch import bind_launch, lookup, lookup_state
+from .launch import DEBUG, bind_launch, lookup, lookup_state
 from .spec import Component
 
 _CPU = torch.device("cpu")
@@ -63,6 +66,8 @@ class Step:
     strategy: str
     bound: object
     watch: object       # what `check_storage` compares before the call's first launch
+    sides: tuple        # the addresses each call passes the bound copy (`BoundCopy.sides`)
+    maps: tuple         # (source, destination) maps, for the torch reference
 
 
 _ROUTES = 256       # call shapes kept per pool (cleared, not evicted one by one, past it)
@@ -152,13 +157,16 @@ class HostPool:
         self._kernel_reaches = all(m.reachable_by(self._platform) for _, m, _ in self.groups)
         self.allocator = PageAllocator(self.size, self.page_size)
         self._moves: Dict[int, List[Move]] = {}
-        self._routes: Dict[tuple, List[Step]] = {}
-        self._last_routes = None    # (op, device pool, rows, lookup state, {layer: route}) of the last call
-        self._last_pair = None      # a per-layer call's index pair as checked (index_memo.LastPair)
+        # Steps per call shape (see _route_of): for the packed pools, and per other pool
+        # that stands in for the target (dropped with that pool).
+        self._routes: Dict[tuple, tuple] = {}
+        self._other_routes: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+        # (op, device pool, rows, lookup state, {layer: steps}, checks) of the last call
+        self._last_route = None
+        self._dma_host_maps: Dict[tuple, RowMap] = {}
         self._cpu_pool = self.device.type == "cpu"
         self._by_page = self._layout.paged and self.page_size > 1   # page layouts move whole pages
         self._index_page = self.page_size if self._layout.paged else 1   # indices come in whole pages
-        self.guard = IndexGuard()
 
     # ------------------------------------------------------------------ construction
     def _size(self, size_tokens, size_gb) -> int:
@@ -257,74 +265,108 @@ class HostPool:
         capturing = not self._cpu_pool and platforms.capturing()
         if capturing:
             host_indices = self._staged_for_capture(host_indices)
-        if whole:       # an all-layer call's lists come once: nothing is kept about them
-            verdict, last = self._check_indices(slots, host_indices, device_indices, keep=False), None
-        else:           # a layer loop passes one pair for every layer: checked once
-            verdict, last = self._checked_pair(device_pool, slots, host_indices, device_indices)
+        self._check_shapes(slots, host_indices, device_indices)
         n = device_indices.numel()
         if n == 0:
+            faults.raise_pending()
             return
-        # The routes of the last call's op, pool, count and lookup state, by layer: the
+        # The route of the last call's op, pool, count and lookup state, by layer: the
         # next all-layer call of that shape, or the layer loop's next layer, finds its own.
-        state, routes = lookup_state(), self._last_routes
-        if not (routes is not None and routes[0] is op and routes[1] is device_pool and routes[2] == n
-                and routes[3] == state):
-            routes = self._last_routes = (op, device_pool, n, state, {})
-        route = routes[4].get(local)
+        state, last = lookup_state(), self._last_route
+        if not (last is not None and last[0] is op and last[1] is device_pool and last[2] == n
+                and last[3] == state):
+            last = self._last_route = (op, device_pool, n, state, {}, self._checks_for(op, slots))
+        route = last[4].get(local)
         if route is None:
-            key = (op, device_pool, local, rows_bucket(n))
-            kept = self._routes.get(key)
-            route = routes[4][local] = kept[1] if kept is not None and kept[0] == state else self._route(key, slots)
+            route = last[4][local] = self._route_of(op, device_pool, local, n, slots, state)
         for step in route:          # every tensor the call rests on, before the first byte moves
             check_storage(step.watch)
         if capturing and any(step.bound is None for step in route):
             raise fail("strategy", "dma", "cannot be captured in a CUDA graph: it plans its copies from the "
                        "host indices' values on the host, which a replay would not see; use strategy='kernel'")
-        h = run_list = None
+        checks = last[5] if checks_on(self.check) else None
+        h = host_indices if self._cpu_pool else on_device(host_indices, self.device, "host_indices")
+        si, di = (device_indices, h) if op.from_device else (h, device_indices)
+        if all(step.bound is not None for step in route):
+            self._log(op, route, n)
+            run([step.bound for step in route], [step.sides for step in route], si, di, checks, self.device,
+                lambda: [step.maps for step in route])
+            return
+        self._mixed(op, route, host_indices, device_indices, si, di, checks, n)
+
+    def _mixed(self, op: Op, route, host_indices, device_indices, si, di, checks, n: int) -> None:
+        """A call with dma steps: the host list checked on the host (the bulk copies are
+        planned from its values), then one check launch whose verdict every step reads
+        (the dma path's staging copies, and any kernel step), then the steps."""
+        faults.raise_pending()
+        hc = host_indices.cpu()
+        # (the bulk copies' runs are planned from the values: checked with them, once per values)
+        run_list = dma.runs(hc, self.page_size if self._layout.paged else 1,
+                            None if checks is None else (self.size, self._index_page))
+        verdict = None
+        if checks is not None:
+            kernel = [step for step in route if step.bound is not None]
+            verdict = check_launch(self.device, checks, si, di, [s.bound for s in kernel], [s.sides for s in kernel])
+            if self._cpu_pool:
+                faults.raise_pending(this_call=True)
+        self._log(op, route, n)
         for step in route:
             if step.bound is not None:
-                if h is None:
-                    h = self._host_indices_here(host_indices, last)
-                si, di = (device_indices, h) if op.from_device else (h, device_indices)
-                launcher.run_bound(op, step.bound, si, di, verdict, step.strategy, True)  # watched; a test seam
+                step.bound(si, di, step.sides, BY_VERDICT if verdict is not None else UNCHECKED,
+                           verdict if verdict is not None else si)
                 continue
-            if run_list is None:
-                hc = host_indices.cpu()
-                run_list = dma.runs(hc, self.page_size if self._layout.paged else 1)
             move = dma.backup if op.from_device else dma.load
             mv = step.move
             move(op, mv.dev_map, device_indices, mv.host_buf, self.layout, self.page_size, step.dev_layer,
-                 step.host_layer, step.count, run_list, self._by_page, step.config, verdict)
+                 step.host_layer, step.count, run_list, self._by_page, step.config, verdict, self._host_map(mv))
+
+    def _log(self, op: Op, route, n: int) -> None:
+        """One DEBUG line per kernel step (the dma path's staging copies log their own)."""
+        if launcher.log.isEnabledFor(DEBUG):
+            for step in route:
+                if step.bound is not None:
+                    launcher.log_launch(op, step.strategy, step.config, n, n * step.bound.op_bytes)
+
+    def _checks_for(self, op: Op, slots) -> Checks:
+        """The value checks of this pool's lists for ``op`` on the pools ``slots`` names:
+        device indices below the smallest pool's slots, host indices below the host
+        pool's, both in whole pages where the layout moves pages."""
+        limit = slots[0][1].size if len(slots) == 1 else min(pool.size for _, pool in slots)
+        host, dev = ("host_indices", self.size, self._index_page), ("device_indices", limit, self._index_page)
+        return Checks.of(dev, host) if op.from_device else Checks.of(host, dev)
 
     def _staged_for_capture(self, host_indices):
         """While a CUDA graph is captured, host indices on the CPU are staged on the device
-        first (a copy the graph captures, from pinned memory only: `on_device`) and that
-        copy is checked there: a replay checks and moves the values it stages then, where
-        a check on the host would have checked them once, at capture."""
+        first (a copy the graph captures, from pinned memory only: `on_device`), so that
+        each replay checks and moves the values it stages then."""
         if type(host_indices) is not torch.Tensor or not host_indices.is_cpu:
             return host_indices
         if not index_ok(host_indices, _CPU):
             check_index("host_indices", host_indices, _CPU)
-        return on_device(host_indices, self.device, False, "host_indices")
+        return on_device(host_indices, self.device, "host_indices")
 
-    def _host_indices_here(self, host_indices: torch.Tensor, last) -> torch.Tensor:
-        """The host indices where the copy runs: as given on a CPU pool, else staged on the
-        device (asynchronously; kept with a layer loop's pair ``last``, so it is staged once)."""
-        if self._cpu_pool:
-            return host_indices
-        if last is None:
-            return on_device(host_indices, self.device, False, "host_indices")
-        if last.prepared is None:
-            last.prepared = on_device(host_indices, self.device, True, "host_indices")
-        return last.prepared
+    def _route_of(self, op: Op, device_pool, local, n: int, slots, state) -> List["Step"]:
+        """The steps of one call shape (op, device pool, layer, rows bucket) under lookup
+        ``state``: kept by the host pool for its packed pools, by the device pool's weak
+        reference for any other (nothing here keeps a device pool alive)."""
+        key = (op, local, rows_bucket(n))
+        routes = self._routes if any(device_pool is p for p in self.pools) else self._other_routes.setdefault(
+            device_pool, {})
+        kept = routes.get(key)
+        if kept is not None and kept[0] == state:
+            return kept[1]
+        route = self._route(op, local, n, slots)
+        if len(routes) >= _ROUTES:
+            routes.clear()
+        routes[key] = (state, route)
+        return route
 
-    def _route(self, key: tuple, slots) -> List["Step"]:
-        """The launches of one call shape (op, device pool, layer, rows bucket), worked out
-        once and kept: each move's layer range, tuned configuration and strategy, and for
-        the kernel strategy its bound copy. Worked out again after tuning or under `forced`
-        (`lookup_state`)."""
-        op, _, local, n = key
+    def _route(self, op: Op, local, n: int, slots) -> List["Step"]:
+        """The launches of one call shape, worked out once: each move's layer range, tuned
+        configuration and strategy, and for the kernel strategy its bound copy and the
+        addresses each call passes it."""
         route = []
+        whole = (self._index_page, self._index_page)
         for slot, pool in slots:
             for mv in self._moves_for(slot, pool):
                 if local is None:
@@ -336,23 +378,33 @@ class HostPool:
                 host_layer = mv.host_layer + dev_layer
                 config = lookup(op, mv.dev_map, mv.host_map, n, count)
                 strategy = self._strategy(config)
-                bound = None
+                src, dst = (mv.dev_map, mv.host_map) if op.from_device else (mv.host_map, mv.dev_map)
+                sl, dl = (dev_layer, host_layer) if op.from_device else (host_layer, dev_layer)
+                bound = sides = None
                 if strategy == "kernel":
-                    src, dst = (mv.dev_map, mv.host_map) if op.from_device else (mv.host_map, mv.dev_map)
-                    sl, dl = (dev_layer, host_layer) if op.from_device else (host_layer, dev_layer)
                     bound = bind_launch(op, src, dst, src_layer=sl, dst_layer=dl, num_layers=count, n_rows=n,
-                                        by_page=self._by_page, config=config)
+                                        by_page=self._by_page, config=config, whole=whole)
+                    sides = bound.sides(src, dst)
                 watched = watch(mv.dev_map, dev_layer, count) + watch(mv.host_map, host_layer, count)
-                route.append(Step(mv, dev_layer, host_layer, count, config, strategy, bound, watched))
-        if len(self._routes) >= _ROUTES:
-            self._routes.clear()
-        self._routes[key] = (lookup_state(), route)
+                route.append(Step(mv, dev_layer, host_layer, count, config, strategy, bound, watched, sides,
+                                  (src, dst)))
         return route
 
     def _strategy(self, config) -> str:
         if self.strategy != "auto":
             return self.strategy
         return config.strategy if self._kernel_reaches else "dma"
+
+    def _host_map(self, mv: Move) -> RowMap:
+        """The move's host buffer as one map of unit rows (the dma path's bad-verdict fill
+        reads the host rows through it)."""
+        key = (mv.names, self._layout.paged)
+        m = self._dma_host_maps.get(key)
+        if m is None:
+            unit = self.page_size if self._layout.paged else 1
+            m = self._dma_host_maps[key] = RowMap.stack(
+                [RowMap.from_host_layout(mv.host_buf[c], self.layout, unit) for c in range(mv.host_buf.shape[0])])
+        return m
 
     # ------------------------------------------------------------------ resolution and checks
     def _resolve(self, device_pool, whole: bool) -> Sequence[Tuple[int, DevicePool]]:
@@ -366,26 +418,9 @@ class HostPool:
         _check_rows("device_pool", device_pool, self.pools[0], layers=True)
         return ((0, device_pool),)
 
-    def _checked_pair(self, device_pool, slots, host_indices, device_indices):
-        """`_check_indices` for a layer loop's pair: (the verdict word or None, the pair as
-        kept). The pair the last call checked, passed again unchanged for the same device
-        pool (which fixes ``slots``, so the index limits), under the same checks and on the
-        same stream, is not checked again (`kvtier.kernels.index_memo.LastPair`)."""
-        checking = checks_on(self.check)
-        stream = None if self._cpu_pool else platforms.stream_key(self.device)
-        last = self._last_pair
-        if last is not None and last.matches(host_indices, device_indices, device_pool, checking, stream, self.guard):
-            return last.verdict, last
-        ticket = []
-        verdict = self._check_indices(slots, host_indices, device_indices, ticket=ticket)
-        last = self._last_pair = last_pair(host_indices, device_indices, device_pool, checking, stream, ticket, verdict)
-        return verdict, last
-
-    def _check_indices(self, slots, host_indices, device_indices, keep: bool = True,
-                       ticket: Optional[list] = None) -> Optional[torch.Tensor]:
-        """Shapes checked at once; values by the pool's guard: the verdict word, or None.
-        ``keep``: remember what is learnt about the lists' values (a per-layer loop passes
-        them again; an all-layer call's lists come once). ``ticket``: see `IndexGuard.check`."""
+    def _check_shapes(self, slots, host_indices, device_indices) -> None:
+        """Both lists' shapes, at once: int32/int64, 1-D, strided, host indices on the CPU
+        or the pool's device, device indices on the pool's device, equal counts."""
         # Host indices live on the host or where the copy runs; device indices where it runs.
         if not (type(host_indices) is torch.Tensor
                 and index_ok(host_indices, _CPU if host_indices.is_cpu else self.device)):
@@ -398,28 +433,21 @@ class HostPool:
         if n != device_indices.numel():
             raise fail("device_indices", f"{device_indices.numel()} indices",
                        f"host_indices has {n}; counts must match")
-        if not checks_on(self.check):
-            return None
-        limit = slots[0][1].size if len(slots) == 1 else min(pool.size for _, pool in slots)
-        guard = self.guard
-        plan = guard.plans.get(limit)
-        if plan is None:
-            page = self._index_page
-            plan = guard.keep_plan(limit, ("host_indices", self.size, page), ("device_indices", limit, page))
-        fh, fd = (facts(host_indices), facts(device_indices)) if keep else (None, None)
-        return guard.check_pair(self.device, plan, host_indices, device_indices, fh, fd, ticket)
+        if self._index_page > 1 and n % self._index_page:
+            raise fail("len(host_indices)", n, f"page-granular copy needs a multiple of page_size={self._index_page}")
 
     def synchronize(self) -> None:
         """Wait for the device and raise the first index failure a device-side check of
-        this pool's calls found (the check point after the last call)."""
-        self.guard.synchronize(self.device)
+        this thread's calls found (the check point after the last call)."""
+        faults.synchronize(self.device)
 
     def _moves_for(self, slot: int, pool: DevicePool) -> List[Move]:
         """Per host group: one move with the pool's matching group map, else one move per
-        component (the pool keeps those components in separate allocations)."""
-        key = (slot, id(pool))
-        moves = self._moves.get(key)
-        if moves is not None and moves[0].dev_map is _first_map(pool):
+        component (the pool keeps those components in separate allocations). Kept for
+        the packed pools (a pool standing in for the target gets its steps kept weakly)."""
+        packed = any(pool is p for p in self.pools)
+        moves = self._moves.get(slot) if packed else None
+        if moves is not None:
             return moves
         dev_groups = {names: m for names, m in pool.groups}
         moves = []
@@ -431,7 +459,8 @@ class HostPool:
             else:
                 moves.extend(Move((n,), pool.maps[n], self.maps[n], buf[i:i + 1], layers, off)
                              for i, n in enumerate(names))
-        self._moves[key] = moves
+        if packed:
+            self._moves[slot] = moves
         return moves
 
     # ------------------------------------------------------------------ pages
@@ -468,10 +497,6 @@ def _fits_in_memory(arg: str, value, nbytes: int) -> None:
     if nbytes > total:
         raise fail(arg, value, f"needs {nbytes / 1e9:.3g} GB of host memory; this machine has "
                    f"{total / 1e9:.3g} GB")
-
-
-def _first_map(pool: DevicePool) -> RowMap:
-    return pool.groups[0][1]
 
 
 def _check_rows(arg: str, pool: DevicePool, target: DevicePool, layers: bool = False) -> None:

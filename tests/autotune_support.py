@@ -2,16 +2,16 @@
 it (the pools' own call, their own lookup) and record the configuration each launch got."""
 import importlib
 
-launch = importlib.import_module("kvtier.pool.launch")
+core = importlib.import_module("kvtier.kernels.copy_rows")
 
 
 def spy_launches(monkeypatch):
-    """Every configuration `kvtier.pool.launch` hands to ``copy_rows`` from now on, in order
-    (the copies still run)."""
+    """Every configuration a launch runs with from now on, in order (every launch passes
+    `BoundCopy.__call__`; the copies still run)."""
     launched = []
-    real = launch.run_bound
-    monkeypatch.setattr(launch, "run_bound",
-                        lambda op, bound, *a, **k: launched.append(bound.config) or real(op, bound, *a, **k))
+    real = core.BoundCopy.__call__
+    monkeypatch.setattr(core.BoundCopy, "__call__",
+                        lambda bound, *a, **k: launched.append(bound.config) or real(bound, *a, **k))
     return launched
 
 

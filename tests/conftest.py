@@ -36,6 +36,18 @@ def tmp_cache(tmp_path, monkeypatch):
     select.invalidate()
 
 
+@pytest.fixture(autouse=True)
+def no_failure_left_behind():
+    """Index-check failures are recorded per thread (`kvtier.kernels.faults`): none may be
+    left from one test to the next, where it would be raised by an unrelated call."""
+    from kvtier.kernels import faults
+    left = faults.pending()
+    assert left is None, f"a failure recorded before this test was never raised: {left}"
+    yield
+    left = faults.pending()
+    assert left is None, f"this test left a failure recorded but never raised: {left}"
+
+
 def pytest_collection_modifyitems(config, items):
     import torch
     have = {

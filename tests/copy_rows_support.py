@@ -152,4 +152,4 @@ def kernel_really_runs(monkeypatch):
 
     def no_fallback(*a, **k):
         raise AssertionError("copy_rows fell back to the torch reference")
-    monkeypatch.setattr(copy_rows_module, "_reference", no_fallback)
+    monkeypatch.setattr(copy_rows_module, "_reference_call", no_fallback)

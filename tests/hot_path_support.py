@@ -52,16 +52,22 @@ def on_device(t: torch.Tensor) -> torch.Tensor:
 
 
 class _Counted:
-    """A kernel whose launches count as device work (host reads allowed inside)."""
+    """A kernel whose launches count as device work (host reads allowed inside).
+    ``checks``: the counter of index checks, credited with every copy launch that checks
+    its lists inline (``CHECK`` 2: `kvtier.kernels.copy_rows.INLINE`)."""
 
-    def __init__(self, kernel):
-        self.kernel, self.launches = kernel, 0
+    def __init__(self, kernel, checks=None):
+        self.kernel, self.launches, self.checks = kernel, 0, checks
+        names = getattr(kernel, "arg_names", None)
+        self.check_at = names.index("CHECK") if names is not None and "CHECK" in names else None
 
     def __getitem__(self, grid):
         run = self.kernel[grid]
 
         def launch(*args, **kwargs):
             self.launches += 1
+            if self.checks is not None and self.check_at is not None and args[self.check_at] == 2:
+                self.checks.launches += 1
             _in_kernel[0] += 1
             try:
                 return run(*(a.as_subclass(torch.Tensor) if isinstance(a, DeviceResident) else a
@@ -74,7 +80,8 @@ class _Counted:
 @contextlib.contextmanager
 def device_work_only():
     """Within the block, host reads of device-resident tensors and device syncs raise;
-    yields (copy kernel, check kernel) launch counters."""
+    yields (copy kernel, index checks) launch counters: the second counts check launches
+    and copy launches that check inline."""
     with pytest.MonkeyPatch.context() as monkeypatch:
         yield _patch(monkeypatch)
 
@@ -83,8 +90,8 @@ def _patch(monkeypatch):
     copy_rows = importlib.import_module("kvtier.kernels.copy_rows")
     check = importlib.import_module("kvtier.kernels.index_check_kernel")
     platforms = importlib.import_module("kvtier.platforms")
-    copies = _Counted(copy_rows._kernel())
     checks = _Counted(check._check_indices_kernel)
+    copies = _Counted(copy_rows._kernel(), checks)
     monkeypatch.setattr(copy_rows, "_kernel", lambda: copies)
     monkeypatch.setattr(check, "_check_indices_kernel", checks)
 

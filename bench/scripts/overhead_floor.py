@@ -1,10 +1,10 @@
 """What the hot-path calls of `kvtier bench --overhead` cannot avoid, timed on this machine:
-the pieces every all-layer call and gather pays (its storage watch, the shape and value
-checks of new lists, one recorded launch) and what a gather into new buffers adds (its
-allocation and the views of it), beside one `torch.index_select` of the overhead
-measurement's shape. Apart from those: what an all-layer call on an accelerator's pool
-adds for host indices passed on the CPU (kvtier's own `HostPool.alloc` lists; SGLang
-moves them to the device first), their value check on the host, which raises at once.
+the pieces every all-layer call and gather pays (its storage watch, the shape checks of
+new lists, one recorded launch that checks the lists' values inline) and what a gather
+into new buffers adds (its allocation and the views of it), beside one
+`torch.index_select` of the overhead measurement's shape. Apart from those: what the dma
+strategy pays for host indices it has not seen (their value check on the host, which
+raises at once).
 
     python bench/scripts/overhead_floor.py [CALLS]
 
@@ -31,10 +31,11 @@ load_bench()
 from kvtier.bench.overhead import SHAPE, build_calls  # noqa: E402
 from kvtier.bench.probe import LaunchProbe  # noqa: E402
 from kvtier.autotune.workload import Pools, PoolShape  # noqa: E402
-from kvtier.kernels.index_check import _check_on_host  # noqa: E402
+from kvtier.kernels import faults  # noqa: E402
+from kvtier.kernels.copy_rows import INLINE  # noqa: E402
+from kvtier.kernels.index_check import check_list_on_host  # noqa: E402
 from kvtier.kernels.ops import BACKUP  # noqa: E402
 from kvtier.kernels.storage_watch import check_storage  # noqa: E402
-from kvtier.pool import launch as launcher  # noqa: E402
 
 
 def main(argv) -> int:
@@ -52,45 +53,35 @@ def main(argv) -> int:
     def us(fn) -> float:
         return timeit.timeit(fn, number=n) / n * 1e6
 
-    plan = hp.guard.pair(("host_indices", hp.size, SHAPE["page_size"]), ("device_indices", dp.size, SHAPE["page_size"]))
-
-    def check(h, d):                # the value check an all-layer call makes of new lists (its pair plan kept)
-        return hp.guard.check_pair(hp.device, plan, h, d)
-
     slots = hp._resolve(dp, whole=True)
+    checks = hp._checks_for(BACKUP, slots)
+    record = faults.record(hp.device)
 
     with LaunchProbe():
         hp.backup_from_device_all_layer(dp, hi, di)
-        step = hp._last_routes[4][None][0]      # the call's one launch (K and V together)
+        step = hp._last_route[4][None][0]      # the call's one launch (K and V together)
         out = dp.gather(di[::SHAPE["page_size"]] // SHAPE["page_size"], pages=True)
         buf = next(iter(out.values()))._base
-        word = next(iter(dp._gather_layouts.values())).bounds[0].plan.dp_dtype
-        saved, hp.check = hp.check, False   # what an all-layer call checks of new lists besides values
-        try:
-            shapes = us(lambda: hp._check_indices(slots, *walk(), keep=False))
-        finally:
-            hp.check = saved
         pieces = {
             f"storage watch ({len(step.watch.tensors)} tensors)": us(lambda: check_storage(step.watch)),
-            "shape checks of two new lists": shapes,
-            "value check of two new lists": us(lambda: check(*walk())),
-            "one recorded copy launch": us(lambda: launcher.run_bound(BACKUP, step.bound, di, hi, None, None, True)),
+            "shape checks of two new lists": us(lambda: hp._check_shapes(slots, *walk())),
+            "one recorded copy launch, checking its lists": us(
+                lambda: step.bound(di, hi, step.sides, INLINE, record.tensor, checks)),
             "allocation of the gather's result": us(lambda: torch.empty(buf.shape, dtype=buf.dtype)),
-            "its view as the kernel's words": us(lambda: buf.view(word)),
-            f"its {buf.shape[0]} component views": us(lambda: [buf[i] for i in range(buf.shape[0])]),
+            f"its {buf.shape[0]} component views": us(lambda: buf.unbind()),
         }
-        host_check = us(lambda: _check_on_host("host_indices", walk()[0], hp.size, SHAPE["page_size"], False))
+        host_check = us(lambda: check_list_on_host("host_indices", walk()[0], hp.size, SHAPE["page_size"], False))
         base = us(fns["torch.index_select"])
     width = max(map(len, pieces))
     for name, t in pieces.items():
         print(f"{name:<{width}} {t:6.2f} us")
     names = list(pieces)
-    every, extra = sum(pieces[k] for k in names[:4]), sum(pieces[k] for k in names[4:])
-    print(f"{'every all-layer call and gather':<{width}} {every:6.2f} us (sum of the first four)")
-    print(f"{'a gather into new buffers':<{width}} {every + extra:6.2f} us (all seven)")
+    every, extra = sum(pieces[k] for k in names[:3]), sum(pieces[k] for k in names[3:])
+    print(f"{'every all-layer call and gather':<{width}} {every:6.2f} us (sum of the first three)")
+    print(f"{'a gather into new buffers':<{width}} {every + extra:6.2f} us (all five)")
     print(f"{'torch.index_select':<{width}} {base:6.2f} us (one device layer, {what['tokens']} rows)")
-    print(f"{'host check of CPU host indices':<{width}} {host_check:6.2f} us (an accelerator's all-layer call "
-          f"with {what['tokens']} host indices on the CPU, in pages of {SHAPE['page_size']})")
+    print(f"{'host check of CPU host indices':<{width}} {host_check:6.2f} us (the dma strategy's, once per "
+          f"new list of {what['tokens']} host indices in pages of {SHAPE['page_size']})")
     return 0
 
 

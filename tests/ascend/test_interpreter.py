@@ -31,7 +31,7 @@ def kernel_only(monkeypatch):
     """Fail if a copy falls back to the torch reference: the kernel itself must run."""
     def refuse(*a, **k):
         raise AssertionError("copy_rows fell back to the torch reference")
-    monkeypatch.setattr(launcher, "_reference", refuse)
+    monkeypatch.setattr(launcher, "_reference_call", refuse)
 
 
 L, N, P = 3, 12, 4

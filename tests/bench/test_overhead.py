@@ -81,41 +81,44 @@ def test_cpu_note_in_json_text_and_summary(measured):
 def test_the_probe_recorded_every_launch(measured):
     per = {n: r["launches_per_call"] for n, r in {**measured["calls"], **measured["torch"]}.items()}
     for n in CALLS:
-        # Default checks: one index-check launch per new index list: every all-layer call
-        # and gather; a per-layer loop checks its list once for all its layers.
-        if "per_layer" in n:
-            # 16 layers: a new list every 16 calls (at most 3 in 30), and once per batch of
-            # 10 again, after another series' checks on the same pool and stream
-            assert 0 < per[n]["check"] <= 5 / 30, (n, per[n])
-        else:
-            assert per[n]["check"] == 1.0, (n, per[n])
-        assert per[n]["copy"] >= 1.0, n
-    # SGLang's per-layer K and V device tensors are separate allocations: joined by a
-    # table of their bases, one launch moves both.
-    assert per["sglang.transfer_kv_per_layer"]["copy"] == 1.0
+        # Every call is one launch here, which checks its lists inline: no check launch.
+        assert per[n] == {"copy": 1.0, "check": 0.0}, (n, per[n])
     assert all(per[n] == {"copy": 0.0, "check": 0.0} for n in TORCH_OPS)
     rec = measured["launches_recorded"]
-    assert rec["copy"] >= rec["check"] >= (len(CALLS) - 2) * (30 + 3 + 10)   # timed + warm-up + estimate
+    assert rec["copy"] >= len(CALLS) * (30 + 3 + 10) and rec["check"] == 0   # timed + warm-up + estimate
+
+
+def test_every_call_checks_its_lists_in_its_launch():
+    """Under the probe too, each call's launch carries its lists' checks (``CHECK`` inline,
+    the lists' limits), so the timed host work is what a checked call does."""
+    from kvtier.bench.overhead import build_calls
+    from kvtier.kernels.copy_rows import INLINE, launch_arguments
+    fns, _ = build_calls(torch.device("cpu"), lists=4)
+    with LaunchProbe(keep_args=True) as probe:
+        for name in CALLS:
+            fns[name]()
+            a = launch_arguments(*probe.last_launches()["copy"])
+            assert a["CHECK"] == INLINE and a["src_limit"] > 0 and a["dst_limit"] > 0, name
 
 
 def test_no_kernel_runs(real_kernels):
     copies, checks = real_kernels
     o = measure_overhead(torch.device("cpu"), calls=4, warmup=1, batch=2)
-    assert o["launches_recorded"]["copy"] > 0 and o["launches_recorded"]["check"] > 0
+    assert o["launches_recorded"]["copy"] > 0
     assert copies.launches == 0 and checks.launches == 0
 
 
-def test_probe_stubs_the_index_check_kernel():
+def test_probe_stubs_the_row_copy_kernel_and_its_check():
     s = Shape(components=2, layers=1, row_bytes=128, page_size=1, tokens=16, layout="layer_first")
     w, _ = guarded_workload(s)
     t = w.copy("load")
     bad = t.dst_indices.clone()
-    bad[3] = 10 ** 6                                  # out of range: the check kernel would say so
+    bad[3] = 10 ** 6                                  # out of range: the launch's check would say so
     with LaunchProbe() as probe:
         copy_rows(t.src, t.src_indices, t.dst, bad)   # recorded, not checked, not copied
-    assert len(probe.check_grids) == 1 and len(probe.grids) == 1
+    assert len(probe.check_grids) == 0 and len(probe.grids) == 1
     with pytest.raises(KvtierError, match="dst_indices"):
-        copy_rows(t.src, t.src_indices, t.dst, bad)   # the real check kernel is back
+        copy_rows(t.src, t.src_indices, t.dst, bad)   # the real kernel and its check are back
 
 
 class _FakeKeeper:
@@ -160,8 +163,8 @@ def test_floor_script_times_every_piece_of_the_calls():
     r = subprocess.run([sys.executable, str(script), "200"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     figures = dict(re.findall(r"^(.+?)\s+(\d+\.\d+) us", r.stdout, re.M))
-    for name in ("storage watch (34 tensors)", "shape checks of two new lists", "value check of two new lists",
-                 "one recorded copy launch",
+    for name in ("storage watch (34 tensors)", "shape checks of two new lists",
+                 "one recorded copy launch, checking its lists",
                  "allocation of the gather's result", "every all-layer call and gather",
                  "a gather into new buffers", "torch.index_select", "host check of CPU host indices"):
         assert float(figures[name]) > 0, r.stdout
@@ -170,8 +173,8 @@ def test_floor_script_times_every_piece_of_the_calls():
 
 def test_launch_binding_script_binds_every_calls_launches():
     """`bench/scripts/launch_binding.py` binds each call's recorded launches with Triton's
-    own binder: every call launches one row copy, the all-layer calls and gathers one
-    index check too, and each binding takes time."""
+    own binder: every call launches one row copy, which checks its lists inline (no check
+    launch on this CPU), and each binding takes time."""
     pytest.importorskip("triton.backends.nvidia", reason="needs community Triton's CUDA backend")
     import subprocess
     import sys
@@ -183,7 +186,7 @@ def test_launch_binding_script_binds_every_calls_launches():
     assert set(rows) == set(CALLS)
     for name, (copies, checks, per_copy, per_check, total) in rows.items():
         assert int(copies) == 1 and float(per_copy) > 0 and float(total) >= float(per_copy), (name, r.stdout)
-        assert int(checks) == (0 if "per_layer" in name else 1), (name, r.stdout)
+        assert int(checks) == 0, (name, r.stdout)
 
 
 def test_dma_layer_loop_script_times_first_and_later_layers():

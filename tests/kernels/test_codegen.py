@@ -20,7 +20,8 @@ MODES = [(True, False), (False, True), (True, True), (False, False)]
 # Every shipped configuration, every row size `kvtier codegen` reports, all four
 # addressing-mode pairs, plus one pipelined neighbour, compiled for sm_90 in a process of
 # its own without TRITON_INTERPRET (as `kvtier codegen` runs); the reports come back as
-# JSON. int32 indices, so that every 8-byte load left is an address-table entry.
+# JSON. int32 indices, so that every 8-byte load left is an address-table entry. The
+# copies alone (check 0): what the index check adds is compared in a test of its own.
 SWEEP = textwrap.dedent("""
     import json, sys
     from kvtier.kernels import CopyConfig
@@ -31,7 +32,8 @@ SWEEP = textwrap.dedent("""
     for cfg in configs:
         for row in SWEEP_ROWS:
             for st, dt in MODES:
-                r = compile_report("sm90", config=cfg, row_bytes=row, src_table=st, dst_table=dt, index_bits=32)
+                r = compile_report("sm90", config=cfg, row_bytes=row, src_table=st, dst_table=dt, index_bits=32,
+                                   check=0)
                 out.append(r.to_dict())
     json.dump(out, sys.stdout)
 """)
@@ -137,11 +139,38 @@ def test_reports_compile_after_interpreted_kernels_with_reductions(monkeypatch, 
 def test_one_stage_config_uses_16_byte_loads_under_the_interpreter():
     """Asked for in this process, where the interpreter is on: 656-byte rows in one stage."""
     cfg = CopyConfig(num_programs=4, rows=4, block_bytes=1024, num_warps=1)
-    r = compile_report("sm90", config=cfg, row_bytes=656)
+    r = compile_report("sm90", config=cfg, row_bytes=656, check=0)
     assert r.error is None, r.error
     stores = sum(r.store_widths.values())
     assert stores and r.store_widths == {16: stores} and r.load_widths.get(16, 0) == stores, r.row()
     assert r.cp_async == 0
+
+
+# The index check inline (link copies) and by a check launch's verdict (device copies):
+# the copies' own accesses as without it, plus the check's reads of the lists (and of an
+# engine table's entries) and its six 8-byte stores of a failure record.
+CHECK_SHAPES = [dict(row_bytes=656, src_table=True, dst_table=False),
+                dict(row_bytes=1024, src_table=False, dst_table=True, check_tables=True),
+                dict(row_bytes=128, src_table=False, dst_table=False, page_size=16, whole=16)]
+
+
+@pytest.mark.parametrize("shape", CHECK_SHAPES, ids=lambda s: f"{s['row_bytes']}B")
+def test_sm90_checked_copies_keep_their_16_byte_accesses(shape):
+    cfg = default_config("cuda")
+    plain, inline, verdict = compile_reports([("sm90", cfg, dict(shape, index_bits=32, check=c)) for c in (0, 2, 1)])
+    for r in (plain, inline, verdict):
+        assert r.error is None, r.error
+        assert r.spills == 0, r.row()
+    n = plain.store_widths.get(16, 0)
+    assert n and plain.store_widths == {16: n}, plain.row()
+    data = lambda r: r.load_widths.get(16, 0) + r.cp_async_widths.get(16, 0)   # noqa: E731
+    # Inline: every data store still 16 bytes; the only other stores are the record's.
+    assert inline.store_widths.get(16) == n and inline.store_widths.get(8) == 6 and len(inline.store_widths) == 2, \
+        inline.row()
+    assert data(inline) >= data(plain), inline.row()
+    # By verdict: the copy's accesses unchanged, plus the verdict word's one 4-byte load.
+    assert verdict.store_widths == plain.store_widths, verdict.row()
+    assert data(verdict) == data(plain) and verdict.load_widths.get(4, 0) >= 1, verdict.row()
 
 
 def test_offsets_64_bit_compile_too():

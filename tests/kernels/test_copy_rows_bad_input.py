@@ -38,11 +38,18 @@ def no_launch(monkeypatch):
     def boom(*a, **k):
         raise AssertionError("a kernel ran although the arguments were bad")
     monkeypatch.setattr(copy_rows_module, "_kernel", boom)      # every launch asks for the kernel
-    monkeypatch.setattr(copy_rows_module, "_reference", boom)
+    monkeypatch.setattr(copy_rows_module, "_reference_call", boom)
 
 
-def expect_error(fn, src, dst, si, di, match, src_map=None, dst_map=None, **kw):
-    """``fn`` raises KvtierError whose message contains ``match``; nothing changed."""
+VALUE_REASONS = ("index out of range", "negative index", "not a whole page")
+
+
+def expect_error(fn, src, dst, si, di, match, src_map=None, dst_map=None, monkeypatch=None, **kw):
+    """``fn`` raises KvtierError whose message contains ``match``; nothing changed. A bad
+    value is found by the copy launch's own check (given ``monkeypatch``, the kernel may
+    run for it: it must move nothing); a bad shape before any launch."""
+    if monkeypatch is not None and fn is copy_rows and any(r in match for r in VALUE_REASONS):
+        monkeypatch.setattr(copy_rows_module, "_kernel", real_kernel)
     before = src.raw() + dst.raw()
     with pytest.raises(KvtierError, match=re.escape(match)):
         fn(src.map if src_map is None else src_map, si, dst.map if dst_map is None else dst_map, di, **kw)
@@ -77,9 +84,9 @@ INDEX_CASES = [
 
 @FNS
 @pytest.mark.parametrize("case", INDEX_CASES, ids=[c[0] for c in INDEX_CASES])
-def test_bad_indices(sides, fn, case):
+def test_bad_indices(sides, fn, case, monkeypatch):
     _, si, di, match = case
-    expect_error(fn, *sides, si, di, match)
+    expect_error(fn, *sides, si, di, match, monkeypatch=monkeypatch)
 
 
 SHAPE_ONLY = [c for c in INDEX_CASES if "range" not in c[0] and "negative" not in c[0]]
@@ -164,9 +171,10 @@ PAGE_CASES = [
 
 @FNS
 @pytest.mark.parametrize("case", PAGE_CASES, ids=[c[0] for c in PAGE_CASES])
-def test_by_page_misaligned(sides, fn, case):
+def test_by_page_misaligned(sides, fn, case, monkeypatch):
     _, si, di, on_host, on_device = case
-    expect_error(fn, *sides, si, di, on_host if fn is copy_rows_reference else on_device, by_page=True)
+    expect_error(fn, *sides, si, di, on_host if fn is copy_rows_reference else on_device, by_page=True,
+                 monkeypatch=monkeypatch)
 
 
 @FNS

@@ -24,7 +24,7 @@ from triton.compiler.compiler import make_backend  # noqa: E402
 from kvtier.kernels import CopyConfig, RowMap, direct_launch  # noqa: E402
 from kvtier.kernels.codegen import compilable  # noqa: E402
 from kvtier.kernels.copy_rows_kernel import _copy_rows_kernel  # noqa: E402
-from kvtier.kernels.index_check import IndexGuard  # noqa: E402
+from kvtier.kernels.index_check import Checks, check_launch  # noqa: E402
 from kvtier.kernels.index_check_kernel import _check_indices_kernel  # noqa: E402
 
 core = importlib.import_module("kvtier.kernels.copy_rows")
@@ -121,12 +121,31 @@ def triton_path(monkeypatch, request):
     driver_mod.driver._active = saved
 
 
+def maps(rows=64, offset=0):
+    """(source, destination) stacked maps of ``rows`` rows of 16 int32, ``offset`` words
+    past their allocations' starts."""
+    src = torch.arange(rows * 16 + offset, dtype=torch.int32)[offset:].view(1, rows, 16)
+    dst = torch.zeros(rows * 16 + offset, dtype=torch.int32)[offset:].view(1, rows, 16)
+    return RowMap.from_stacked(src, 1), RowMap.from_stacked(dst, 1)
+
+
 def bound_copy(rows=64):
-    src = RowMap.from_stacked(torch.arange(rows * 16, dtype=torch.int32).view(1, rows, 16), 1)
-    dst = RowMap.from_stacked(torch.zeros(rows * 16, dtype=torch.int32).view(1, rows, 16), 1)
-    return core.bind(src, dst, src_layer=0, dst_layer=0, num_layers=1, by_page=False,
-                     config=CopyConfig(num_programs=4, rows=8, block_bytes=64, num_warps=4),
-                     device=torch.device("cpu"), n_rows=8, keep=False)
+    src, dst = maps(rows)
+    bound = core.bind(src, dst, src_layer=0, dst_layer=0, num_layers=1, by_page=False,
+                      config=CopyConfig(num_programs=4, rows=8, block_bytes=64, num_warps=4),
+                      device=torch.device("cpu"), n_rows=8)
+    return bound, bound.sides(src, dst), (src, dst)
+
+
+RECORD = torch.zeros(8, dtype=torch.int64)
+CHECKS = Checks.of(("src_indices", 64, 1), ("dst_indices", 64, 1))
+ARG = {n: i for i, n in enumerate(_copy_rows_kernel.arg_names)}
+LAUNCHER = 9            # where the kernel's own arguments start in its launcher's
+
+
+def launch(bound, sides, si, di):
+    """One checked launch of ``bound`` (the index check inline, as a link copy makes it)."""
+    bound(si, di, sides, core.INLINE, RECORD, CHECKS)
 
 
 def same_launch(a, b):
@@ -139,29 +158,30 @@ def same_launch(a, b):
 
 def test_kept_kernel_is_checked_then_launched_directly_with_tritons_arguments(triton_path):
     launches, passes = triton_path
-    bound = bound_copy()
+    bound, sides, _ = bound_copy()
     assert bound.direct is not None
-    si, di, verdict = torch.tensor([3, 1, 7]), torch.tensor([0, 5, 2]), torch.zeros(1, dtype=torch.int32)
+    si, di = torch.tensor([3, 1, 7]), torch.tensor([0, 5, 2])
     for _ in range(5):
-        bound(si, di, verdict)
+        launch(bound, sides, si, di)
     # Triton launched the first two (the second one watched), the rest went direct.
     assert len(passes) == 2 and len(launches) == 5
-    assert all(same_launch(launches[0], launch) for launch in launches[1:])
+    assert all(same_launch(launches[0], launch_) for launch_ in launches[1:])
     kernel, args = launches[-1]
     assert 1 <= args[0] <= bound.config.num_programs and args[1:4] == (1, 1, STREAM)
     assert args[4] is kernel.function and args[5] is kernel.packed_metadata
-    assert args[9] is si and args[10] is di and args[11] == 3 and args[12] is verdict
+    at = lambda name: args[LAUNCHER + ARG[name]]    # noqa: E731
+    assert at("src_idx") is si and at("dst_idx") is di and at("n_idx") == 3 and at("record") is RECORD
+    assert at("src_limit") == 64 and at("CHECK") == core.INLINE
 
 
 def test_each_specialization_is_kept_and_checked_on_its_own(triton_path):
     launches, passes = triton_path
-    bound = bound_copy()
-    verdict = torch.zeros(1, dtype=torch.int32)
+    bound, sides, _ = bound_copy()
     base = torch.arange(9, dtype=torch.int64)
     forms = {"int64": base[:3], "int32": base[:3].to(torch.int32), "8-byte aligned": base[1:4]}
     di = torch.tensor([0, 5, 2])
     for (name, si), _ in itertools.product(forms.items(), range(4)):
-        bound(si, di, verdict)
+        launch(bound, sides, si, di)
     # Each form: one launch kept, one watched, two direct, each with its own kernel.
     assert len(passes) == 6 and len(launches) == 12
     kernels = [k for k, _ in launches]
@@ -170,38 +190,20 @@ def test_each_specialization_is_kept_and_checked_on_its_own(triton_path):
         assert all(same_launch(launches[i], launches[i + j]) for j in (1, 2, 3))
 
 
-@pytest.mark.parametrize("side", ["src", "dst"])
-def test_a_copy_bound_to_a_layout_passes_each_calls_buffer(triton_path, side):
-    """A copy bound to a source or destination layout (`rebased`: a gather's new result, a
-    scatter's data) is kept and launched directly too: each call's own buffer goes where
-    the layout's pointer and table arguments are, the rest is what Triton passed, and a
-    buffer of another alignment (which Triton specializes on) has a kernel of its own."""
+def test_each_call_passes_its_own_buffers_to_one_kept_kernel(triton_path):
+    """A bound copy holds no buffer: each call's own maps' addresses go where the sides'
+    base arguments are, to the same kept kernel (the addresses are not specialized on:
+    their alignment is the layout's), the rest is what Triton passed."""
     launches, passes = triton_path
-    rows = 64
-
-    def rows_at(offset, fill=0):       # (1, rows, 16) int32, ``offset`` words past an allocation
-        return torch.full((rows * 16 + offset,), fill, dtype=torch.int32)[offset:].view(1, rows, 16)
-    src, dst = RowMap.from_stacked(rows_at(1), 1), RowMap.from_stacked(rows_at(1), 1)   # 4-byte aligned
-    src, dst = (core.rebased(src), dst) if side == "src" else (src, core.rebased(dst))
-    bound = core.bind(src, dst, src_layer=0, dst_layer=0, num_layers=1, by_page=False,
-                      config=CopyConfig(num_programs=4, rows=8, block_bytes=64, num_warps=4),
-                      device=torch.device("cpu"), n_rows=8, keep=False)
-    si, di, verdict = torch.tensor([3, 1, 7]), torch.tensor([0, 5, 2]), torch.zeros(1, dtype=torch.int32)
-    bufs = [rows_at(k % 2, fill=k) for k in range(8)]        # a new buffer per call: 16-, then 4-byte aligned
-    for buf in bufs:
-        bound(si, di, verdict, **{f"{side}_buffer": buf})
-    # Per alignment: two launches through Triton, then direct, with a kernel of its own.
-    assert len(passes) == 4 and len(launches) == 8
-    at = (13, 14) if side == "dst" else (15, 16)        # the kernel's pointer and table of that side
-    for (kernel, args), buf in zip(launches, bufs):
-        assert args[at[0]] is args[at[1]] and args[at[0]].data_ptr() == buf.data_ptr()
-        assert args[9] is si and args[10] is di and args[12] is verdict
-    kernels = [k for k, _ in launches]
-    assert kernels[0::2] == [kernels[0]] * 4 and kernels[1::2] == [kernels[1]] * 4 and kernels[0] is not kernels[1]
-    for (k0, first), (k1, last) in ((launches[0], launches[6]), (launches[1], launches[7])):
-        assert len(first) == len(last) and all(
-            (type(x) is type(y)) if i == 6 or i in at else (x is y or (not isinstance(x, torch.Tensor) and x == y))
-            for i, (x, y) in enumerate(zip(first, last)))
+    bound, _, _ = bound_copy()
+    si, di = torch.tensor([3, 1, 7]), torch.tensor([0, 5, 2])
+    pairs = [maps() for _ in range(6)]          # new buffers per call
+    for src, dst in pairs:
+        launch(bound, bound.sides(src, dst), si, di)
+    assert len(passes) == 2 and len(launches) == 6
+    for (kernel, args), (src, dst) in zip(launches, pairs):
+        assert args[LAUNCHER + ARG["src_base"]] == src.base and args[LAUNCHER + ARG["dst_base"]] == dst.base
+    assert len({id(k) for k, _ in launches}) == 1
 
 
 def test_a_launch_that_differs_from_tritons_is_never_made_directly(triton_path, monkeypatch):
@@ -212,10 +214,10 @@ def test_a_launch_that_differs_from_tritons_is_never_made_directly(triton_path, 
         a = real(k, grid, stream, args)
         return a[:9] + (a[10], a[9]) + a[11:]
     monkeypatch.setattr(direct_launch, "_arguments", swapped)
-    bound = bound_copy()
-    si, di, verdict = torch.tensor([3, 1, 7]), torch.tensor([0, 5, 2]), torch.zeros(1, dtype=torch.int32)
+    bound, sides, _ = bound_copy()
+    si, di = torch.tensor([3, 1, 7]), torch.tensor([0, 5, 2])
     for _ in range(5):
-        bound(si, di, verdict)
+        launch(bound, sides, si, di)
     assert len(passes) == 5 and len(launches) == 5      # every launch through Triton
 
 
@@ -227,53 +229,53 @@ def test_arguments_that_cannot_be_built_keep_the_launches_on_tritons_path(triton
     def unreadable(k, grid, stream, args):
         raise TypeError("launch_metadata() takes 3 positional arguments")
     monkeypatch.setattr(direct_launch, "_arguments", unreadable)
-    bound = bound_copy(rows=96)
-    si, di, verdict = torch.tensor([3, 1, 7]), torch.tensor([0, 5, 2]), torch.zeros(1, dtype=torch.int32)
+    bound, sides, _ = bound_copy(rows=96)
+    si, di = torch.tensor([3, 1, 7]), torch.tensor([0, 5, 2])
     for _ in range(4):
-        bound(si, di, verdict)
+        launch(bound, sides, si, di)
     assert len(passes) == 4 and len(launches) == 4
 
 
 @pytest.mark.parametrize("triton_path", [SealedFakeKernel], indirect=True)
 def test_a_launcher_that_cannot_be_watched_is_never_called_directly(triton_path):
     launches, passes = triton_path
-    bound = bound_copy(rows=88)
-    si, di, verdict = torch.tensor([3, 1, 7]), torch.tensor([0, 5, 2]), torch.zeros(1, dtype=torch.int32)
+    bound, sides, _ = bound_copy(rows=88)
+    si, di = torch.tensor([3, 1, 7]), torch.tensor([0, 5, 2])
     for _ in range(4):
-        bound(si, di, verdict)
+        launch(bound, sides, si, di)
     assert len(passes) == 4 and len(launches) == 4
 
 
 def test_switched_off_by_the_environment(triton_path, monkeypatch):
     launches, passes = triton_path
     monkeypatch.setenv(direct_launch.DIRECT_ENV, "0")
-    bound = bound_copy(rows=72)
+    bound, sides, _ = bound_copy(rows=72)
     assert bound.direct is None
     for _ in range(3):
-        bound(torch.tensor([3, 1, 7]), torch.tensor([0, 5, 2]), torch.zeros(1, dtype=torch.int32))
+        launch(bound, sides, torch.tensor([3, 1, 7]), torch.tensor([0, 5, 2]))
     assert len(passes) == 3 and len(launches) == 3
 
 
 def test_nothing_is_kept_under_the_interpreter():
-    bound = bound_copy(rows=80)      # this test run's kernels run in Triton's interpreter
+    bound, _, _ = bound_copy(rows=80)      # this test run's kernels run in Triton's interpreter
     assert bound.direct is None
 
 
 def test_the_index_check_is_launched_directly_too(triton_path):
     launches, passes = triton_path
-    guard = IndexGuard()
     a, b = torch.tensor([3, 1, 7]), torch.tensor([0, 5, 2])
     cpu = torch.device("cpu")
-    for _ in range(4):      # no facts given: every call checks (and launches) again
-        word = guard.check(cpu, [("src_indices", a, 64, 1, None), ("dst_indices", b, 64, 1, None)])
-    assert word is not None
+    for _ in range(4):      # every call checks (and launches) again
+        words = check_launch(cpu, CHECKS, a, b)
+    assert words is not None
     assert len(passes) == 2 and len(launches) == 4
-    assert all(same_launch(launches[0], launch) for launch in launches[1:])
+    assert all(same_launch(launches[0], launch_) for launch_ in launches[1:])
     _, args = launches[-1]
-    assert args[:4] == (1, 1, 1, STREAM) and args[9] is a and args[13] is b
-    # Other limits are another specialization: Triton launches (and its kernel is kept) again.
+    assert args[:4] == (1, 1, 1, STREAM) and args[9] is a and args[14] is b
+    # A limit of another class (not a multiple of 16) is another specialization to the kept
+    # kernels (Triton itself does not specialize on it): two launches through Triton again.
     for _ in range(3):
-        guard.check(cpu, [("src_indices", a, 65, 1, None), ("dst_indices", b, 64, 1, None)])
+        check_launch(cpu, Checks.of(("src_indices", 65, 1), ("dst_indices", 64, 1)), a, b)
     assert len(passes) == 4 and len(launches) == 7
 
 

@@ -1,7 +1,8 @@
-"""What Triton specializes the kernels on at launch: the counts and start layers that
-change from call to call give one compiled variant whatever their value (1, a multiple of
-16 or neither), while the arguments a variant depends on (table or not, the data
-pointers' alignment) still tell variants apart. Read through Triton's own launch binder
+"""What Triton specializes the kernels on at launch: the counts, limits, argument ids,
+buffer addresses, component strides and start layers that change from call to call give
+one compiled variant whatever their value (1, a multiple of 16 or neither), while the
+arguments a variant depends on (table or not, the tables' and lists' alignment) still
+tell variants apart. Read through Triton's own launch binder
 for the CUDA backend, which needs no GPU."""
 import itertools
 
@@ -27,35 +28,39 @@ def binder(kernel):
 
 
 def copy_args(**over):
-    words, table = torch.zeros(64, dtype=torch.int64), torch.zeros(16, dtype=torch.int64)
+    table = torch.zeros(16, dtype=torch.int64)
     idx = torch.arange(32)
     args = {n: 4096 for n in _copy_rows_kernel.arg_names}
-    args.update(src_ptr=words, src_table=table, src_idx=idx, dst_ptr=words, dst_table=table, dst_idx=idx,
-                verdict=torch.zeros(1, dtype=torch.int32), SRC_TABLE=True, DST_TABLE=False, CHECKED=True)
+    args.update(src_table=table, src_table2=table, src_idx=idx, dst_table=table, dst_table2=table, dst_idx=idx,
+                verdict=torch.zeros(8, dtype=torch.int64), record=torch.zeros(8, dtype=torch.int64),
+                SRC_TABLE=True, DST_TABLE=False, CHECK=2)
     args.update(over)
     return [args[n] for n in _copy_rows_kernel.arg_names]
 
 
-def test_counts_and_start_layers_compile_one_variant():
+def test_what_changes_per_call_compiles_one_variant():
     bind = binder(_copy_rows_kernel)
-    keys = {str(bind(*copy_args(n_rows=n, src_layer0=s, dst_layer0=d), num_warps=4)[1])
-            for n, s, d in itertools.product((1, 16, 17), (0, 1, 5), (0, 1, 32))}
+    keys = {str(bind(*copy_args(n_idx=n, src_layer0=s, dst_layer0=d, src_limit=n + s, dst_base=b, src_base=b,
+                                src_comp_stride=b, src_arg=s, dst_targ=d), num_warps=4)[1])
+            for n, s, d, b in itertools.product((1, 16, 17), (0, 1, 5), (0, 1, 32), (1, 4096, 4104))}
     assert len(keys) == 1
 
 
 def test_what_a_variant_depends_on_still_tells_them_apart():
     bind = binder(_copy_rows_kernel)
     base = str(bind(*copy_args(), num_warps=4)[1])
-    odd = torch.zeros(65, dtype=torch.int64)[1:]           # an 8-byte, not 16-byte, aligned base
+    odd = torch.zeros(65, dtype=torch.int64)[1:]           # an 8-byte, not 16-byte, aligned table
     assert str(bind(*copy_args(SRC_TABLE=False), num_warps=4)[1]) != base
-    assert str(bind(*copy_args(src_ptr=odd), num_warps=4)[1]) != base
+    assert str(bind(*copy_args(src_table=odd), num_warps=4)[1]) != base
+    assert str(bind(*copy_args(src_idx=torch.arange(33)[1:]), num_warps=4)[1]) != base
     assert str(bind(*copy_args(n_layers=1), num_warps=4)[1]) != base      # still specialized
 
 
 def test_check_counts_and_argument_ids_compile_one_variant():
     bind = binder(_check_indices_kernel)
-    idx, verdict, record = torch.arange(32), torch.zeros(1, dtype=torch.int32), torch.zeros(4, dtype=torch.int64)
-    keys = {str(bind(idx, n, 4096, ia, idx, n, 4096, ib, verdict, record, 16, 16, True, False, 1024,
-                     num_warps=4)[1])
+    idx, words, record = torch.arange(32), torch.zeros(2, dtype=torch.int32), torch.zeros(8, dtype=torch.int64)
+    table = torch.zeros(8, dtype=torch.int64)
+    keys = {str(bind(idx, n, 1, n + 4096, ia, idx, n, 1, 4096 + ib, ib, table, n, ia, table, n, ib, words, record,
+                     16, 16, True, False, 2, 16, 1024, num_warps=4)[1])
             for n, ia, ib in itertools.product((1, 16, 33), (0, 1), (1, 2))}
     assert len(keys) == 1

@@ -266,14 +266,12 @@ def test_map_of_a_view_stays_inside_the_view():
 
 
 def test_derived_state_is_explicit_and_never_shared_by_replace():
-    """What a map caches lives in its `derived` record, typed, and a map made from it
-    with dataclasses.replace starts with its own empty one."""
+    """What a map caches lives in its `derived` record, typed, pure functions of the map,
+    and a map made from it with dataclasses.replace starts with its own empty one."""
     import dataclasses
     t = torch.arange(2 * 8 * 4, dtype=torch.int32).view(2, 8, 4)
     m = RowMap.from_stacked(t, page_size=4)
-    a = m.anchor(4)
-    assert m.derived.anchors == {4: a} and m.anchor(4) is a
     assert m.pages_as_rows() is m.pages_as_rows()
     other = dataclasses.replace(m, num_layers=1)
-    assert other.derived is not m.derived and other.derived.anchors == {} and other.derived.pages is None
-    assert {f.name for f in dataclasses.fields(m.derived)} == {"anchors", "tables", "pages", "reachable", "views", "plans"}
+    assert other.derived is not m.derived and other.derived.pages is None
+    assert {f.name for f in dataclasses.fields(m.derived)} == {"tables", "pages", "reachable", "views"}

@@ -234,7 +234,7 @@ def test_scatters_of_a_shape_seen_before_reuse_its_layout_and_are_right(monkeypa
         o.copy_(b)
         odd.append(o)
     idx = torch.tensor([5, 2, 7])
-    scattered(idx, d, lambda i, _: scatter_groups(pool, slots_of(i), odd, pages))
+    scattered(idx, d, lambda i, _: scatter_groups(pool, i, odd, pages))
     assert built, "misaligned data took the layout's copies"
 
 
@@ -297,26 +297,3 @@ def test_index_lists_do_not_keep_a_pool_alive():
     assert all(r() is None for r in refs), "an index list's facts keep a pool alive"
 
 
-def test_an_all_layer_calls_lists_are_not_remembered_but_a_layer_loops_are():
-    """What is learnt about an index list is kept for the lists a per-layer loop passes
-    again, not for an all-layer call's or a gather's (an engine passes those once); the
-    calls move the same bytes either way (a backup, then a per-layer load back)."""
-    from kvtier.kernels import index_memo
-    from kvtier.pool import HostPool
-    pool = MHADevicePool(32, 4, 2, 2, 8, dtype=torch.float16, storage="layers")
-    layers = pool.buffers["k"] + pool.buffers["v"]
-    for t in layers:
-        t.copy_(torch.randn(t.shape).to(t.dtype))
-    want = [t.clone() for t in layers]
-    host = HostPool(pool, layout="layer_first", size_tokens=32, pin_memory=False, strategy="kernel")
-    h, d = torch.arange(8, 16), torch.arange(4, 12)
-    host.backup_from_device_all_layer(pool, h, d)
-    pool.gather(d)
-    assert id(h) not in index_memo._MEMO and id(d) not in index_memo._MEMO
-    rows = [t.view(-1, 2, 8) for t in layers]
-    for r in rows:
-        r[4:12] = 0
-    for layer in range(2):
-        host.load_to_device_per_layer(pool, h, d, layer)
-        assert id(h) in index_memo._MEMO and id(d) in index_memo._MEMO
-    assert all(torch.equal(t.view(torch.int16), w.view(torch.int16)) for t, w in zip(layers, want))

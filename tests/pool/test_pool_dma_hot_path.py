@@ -12,7 +12,7 @@ import torch
 from copy_rows_support import kernel_really_runs  # noqa: F401  (autouse fixture: the kernel runs)
 from hot_path_support import device_work_only, on_device
 from pool_support import DeviceCase, HostCase
-from kvtier.kernels import IndexGuard, KvtierError
+from kvtier.kernels import KvtierError, faults
 from kvtier.pool import dma
 
 P, SIZE, HOST = 4, 32, 48
@@ -70,7 +70,8 @@ BAD = {  # device slots, value named
 @pytest.mark.parametrize("call", list(CALLS))
 @pytest.mark.parametrize("case", list(BAD))
 def test_bad_device_indices_change_nothing_when_reported_late(monkeypatch, case, call, when, verdict):
-    """The device has not run the check when the call returns (the guard reports later).
+    """The device has not run the check when the call returns (the failure record is read
+    later).
     With ``verdict="device"`` the copies do not know the verdict either, as on a GPU."""
     # Whole pages are a rule of page-major layouts only.
     dev, host = pools("layer_first" if call == "backup" and case != "not whole pages" else "page_first_direct")
@@ -81,7 +82,7 @@ def test_bad_device_indices_change_nothing_when_reported_late(monkeypatch, case,
     CALLS["backup"](dev, host, good_hi, good_di)      # the host holds real rows; the ring exists
     dma.lane(torch.device("cpu")).buffer.fill_(0xA5)  # stale staging bytes would show
     with monkeypatch.context() as late:
-        late.setattr(IndexGuard, "raise_pending", lambda self, this_call=False: None)
+        late.setattr(faults, "raise_pending", lambda this_call=False: None)
         if verdict == "device":
             late.setattr(dma, "verdict_now", lambda v: None if v is not None else 0)
         before = state(dev, host)

@@ -166,8 +166,13 @@ def _direct_backup(host, dev_pool, hidx, didx, verdict):
     unit = host.page_size if lay.paged else 1
     run_list = runs_of(hidx, unit)
     dma.backup(BACKUP, mv.dev_map, didx, mv.host_buf, host.layout, host.page_size, 0, mv.host_layer,
-               mv.num_layers, run_list, lay.paged and host.page_size > 1, None, verdict)
+               mv.num_layers, run_list, lay.paged and host.page_size > 1, None, verdict, host._host_map(mv))
     return mv
+
+
+def _words(code: int) -> torch.Tensor:
+    """A call's verdict words as its check launch writes them: the code, then its negation."""
+    return torch.tensor([code, int(code == 0)], dtype=torch.int32)
 
 
 @pytest.mark.parametrize("fill", ["kernel", "copies"])
@@ -183,14 +188,14 @@ def test_bad_device_verdict_changes_no_host_byte(chunks, monkeypatch, layout, fi
     dev, hc = _ring_pool(layout)
     host = hc.host
     hidx, didx = pages_to_slots([7, 2, 3, 12], 4), pages_to_slots([1, 9, 4, 0], 4)
-    good = torch.zeros(1, dtype=torch.int32)
+    good = _words(0)
     before = hc.snapshot()
     mv = _direct_backup(host, dev.pool, hidx, didx, good)
     want = expected_backup(hc, dev, before, hidx, didx)
     assert_same(host.buffers, want, "host after a good backup")
 
     dma.lane(torch.device("cpu")).buffer.fill_(POISON)
-    bad = torch.full((1,), 2, dtype=torch.int32)
+    bad = _words(2)
     wild = torch.full_like(didx, 10 ** 9)            # the gather must not read these
     _direct_backup(host, dev.pool, pages_to_slots([5, 6, 7, 8], 4), wild, bad)
     assert_same(host.buffers, want, "host after a backup with a bad verdict")
@@ -207,11 +212,10 @@ def test_without_the_fill_a_bad_verdict_writes_stale_bytes(chunks, monkeypatch):
     monkeypatch.setattr(dma._Transfer, "_fill_mode", lambda self: None)
     dev, hc = _ring_pool()
     host = hc.host
-    _direct_backup(host, dev.pool, pages_to_slots([1], 4), pages_to_slots([2], 4), torch.zeros(1, dtype=torch.int32))
+    _direct_backup(host, dev.pool, pages_to_slots([1], 4), pages_to_slots([2], 4), _words(0))
     dma.lane(torch.device("cpu")).buffer.fill_(POISON)
     before = hc.snapshot()
-    _direct_backup(host, dev.pool, pages_to_slots([5, 6], 4), pages_to_slots([1, 2], 4),
-                   torch.ones(1, dtype=torch.int32))
+    _direct_backup(host, dev.pool, pages_to_slots([5, 6], 4), pages_to_slots([1, 2], 4), _words(1))
     changed = [n for n in before if not torch.equal(before[n], host.buffers[n])]
     assert changed, "the bulk copies wrote nothing: the fill test proves nothing"
 

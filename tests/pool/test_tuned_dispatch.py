@@ -7,7 +7,8 @@ program count names the operation, the tile rows the layer count), under keys co
 the transfers below (row bytes, page sizes, row buckets, layer counts). Each public call
 (HostPool backup / loads with the kernel and dma strategies, DevicePool gather / scatter
 and CPU copies, the SGLang and Ascend adapter calls) is then checked launch by launch:
-the configuration ``copy_rows`` received (a spy on ``kvtier.pool.launch.run_bound``) and
+the configuration each launch ran with (a spy on ``BoundCopy.__call__``, which every launch
+passes) and
 the one in the DEBUG line (op, scope, strategy, config, rows, bytes) are the tuned ones,
 and the bytes moved match plain torch indexing. With the lookup replaced by the default,
 the same checks fail: the tests depend on the lookup, not on luck.
@@ -84,7 +85,7 @@ def kernel_runs(monkeypatch):
     """Every copy runs the Triton kernel with the configuration given (no torch fallback)."""
     def no_fallback(*a, **k):
         raise AssertionError("copy_rows fell back to the torch reference")
-    monkeypatch.setattr(copy_rows_module, "_reference", no_fallback)
+    monkeypatch.setattr(copy_rows_module, "_reference_call", no_fallback)
 
 
 # ------------------------------------------------------------------ launch capture
@@ -110,13 +111,13 @@ class Recorder:
 
     def __init__(self, monkeypatch, caplog):
         self.caplog, self.calls = caplog, []
-        real = launch_mod.run_bound
+        real = copy_rows_module.BoundCopy.__call__
 
-        def spy(op, bound, si, di, *args, **kw):
+        def spy(bound, si, di, *args, **kw):
             self.calls.append((bound.config, si.numel(), bound.num_layers))
-            return real(op, bound, si, di, *args, **kw)
+            return real(bound, si, di, *args, **kw)
 
-        monkeypatch.setattr(launch_mod, "run_bound", spy)
+        monkeypatch.setattr(copy_rows_module.BoundCopy, "__call__", spy)
         caplog.set_level(logging.DEBUG, logger="kvtier")
 
     def take(self):
