@@ -13,10 +13,12 @@ Each component of a host pool is moved one of three ways, read off its row map:
 
 Both sides of a staged copy are host memory, so it runs on the CPU: the bytes never
 cross a link. It runs as `copy_pages`, the row copy of whole pages read off the same
-row maps (the address formula of `kvtier.kernels.rowmap`) as strided torch copies of
-machine words, one per page (or run of pages) per component group: 10-19 GB/s on a
-2-core CPU where `copy_rows` reaches 0.2 GB/s through its torch reference (byte-wise
-indexing) and under 0.02 GB/s through Triton's interpreter (docs/store.md).
+row maps (the address formula of `kvtier.kernels.rowmap`) as strided copies of machine
+words, one per page (or run of pages) per component group, by numpy (one thread, the
+GIL released): 5-17 GB/s on a 2-core CPU where `copy_rows` reaches 0.2 GB/s through its
+torch reference (byte-wise indexing) and under 0.02 GB/s through Triton's interpreter,
+and where torch's own parallel copy fell under 1 GB/s whenever the other core was busy
+(docs/store.md).
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ import threading
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 
 from kvtier.kernels import RowMap
@@ -80,7 +83,7 @@ class Staging:
         for names, host_map in plan.copy_groups:
             smap = maps[names[0]] if len(names) == 1 else RowMap.stack([maps[n] for n in names])
             self.maps.append(smap)
-            self.views.append(page_views(host_map, smap))
+            self.views.append(tuple(v.numpy() for v in page_views(host_map, smap)))
 
 
 class CanonicalPages:
@@ -228,15 +231,15 @@ def _view(m: RowMap, word: int, n_chunks: int, chunk_bytes: int, chunk_stride: i
     return torch.empty(0, dtype=_WORDS[word]).set_(st, offset // word, shape, tuple(x // word for x in strides))
 
 
-def copy_pages(src: torch.Tensor, src_pages: Sequence[int], dst: torch.Tensor, dst_pages: Sequence[int]) -> None:
-    """``dst[:, dst_pages[j]] = src[:, src_pages[j]]`` for page views (`page_views`):
-    one strided copy per run of pages consecutive on both sides."""
+def copy_pages(src, src_pages: Sequence[int], dst, dst_pages: Sequence[int]) -> None:
+    """``dst[:, dst_pages[j]] = src[:, src_pages[j]]`` for page views (`page_views`, as
+    numpy arrays): one strided copy per run of pages consecutive on both sides."""
     j, n = 0, len(src_pages)
     while j < n:
         s0, d0, k = src_pages[j], dst_pages[j], 1
         while j + k < n and src_pages[j + k] == s0 + k and dst_pages[j + k] == d0 + k:
             k += 1
-        dst[:, d0:d0 + k].copy_(src[:, s0:s0 + k])
+        np.copyto(dst[:, d0:d0 + k], src[:, s0:s0 + k])
         j += k
 
 

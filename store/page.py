@@ -112,6 +112,10 @@ class Checksum:
             return c
         raise fail("algorithm", algorithm, f"must be one of {ALGORITHMS}")
 
+    def matches(self, algorithm: int, pieces: Sequence[memoryview], stored: int) -> bool:
+        """Whether the payload ``pieces`` has the checksum ``stored``."""
+        return self.of(algorithm, pieces) == stored
+
 
 # ---------------------------------------------------------------------- geometry
 _ORDER = ("k", "v", "kv", "latent", "rope", "index_k", "index_scale")
@@ -271,7 +275,7 @@ class PageFormat:
         if not self.checksum.can(algorithm):
             return "unverifiable"
         stored, = struct.unpack_from("<Q", h, _CHECKSUM_AT)
-        if self.checksum.of(algorithm, pieces) != stored:
+        if not self.checksum.matches(algorithm, pieces, stored):
             return "checksum"
         return None
 

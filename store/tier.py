@@ -50,6 +50,8 @@ class StoreTier:
         whose pages differ per rank (MHA: a "k" component), dropped for MLA pools (one
         copy shared by every rank).
     pp: (rank, size) of this pipeline stage, or None.
+    batch_pages: pages per engine call at most (fewer where staging memory would pass
+        `STAGING_BYTES`, or where the engine prefers calls of ``engine.batch_bytes``).
     """
 
     def __init__(self, host, store: Union[str, Engine], *, model: str,
@@ -72,6 +74,9 @@ class StoreTier:
             self.engine, self._owns = open_store(store, timeout_ms=timeout_ms), True
         staged = max(self.plan.staged_bytes, 1)
         self.batch_pages = max(1, min(batch_pages, STAGING_BYTES // staged)) if self.plan.staged else batch_pages
+        hint = getattr(self.engine, "batch_bytes", None)     # an engine's preferred call size
+        if hint:
+            self.batch_pages = max(1, min(self.batch_pages, hint // self.plan.payload_bytes))
         self.stats: Counter = Counter()
         self._lock = threading.Lock()
         self._warned: set = set()
