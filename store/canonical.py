@@ -63,7 +63,7 @@ class Staged:
 
 class Staging:
     """A staging buffer for ``capacity`` pages, with its row maps (one per copy group)
-    and a flat byte view; reused across calls (`CanonicalPages.staging`)."""
+    and a flat byte view; reused across calls (`CanonicalPages.take_staging`)."""
 
     def __init__(self, plan: "CanonicalPages", capacity: int):
         self.capacity = capacity

@@ -411,3 +411,18 @@ def test_imports_pull_in_no_client_library():
             " if m in sys.modules]\nassert not bad, bad\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120)
     assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+
+
+@pytest.mark.parametrize("layout", ["page_first", "page_head", "page_first_direct"])
+def test_the_intended_path_warns_of_nothing(url, layout, caplog):
+    """No fallback warning (the staged copy never goes through copy_rows' reference or
+    interpreter) and no log line on a clean round trip."""
+    import warnings
+    host = host_case("mla_split_indexer", layout).host
+    tier = _tier(host, url)
+    keys = _keys(3)
+    with warnings.catch_warnings(), caplog.at_level(logging.DEBUG, logger="kvtier"):
+        warnings.simplefilter("error")
+        assert tier.backup(keys, slots([0, 1, 2])) == [True] * 3
+        assert tier.prefetch(keys, slots([3, 4, 5])) == 3
+    assert caplog.records == []
