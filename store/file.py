@@ -59,7 +59,10 @@ def store_dir(url: str) -> str:
     if parts.scheme.lower() != "file" or parts.netloc not in ("", "localhost") \
             or parts.query or parts.fragment or not parts.path.startswith("/"):
         raise fail("url", url, "must be file:///absolute/directory (no host, query or fragment)")
-    return os.path.normpath(unquote(parts.path))
+    path = os.path.normpath(unquote(parts.path))
+    if path == "/":
+        raise fail("url", url, "names the root directory; give the store a directory of its own")
+    return path
 
 
 def object_name(key: str) -> str:
@@ -95,7 +98,7 @@ class FileEngine(Engine):
             os.unlink(probe)
         except OSError as e:
             raise fail("url", url, f"the store directory cannot be written: {e.strerror or e}") from None
-        self._tag = f"{socket.gethostname()}.{os.getpid()}."
+        self._host = socket.gethostname()
         self._serial = itertools.count()
         self._closed = False
         self._remove_dead_writers()
@@ -178,7 +181,9 @@ class FileEngine(Engine):
             os.close(fd)
 
     def _write(self, path: str, views: List[memoryview]) -> None:
-        tmp = os.path.join(self.tmp, f"{self._tag}{threading.get_ident()}.{next(self._serial)}")
+        # host.pid.thread.serial: unique among writers (a forked child has its own pid),
+        # and tells a dead writer's file from a live one's (`_remove_dead_writers`).
+        tmp = f"{self.tmp}/{self._host}.{os.getpid()}.{threading.get_ident()}.{next(self._serial)}"
         fd = os.open(tmp, _OPEN_WRITE, 0o644)
         try:
             try:
@@ -222,7 +227,7 @@ class FileEngine(Engine):
             raise fail("value_bytes", value_bytes, "must be a positive int")
         if isinstance(count, bool) or not isinstance(count, int) or count <= 0:
             raise fail("count", count, "must be a positive int")
-        where = os.path.join(self.root, f"raw.{self._tag}{uuid.uuid4().hex}")
+        where = os.path.join(self.root, f"raw.{uuid.uuid4().hex}")
         os.makedirs(where)
         paths = [os.path.join(where, str(i)) for i in range(count)]
         data = memoryview(bytearray(os.urandom(value_bytes)) * count)

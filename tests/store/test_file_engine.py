@@ -18,7 +18,7 @@ class TestFileEngineContract(EngineConformance):
         return lambda: open_store(f"file://{tmp_path}/store")
 
 
-@pytest.mark.parametrize("url", ["file://relative/dir", "file:relative", "file:///dir?x=1", "file:///dir#frag",
+@pytest.mark.parametrize("url", ["file://relative/dir", "file:relative", "file:///dir?x=1", "file:///dir#frag", "file:///", "file:///a/..",
                                  "file://otherhost/dir"])
 def test_malformed_urls_name_the_url(url):
     with pytest.raises(KvtierError, match="url="):
