@@ -3,7 +3,8 @@ call beside it) against the same-run link ceiling and the baselines (plain torch
 same-size copy_; sgl_kernel and vLLM's swap kernel where they can run), the host time per
 call of the pools' and adapters' hot-path calls beside torch's index ops, and a table,
 JSON and PNG of it all. `--interference` runs only a transfer's GB/s beside a concurrent
-GEMM's slowdown (CUDA; `--smoke` gives its structure on the CPU).
+GEMM's slowdown (CUDA; `--smoke` gives its structure on the CPU). `--store URL` runs
+only the store tier's prefetch and backup beside the store's own raw figures.
 
 On a machine without an accelerator it runs a small smoke sweep under Triton's
 interpreter and says that its figures are not hardware figures. `--overhead` runs only
@@ -43,7 +44,11 @@ def register(sub) -> None:
     p.add_argument("--no-plot", action="store_true", help="skip the PNG (no matplotlib needed)")
     p.add_argument("--overhead", action="store_true",
                    help="only the host time per call of the hot-path calls beside torch's index ops (no sweep)")
-    p.add_argument("--json", metavar="FILE", help="write the host-overhead measurement to FILE as JSON")
+    p.add_argument("--json", metavar="FILE", help="write the host-overhead measurement (with --store: the "
+                                                  "store's) to FILE as JSON")
+    p.add_argument("--store", metavar="URL",
+                   help="only the store tier: prefetch and backup GB/s for 64 KiB-1 MiB pages beside the store's "
+                        "own raw GET/SET in the same run (file:///dir, redis://host:port, ...; docs/store.md)")
     p.add_argument("--no-overhead", action="store_true", help="skip the host-overhead benchmark")
     p.add_argument("--interference", action="store_true",
                    help="only a transfer's GB/s beside a concurrent GEMM's slowdown per program cap "
@@ -101,12 +106,19 @@ def _number(args, flag: str, kind, low):
 # Flags --interference takes; every other flag is refused with it.
 INTERFERENCE_FLAGS = ("--interference", "--smoke", "--ops", "--caps", "--out", "--no-plot", "--quiet")
 _ALL_FLAGS = (*SWEEP_FLAGS, "--overhead", "--json", "--no-overhead", "--quiet")
+STORE_FLAGS = ("--store", "--json", "--quiet")      # what --store takes
 
 
 def _check_flags(args) -> None:
     """Combinations and values refused before anything is measured."""
+    if args.store is not None:
+        given = [f for f in (*_ALL_FLAGS, "--interference") if f not in STORE_FLAGS
+                 and _given(args, f) not in (None, False)]
+        if given:
+            raise BadFlag(f"{given[0]}: --store takes only {' '.join(STORE_FLAGS[1:])}")
     if args.interference:
-        given = [f for f in _ALL_FLAGS if f not in INTERFERENCE_FLAGS and _given(args, f) not in (None, False)]
+        given = [f for f in (*_ALL_FLAGS, "--store") if f not in INTERFERENCE_FLAGS
+                 and _given(args, f) not in (None, False)]
         if given:
             raise BadFlag(f"{given[0]}: --interference takes only {' '.join(INTERFERENCE_FLAGS[1:])}")
     if args.no_overhead and (args.overhead or args.json):
@@ -163,6 +175,8 @@ def run(args) -> int:
     except BadFlag as e:
         print(str(e), file=sys.stderr)
         return 2
+    if args.store is not None:
+        return _store(args)
     from kvtier.platforms import default_device, detect_platform
     on_cpu = detect_platform() == "cpu"
     if on_cpu:
@@ -241,6 +255,33 @@ def _interference(args, device) -> int:
     _plotted(args, out, ["interference.txt", "interference.json"], lambda png: interference.plot(result, png),
              "interference.png")
     return 1 if any("error" in r for r in result["rows"]) else 0
+
+
+def _store(args) -> int:
+    """`--store URL`: the store tier's figures (kvtier.store.bench), printed, and in
+    --json FILE."""
+    from kvtier.kernels.errors import KvtierError
+    from kvtier.store import bench as store_bench
+    if not args.quiet:
+        print(f"kvtier bench --store: measuring {args.store} (about a minute)", flush=True)
+    try:
+        result = store_bench.measure(args.store)
+    except KvtierError as e:
+        print(f"--store={args.store!r}: {e}", file=sys.stderr)
+        return 2
+    except RuntimeError as e:           # the store lost pages while measured
+        print(f"kvtier bench --store: {e}", file=sys.stderr)
+        return 1
+    print(store_bench.format_text(result))
+    if args.json is None:
+        return 0
+    try:
+        Path(args.json).write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+    except OSError as e:
+        print(f"--json={args.json!r}: {e.strerror or e}", file=sys.stderr)
+        return 2
+    print(f"wrote {args.json}")
+    return 0
 
 
 def _plotted(args, out: Path, written: list, plot, png: str) -> None:

@@ -1,5 +1,7 @@
-"""`kvtier demo`: back random KV pages up to host memory and load them back through
-the kernels on the best device present, check every byte, print what ran where."""
+"""`kvtier demo`: back random KV pages up to host memory, write them to a store and read
+them back (an embedded file store in a temporary directory, or ``--store URL``), load
+them back to the device through the kernels on the best device present, check every
+byte, print what ran where and each tier's time."""
 from __future__ import annotations
 
 import os
@@ -17,6 +19,8 @@ def register(sub) -> None:
     p.add_argument("--head-dim", type=positive_int, default=64)
     p.add_argument("--moved-pages", type=positive_int, default=8, help="at most --pages")
     p.add_argument("--layout", default="page_first_direct", choices=NAMES)
+    p.add_argument("--store", metavar="URL", help="the store tier: file:///dir, redis://host:port, ... "
+                                                  "(default: a file store in a temporary directory, removed after)")
     p.set_defaults(func=run)
 
 
@@ -31,7 +35,26 @@ def run(args) -> int:
     if args.moved_pages > args.pages:
         print(f"kvtier demo: --moved-pages={args.moved_pages}: at most --pages={args.pages}", file=sys.stderr)
         return 2
+    import shutil
+    import tempfile
     import torch
+    from kvtier.kernels.errors import KvtierError
+    from kvtier.store import open_store
+    scratch = None if args.store else tempfile.mkdtemp(prefix="kvtier-demo-store-")
+    try:
+        store = open_store(args.store or f"file://{scratch}")
+    except KvtierError as e:
+        print(f"kvtier demo: --store={args.store!r}: {e}", file=sys.stderr)
+        return 2
+    try:
+        return _run(args, store, torch)
+    finally:
+        store.close()
+        if scratch:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _run(args, store, torch) -> int:
     device, platform = _best_device()
     if platform == "cpu":
         # Triton runs CPU tensors only in its interpreter, chosen before Triton is imported.
@@ -74,24 +97,54 @@ def run(args) -> int:
     load = lambda: copy_rows(hmap, host_idx, dmap, dev_idx, by_page=True)    # noqa: E731
     backup()                 # first calls compile the kernels: warm up, then time
     t_backup = timed(backup)
+    # The store tier: the host pages out to the store, the host poisoned, and read back.
+    tier = _store_tier(store, dev_k, dev_v, host, args.layout, P, N)
+    keys = [f"demo-page-{i}-{time.time_ns()}" for i in range(args.moved_pages)]
+    host_cpu_idx = host_idx.cpu()
+    t_put, stored = _timed_host(lambda: tier.backup(keys, host_cpu_idx))
+    host.view(torch.int16).fill_(0x5A5A)
+    t_get, read = _timed_host(lambda: tier.prefetch(keys, host_cpu_idx))
+    store_ok = all(stored) and read == args.moved_pages
     load()
     for t in dev_k + dev_v:  # poison the device pages, then load them back
         t[dev_idx] = torch.tensor(float("nan"), dtype=t.dtype)
     t_load = timed(load)
-    ok = all(torch.equal(a[dev_idx].cpu().view(torch.int16), b.view(torch.int16))
-             for a, b in zip(dev_k + dev_v, want_k + want_v))
+    ok = store_ok and all(torch.equal(a[dev_idx].cpu().view(torch.int16), b.view(torch.int16))
+                          for a, b in zip(dev_k + dev_v, want_k + want_v))
     runner = ("Triton interpreter (CPU)" if interpreter_active() else "torch reference") if platform == "cpu" \
         else f"Triton kernels on {device_name(device) or device}"
     print(f"kvtier demo: {platform} ({runner})")
     print(f"  device KV: {L} layers x K,V x {N} slots x {H} heads x {D} bf16 (one tensor per layer)")
     print(f"  host KV:   {args.layout} {tuple(host.shape)}{' pinned' if pin else ''}")
+    print(f"  store:     {store.url} ({type(store).__name__}), objects {tier.namespace}:<key>")
     print(f"  moved {args.moved_pages} random pages of {P} tokens = {moved / 1e6:.2f} MB each way")
-    for name, t in (("backup device->host", t_backup), ("load host->device", t_load)):
+    if not store_ok:
+        print(f"  store: {sum(stored)} of {len(stored)} pages stored, {read} read back ({dict(tier.stats)})")
+    for name, t in (("backup device->host", t_backup), ("store put host->store", t_put),
+                    ("store get store->host", t_get), ("load host->device", t_load)):
         rate = moved / t
         shown = f"{rate / 1e9:8.3f} GB/s" if rate >= 1e8 else f"{rate / 1e6:8.3f} MB/s"
-        print(f"  {name:20s} {t * 1e3:9.2f} ms  {shown}  (one warm call)")
+        print(f"  {name:22s} {t * 1e3:9.2f} ms  {shown}  (one {'warm ' if 'store' not in name else ''}call)")
     if platform == "cpu":
         print("  CPU: the kernels ran in Triton's interpreter (or the torch reference); these times "
               "test the machinery, they are not a device's figures")
     print(f"  every byte checked: {'OK' if ok else 'MISMATCH'}")
     return 0 if ok else 1
+
+
+def _store_tier(store, dev_k, dev_v, host, layout, page_size, slots):
+    """A StoreTier over the demo's host buffer: a HostPool adopting the device layers
+    and taking ``host`` (K and V in one (2, ...) buffer, the pool's own form) as memory."""
+    from kvtier.pool import HostPool, MHADevicePool
+    from kvtier.store.tier import StoreTier
+    pool = MHADevicePool.from_layers(dev_k, dev_v, page_size)
+    hp = HostPool(pool, layout=layout, size_tokens=slots, pin_memory=host.is_pinned(),
+                  factory=lambda shape, dtype, pin: host)
+    return StoreTier(hp, store, model="kvtier-demo")
+
+
+def _timed_host(fn):
+    """(seconds, result) of one call on the host."""
+    t = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t, out

@@ -1,0 +1,164 @@
+"""`kvtier bench --store URL`: the store tier's throughput beside the store's own.
+
+For pages of 64 KiB, 256 KiB and 1 MiB (MHA, bf16) and two host layouts
+(``page_first_direct``: pages move in place; ``page_first``: through the staged copy),
+it measures in one run, best of a few rounds, interleaved:
+
+- backup: `StoreTier.backup` of fresh keys (conversion, checksum, header, engine write);
+- prefetch: `StoreTier.prefetch` of those pages (engine read, verification with the
+  checksum, conversion): the hit path;
+- raw: the engine's own `raw_throughput` for as many values of the page's size;
+- checksum: its share of the hit path: the time spent in the checksum inside the
+  prefetch calls (the same batches, the pages as warm in the cache as they are there),
+  over the prefetch time (the median round).
+
+Goal, printed, never asserted: hit path >= 0.8x raw GET and backup >= 0.8x raw SET for
+pages of 256 KiB and more; the checksum <= 10% of the hit path.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Callable, Dict, List, Optional
+
+from .page import Checksum
+
+PAGE_BYTES = (64 << 10, 256 << 10, 1 << 20)
+LAYOUTS = ("page_first_direct", "page_first")
+LAYERS, HEADS, HEAD_DIM = 8, 4, 64          # bf16 rows of 512 B; K and V: 8 KiB per token
+GOAL = {"min_page_bytes": 256 << 10, "prefetch_vs_raw_get": 0.8, "backup_vs_raw_set": 0.8,
+        "checksum_share": 0.10}
+
+
+def _host(page_bytes: int, pages: int, layout: str):
+    import torch
+    from kvtier.pool import HostPool, MHADevicePool
+    token = 2 * LAYERS * HEADS * HEAD_DIM * 2
+    P = max(1, page_bytes // token)
+    dev = MHADevicePool(P, P, LAYERS, HEADS, HEAD_DIM, dtype=torch.bfloat16)
+    host = HostPool(dev, layout=layout, size_tokens=pages * P, pin_memory=False)
+    for b in host.buffers.values():
+        b.view(-1).view(torch.int16).random_(-32768, 32767)
+    return host
+
+
+def _timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+TOTAL_BYTES = 64 << 20     # of pages per point (at least 16 pages, at most 1024)
+ROUNDS = 3
+
+
+def measure(url: str, page_bytes=None, layouts=None, total_bytes: Optional[int] = None,
+            rounds: Optional[int] = None, log: Optional[Callable[[str], None]] = None) -> Dict:
+    """The figures as a dict (`format_text` prints them); each argument left None takes
+    the module's default (PAGE_BYTES, LAYOUTS, TOTAL_BYTES, ROUNDS). ``log`` is given
+    each point's row as it is measured."""
+    import torch
+    page_bytes, layouts = page_bytes or PAGE_BYTES, layouts or LAYOUTS
+    total_bytes, rounds = total_bytes or TOTAL_BYTES, rounds or ROUNDS
+    from .engine import open_store
+    from .tier import StoreTier
+    engine = open_store(url)
+    points: List[Dict] = []
+    try:
+        for size in page_bytes:
+            pages = max(16, min(1024, total_bytes // size))
+            for layout in layouts:
+                host = _host(size, pages, layout)
+                tier = StoreTier(host, engine, model="kvtier-bench")
+                timed = StoreTier(host, engine, model="kvtier-bench")
+                timed.format.checksum = timer = _TimedChecksum()
+                P = host.page_size
+                idx = torch.arange(pages * P, dtype=torch.int64)
+                payload = tier.plan.payload_bytes * pages
+                shares = []
+                best = {"backup": 1e9, "prefetch": 1e9, "raw_get": 0.0, "raw_set": 0.0, "raw_get_one": 0.0}
+                raw_how = ""
+                for r in range(rounds + 1):             # round 0 warms up (directories, caches)
+                    keys = [f"bench-{uuid.uuid4().hex}" for _ in range(pages)]
+                    raw = engine.raw_throughput(tier.plan.payload_bytes, pages)
+                    t_backup = _timed(lambda: tier.backup(keys, idx))
+                    hits = []
+                    t_prefetch = _timed(lambda: hits.append(tier.prefetch(keys, idx)))
+                    if hits[0] != pages:
+                        raise RuntimeError(f"prefetch read {hits[0]} of {pages} pages back ({tier.stats})")
+                    timer.spent = 0.0
+                    t_timed = _timed(lambda: hits.append(timed.prefetch(keys, idx)))
+                    if hits[1] != pages:
+                        raise RuntimeError(f"prefetch read {hits[1]} of {pages} pages back")
+                    engine.delete([tier.key(k) for k in keys])
+                    if r == 0:
+                        continue
+                    best["backup"] = min(best["backup"], t_backup)
+                    best["prefetch"] = min(best["prefetch"], t_prefetch)
+                    shares.append(timer.spent / t_timed)
+                    best["raw_get"] = max(best["raw_get"], raw["get_gbps"])
+                    best["raw_set"] = max(best["raw_set"], raw["set_gbps"])
+                    best["raw_get_one"] = max(best["raw_get_one"], raw.get("get_gbps_one_buffer", 0.0))
+                    raw_how = raw.get("how", "")
+                from .canonical import modes
+                point = {
+                    "page_bytes": tier.plan.payload_bytes, "layout": layout, "pages": pages,
+                    "moves": sorted(set(modes(tier.plan).values())),
+                    "prefetch_gbps": payload / best["prefetch"] / 1e9,
+                    "backup_gbps": payload / best["backup"] / 1e9,
+                    "raw_get_gbps": best["raw_get"], "raw_set_gbps": best["raw_set"],
+                    "raw_get_one_buffer_gbps": best["raw_get_one"] or None,
+                    "checksum_share": sorted(shares)[len(shares) // 2],     # the median round's
+                    "raw_how": raw_how,
+                }
+                point["prefetch_vs_raw_get"] = point["prefetch_gbps"] / point["raw_get_gbps"]
+                point["backup_vs_raw_set"] = point["backup_gbps"] / point["raw_set_gbps"]
+                points.append(point)
+                if log:
+                    log(_row(point))
+    finally:
+        engine.close()
+    from .page import ALGORITHMS
+    return {"url": url, "engine": type(engine).__name__, "checksum": ALGORITHMS[Checksum().default],
+            "rounds": rounds, "goal": GOAL, "points": points}
+
+
+class _TimedChecksum(Checksum):
+    """The checksum, adding the time it takes to ``spent``."""
+
+    spent = 0.0
+
+    def matches(self, algorithm, pieces, stored) -> bool:
+        t = time.perf_counter()
+        ok = super().matches(algorithm, pieces, stored)
+        self.spent += time.perf_counter() - t
+        return ok
+
+
+HEADER = (f"{'page':>8} {'layout':18} {'moves':10} {'prefetch':>9} {'raw GET':>8} {'ratio':>6} "
+          f"{'backup':>8} {'raw SET':>8} {'ratio':>6} {'checksum':>8}  goal")
+
+
+def _row(p: Dict) -> str:
+    goal = ""
+    if p["page_bytes"] >= GOAL["min_page_bytes"]:
+        ok = (p["prefetch_vs_raw_get"] >= GOAL["prefetch_vs_raw_get"] and p["backup_vs_raw_set"] >= GOAL["backup_vs_raw_set"]
+              and p["checksum_share"] <= GOAL["checksum_share"])
+        goal = "met" if ok else "below"
+    return (f"{p['page_bytes'] >> 10:>5} KiB {p['layout']:18} {'+'.join(p['moves']):10} "
+            f"{p['prefetch_gbps']:>6.2f} GB/s {p['raw_get_gbps']:>5.2f} {p['prefetch_vs_raw_get']:>6.2f} "
+            f"{p['backup_gbps']:>5.2f} GB/s {p['raw_set_gbps']:>5.2f} {p['backup_vs_raw_set']:>6.2f} "
+            f"{100 * p['checksum_share']:>7.1f}%  {goal}")
+
+
+def format_text(result: Dict) -> str:
+    lines = [f"kvtier store bench: {result['url']} ({result['engine']}, checksum {result['checksum']}, "
+             f"best of {result['rounds']} rounds; GB/s of page payload)", HEADER]
+    lines += [_row(p) for p in result["points"]]
+    how = {p["raw_how"] for p in result["points"] if p["raw_how"]}
+    lines += [f"raw: {h}" for h in sorted(how)]
+    g = result["goal"]
+    lines.append(f"goal (pages >= {g['min_page_bytes'] >> 10} KiB): prefetch >= {g['prefetch_vs_raw_get']}x raw GET, "
+                 f"backup >= {g['backup_vs_raw_set']}x raw SET, checksum <= {100 * g['checksum_share']:.0f}% "
+                 "of the hit path")
+    return "\n".join(lines)

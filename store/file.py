@@ -1,0 +1,309 @@
+"""The embedded file store (``file:///dir``): one file per object, no server, no
+dependency beyond the standard library.
+
+On disk::
+
+    dir/tmp/                 objects being written (renamed into place when whole)
+    dir/ab/abcd...           one object: the hex BLAKE2b-128 digest of its key, in one
+                             of 256 directories by its first byte (all made at opening,
+                             so no write pays for a mkdir)
+
+A key of any characters maps to a fixed-length, case-insensitive-safe name; keys are
+not recoverable from names (the page format keeps the key inside the object).
+Reads go straight into the caller's buffers (`os.preadv`); a file whose size is not
+the target's is CORRUPT without being read. Writes go to a temporary file in dir/tmp
+(the same file system) and `os.replace` puts it in place: a reader sees the old object
+or the new one, and a writer that dies mid-write leaves a temporary file, not a torn
+object. Temporary files of dead writers on this host are removed when an engine opens
+the directory. No fsync: after a power loss a renamed object may hold fewer or other
+bytes than written, which the page format reads as a miss (length, checksum).
+
+Local file calls cannot be abandoned safely mid-call (the kernel would still write the
+caller's buffers afterwards), so this engine does not apply the timeout.
+"""
+from __future__ import annotations
+
+import hashlib
+import itertools
+import os
+import socket
+import threading
+import time
+import uuid
+from typing import Dict, List, Sequence
+from urllib.parse import unquote, urlsplit
+
+from kvtier.kernels.errors import fail
+
+from .engine import DEFAULT_TIMEOUT_MS, Engine, Status
+
+
+
+def _iov_max() -> int:
+    """Buffers one preadv/pwritev call takes (1024 on Linux and macOS)."""
+    try:
+        return max(16, min(os.sysconf("SC_IOV_MAX"), 1024))
+    except (AttributeError, ValueError, OSError):
+        return 16
+
+
+_IOV_MAX = _iov_max()
+_TMP = "tmp"
+_OPEN_READ = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+_OPEN_WRITE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+
+
+def store_dir(url: str) -> str:
+    """The directory of a ``file:///dir`` URL (absolute; ``file://localhost/dir`` too)."""
+    parts = urlsplit(url)
+    if parts.scheme.lower() != "file" or parts.netloc not in ("", "localhost") \
+            or parts.query or parts.fragment or not parts.path.startswith("/"):
+        raise fail("url", url, "must be file:///absolute/directory (no host, query or fragment)")
+    path = os.path.normpath(unquote(parts.path))
+    if path == "/":
+        raise fail("url", url, "names the root directory; give the store a directory of its own")
+    return path
+
+
+def object_name(key: str) -> str:
+    """The file name of ``key``'s object, relative to the store directory."""
+    h = hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+    return f"{h[:2]}/{h}"
+
+
+FANOUT = tuple(f"{i:02x}" for i in range(256))
+
+
+class FileEngine(Engine):
+    """Objects as files under one directory (module doc). The directory is made if it
+    does not exist; one that cannot be made or written raises `KvtierError` naming the URL."""
+
+    scheme = "file"
+    # A hint `StoreTier` reads: move at most this many bytes per call, so that each page
+    # is checksummed and converted while the CPU's cache still holds it (reads and writes
+    # of local files gain nothing from larger batches; docs/store.md has the figures).
+    batch_bytes = 2 << 20
+
+    def __init__(self, url: str, timeout_ms: int = DEFAULT_TIMEOUT_MS):
+        super().__init__(url, timeout_ms)
+        self.root = store_dir(url)
+        self.tmp = os.path.join(self.root, _TMP)
+        try:
+            os.makedirs(self.tmp, exist_ok=True)
+            for d in FANOUT:
+                os.makedirs(os.path.join(self.root, d), exist_ok=True)
+            probe = os.path.join(self.tmp, f"probe.{uuid.uuid4().hex}")
+            with open(probe, "wb") as f:
+                f.write(b"kvtier")
+            os.unlink(probe)
+        except OSError as e:
+            raise fail("url", url, f"the store directory cannot be written: {e.strerror or e}") from None
+        self._host = socket.gethostname()
+        self._serial = itertools.count()
+        self._closed = False
+        self._remove_dead_writers()
+
+    # ------------------------------------------------------------------ engine calls
+    def _exists(self, keys: List[str]) -> List[Status]:
+        if self._closed:
+            return [Status.ERROR] * len(keys)
+        out = []
+        for k in keys:
+            try:
+                os.stat(self._path(k))
+                out.append(Status.HIT)
+            except FileNotFoundError:
+                out.append(Status.MISS)
+            except OSError as e:
+                out.append(self._error("exists", e))
+        return out
+
+    def _get_into(self, keys: List[str], targets: List[List[memoryview]]) -> List[Status]:
+        if self._closed:
+            return [Status.ERROR] * len(keys)
+        out = []
+        for k, views in zip(keys, targets):
+            try:
+                out.append(self._read(self._path(k), views))
+            except OSError as e:
+                out.append(self._error("get", e))
+        return out
+
+    def _put_from(self, keys: List[str], sources: List[List[memoryview]]) -> List[Status]:
+        if self._closed:
+            return [Status.ERROR] * len(keys)
+        out = []
+        for k, views in zip(keys, sources):
+            try:
+                self._write(self._path(k), views)
+                out.append(Status.HIT)
+            except OSError as e:
+                out.append(self._error("put", e))
+        return out
+
+    def _delete(self, keys: List[str]) -> List[Status]:
+        if self._closed:
+            return [Status.ERROR] * len(keys)
+        out = []
+        for k in keys:
+            try:
+                os.unlink(self._path(k))
+                out.append(Status.HIT)
+            except FileNotFoundError:
+                out.append(Status.HIT)
+            except OSError as e:
+                out.append(self._error("delete", e))
+        return out
+
+    def close(self) -> None:
+        self._closed = True
+
+    # ------------------------------------------------------------------ files
+    def _path(self, key: str) -> str:
+        return f"{self.root}/{object_name(key)}"
+
+    def _error(self, op: str, e: OSError) -> Status:
+        self.warn_once(f"{op}.oserror", "%s failed: %s", op, e)
+        return Status.ERROR
+
+    @staticmethod
+    def _read(path: str, views: List[memoryview]) -> Status:
+        try:
+            fd = os.open(path, _OPEN_READ)
+        except FileNotFoundError:
+            return Status.MISS
+        try:
+            want = sum(v.nbytes for v in views)
+            if os.fstat(fd).st_size != want:
+                return Status.CORRUPT
+            return Status.HIT if _preadv_all(fd, views) == want else Status.CORRUPT
+        finally:
+            os.close(fd)
+
+    def _write(self, path: str, views: List[memoryview]) -> None:
+        # host.pid.thread.serial: unique among writers (a forked child has its own pid),
+        # and tells a dead writer's file from a live one's (`_remove_dead_writers`).
+        tmp = f"{self.tmp}/{self._host}.{os.getpid()}.{threading.get_ident()}.{next(self._serial)}"
+        fd = os.open(tmp, _OPEN_WRITE, 0o644)
+        try:
+            try:
+                _pwritev_all(fd, views)
+            finally:
+                os.close(fd)
+            try:
+                os.replace(tmp, path)
+            except FileNotFoundError:       # its directory was removed since opening
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                os.replace(tmp, path)
+        except BaseException:
+            _unlink_quietly(tmp)
+            raise
+
+    def _remove_dead_writers(self) -> None:
+        """Remove temporary files left by writers on this host that no longer run (a
+        writer's files are named host.pid.thread.serial)."""
+        host = socket.gethostname()
+        try:
+            names = os.listdir(self.tmp)
+        except OSError:
+            return
+        for name in names:
+            parts = name.rsplit(".", 3)
+            if len(parts) != 4 or parts[0] != host or not parts[1].isdigit():
+                continue
+            pid = int(parts[1])
+            if pid == os.getpid() or _alive(pid):
+                continue
+            _unlink_quietly(os.path.join(self.tmp, name))
+
+    # ------------------------------------------------------------------ raw figure
+    def raw_throughput(self, value_bytes: int, count: int) -> Dict[str, float]:
+        """Plain writes, then plain reads, of ``count`` new files of ``value_bytes`` in a
+        fresh directory beside the objects (unbuffered `open`, `write` / `readinto`,
+        `close`), each file from and into its own part of one buffer, as a reader landing
+        values in host pages does: the file system's own figure for this store.
+        ``get_gbps_one_buffer``: reads into one buffer that stays in the CPU's cache."""
+        if isinstance(value_bytes, bool) or not isinstance(value_bytes, int) or value_bytes <= 0:
+            raise fail("value_bytes", value_bytes, "must be a positive int")
+        if isinstance(count, bool) or not isinstance(count, int) or count <= 0:
+            raise fail("count", count, "must be a positive int")
+        where = os.path.join(self.root, f"raw.{uuid.uuid4().hex}")
+        os.makedirs(where)
+        paths = [os.path.join(where, str(i)) for i in range(count)]
+        data = memoryview(bytearray(os.urandom(value_bytes)) * count)
+        values = [data[i * value_bytes:(i + 1) * value_bytes] for i in range(count)]
+        one = bytearray(value_bytes)
+        try:
+            t0 = time.perf_counter()
+            for p, v in zip(paths, values):
+                with open(p, "wb", buffering=0) as f:
+                    f.write(v)
+            t1 = time.perf_counter()
+            for p, v in zip(paths, values):
+                with open(p, "rb", buffering=0) as f:
+                    f.readinto(v)
+            t2 = time.perf_counter()
+            for p in paths:
+                with open(p, "rb", buffering=0) as f:
+                    f.readinto(one)
+            t3 = time.perf_counter()
+        finally:
+            for p in paths:
+                _unlink_quietly(p)
+            os.rmdir(where)
+        total = value_bytes * count
+        return {"get_gbps": total / (t2 - t1) / 1e9, "set_gbps": total / (t1 - t0) / 1e9,
+                "get_gbps_one_buffer": total / (t3 - t2) / 1e9,
+                "how": f"{count} plain file writes then reads of {value_bytes} B (open, write/readinto, close)"}
+
+
+def _preadv_all(fd: int, views: Sequence[memoryview]) -> int:
+    """Read the file from offset 0 into ``views`` in order; returns the bytes read
+    (less than their total only at the end of the file)."""
+    done, i, pending = 0, 0, [v for v in views if v.nbytes]
+    while i < len(pending):
+        batch = pending[i:i + _IOV_MAX]
+        n = os.preadv(fd, batch, done)
+        if n == 0:
+            return done
+        done += n
+        for v in batch:                # skip the views filled; cut the one filled in part
+            if n >= v.nbytes:
+                n -= v.nbytes
+                i += 1
+            else:
+                pending[i] = v[n:]
+                break
+    return done
+
+
+def _pwritev_all(fd: int, views: Sequence[memoryview]) -> None:
+    done, i, pending = 0, 0, [v for v in views if v.nbytes]
+    while i < len(pending):
+        batch = pending[i:i + _IOV_MAX]
+        n = os.pwritev(fd, batch, done)
+        done += n
+        for v in batch:
+            if n >= v.nbytes:
+                n -= v.nbytes
+                i += 1
+            else:
+                pending[i] = v[n:]
+                break
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:             # another user's process: alive
+        return True
+    return True
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass

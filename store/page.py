@@ -1,0 +1,287 @@
+"""The page object: one object per page, a header and the page's payload.
+
+Payload (canonical order, independent of the host layout): for each component in
+`Geometry.components` order, for each of its layers, the page's token rows in order::
+
+    payload = concat over components c, layers l < L_c, tokens t < P: row(c, l, t)
+
+so one component of one page is ``L_c * P * row_bytes_c`` bytes, and a
+``page_first_direct`` host page of one component is one contiguous piece already.
+
+Header (little-endian; every field but the checksum and its algorithm is a function of
+the reader's own geometry and key, so a reader builds the header it expects and compares)::
+
+    0   magic          8s   b"KVTIERPG"
+    8   version        u16  FORMAT_VERSION
+    10  algorithm      u16  checksum algorithm id (ALGORITHMS)
+    12  header_len     u32  bytes of the whole header, a multiple of 8
+    16  payload_len    u64
+    24  geometry_len   u32
+    28  key_len        u32
+    32  checksum       u64  of the payload (`Checksum`)
+    40  geometry       utf-8 `Geometry.text`
+        key            utf-8, the namespaced key the object is stored under
+        padding        zero bytes to header_len
+
+Keys: SGLang's page keys hash token ids only, so the stored key is
+``namespace + ":" + page_key`` with a namespace naming the model, the geometry and
+the shard (`namespace`): a bf16 and an fp8 server of one model never share objects.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import struct
+import threading
+import zlib
+from dataclasses import dataclass
+from typing import Optional, Sequence, Tuple
+from urllib.parse import quote
+
+import torch
+
+from kvtier.kernels.errors import fail
+
+log = logging.getLogger("kvtier")
+
+MAGIC = b"KVTIERPG"
+FORMAT_VERSION = 1
+_FIXED = struct.Struct("<8sHHIQIIQ")        # magic .. checksum: 40 bytes
+assert _FIXED.size == 40
+_ALGO_AT, _CHECKSUM_AT = 10, 32
+
+
+# ---------------------------------------------------------------------- checksums
+XXH3_64 = 1      # xxhash's xxh3_64 (the `store` extra): the default
+CRC32 = 2        # zlib.crc32 (standard library): the fallback where xxhash is missing
+ALGORITHMS = {XXH3_64: "xxh3_64", CRC32: "crc32"}
+
+_warned = set()
+_warn_lock = threading.Lock()
+
+
+def warn_once(mode: str, message: str, *args) -> None:
+    """One WARNING per failure mode per process on the ``kvtier`` logger."""
+    with _warn_lock:
+        if mode in _warned:
+            return
+        _warned.add(mode)
+    log.warning("kvtier store: " + message, *args)
+
+
+def _xxhash():
+    try:
+        import xxhash
+        return xxhash
+    except ImportError:
+        return None
+
+
+class Checksum:
+    """Checksums of a payload given as pieces (buffers), computed over the pieces in
+    place: no piece is copied or joined."""
+
+    def __init__(self):
+        self._xxhash = _xxhash()
+
+    @property
+    def default(self) -> int:
+        """The algorithm a writer uses: xxh3_64, else crc32 (one WARNING)."""
+        if self._xxhash is not None:
+            return XXH3_64
+        warn_once("checksum.fallback", "xxhash is not installed; pages are checksummed with zlib's "
+                  "crc32, which is slower (pip install 'kvtier[store]')")
+        return CRC32
+
+    def can(self, algorithm: int) -> bool:
+        return algorithm == CRC32 or (algorithm == XXH3_64 and self._xxhash is not None)
+
+    def of(self, algorithm: int, pieces: Sequence[memoryview]) -> int:
+        if algorithm == XXH3_64:
+            x = self._xxhash
+            if len(pieces) == 1:
+                return x.xxh3_64_intdigest(pieces[0])
+            h = x.xxh3_64()
+            for p in pieces:
+                h.update(p)
+            return h.intdigest()
+        if algorithm == CRC32:
+            c = 0
+            for p in pieces:
+                c = zlib.crc32(p, c)
+            return c
+        raise fail("algorithm", algorithm, f"must be one of {ALGORITHMS}")
+
+    def matches(self, algorithm: int, pieces: Sequence[memoryview], stored: int) -> bool:
+        """Whether the payload ``pieces`` has the checksum ``stored``."""
+        return self.of(algorithm, pieces) == stored
+
+
+# ---------------------------------------------------------------------- geometry
+_ORDER = ("k", "v", "kv", "latent", "rope", "index_k", "index_scale")
+
+
+@dataclass(frozen=True)
+class ComponentShape:
+    """One component as the payload holds it."""
+
+    name: str
+    num_layers: int
+    row_shape: Tuple[int, ...]
+    dtype: str              # torch dtype name without "torch."
+    row_bytes: int
+
+    def text(self) -> str:
+        return f"{self.name}={self.dtype}[{','.join(map(str, self.row_shape))}]x{self.num_layers}"
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """What a page holds: the page size and each component's layers and rows, in the
+    payload's fixed component order (k, v, kv, latent, rope, index_k, index_scale, then
+    any other name in alphabetical order)."""
+
+    page_size: int
+    components: Tuple[ComponentShape, ...]
+
+    @classmethod
+    def of(cls, host) -> "Geometry":
+        """The geometry of a `kvtier.pool.HostPool` (every component, layers packed)."""
+        comps = sorted(host.components.values(),
+                       key=lambda c: (_ORDER.index(c.name) if c.name in _ORDER else len(_ORDER), c.name))
+        return cls(host.page_size, tuple(
+            ComponentShape(c.name, c.num_layers, tuple(c.row_shape), str(c.dtype).replace("torch.", ""),
+                           c.row_bytes) for c in comps))
+
+    @property
+    def text(self) -> str:
+        """The geometry as the header holds it, e.g. ``page=16;k=bfloat16[8,128]x32;v=...``."""
+        return f"page={self.page_size};" + ";".join(c.text() for c in self.components)
+
+    def component_bytes(self, c: ComponentShape) -> int:
+        return c.num_layers * self.page_size * c.row_bytes
+
+    @property
+    def payload_bytes(self) -> int:
+        return sum(self.component_bytes(c) for c in self.components)
+
+    def offsets(self) -> dict:
+        """Each component's first byte in the payload."""
+        out, off = {}, 0
+        for c in self.components:
+            out[c.name] = off
+            off += self.component_bytes(c)
+        return out
+
+    @property
+    def id(self) -> str:
+        """A short name of the geometry for namespaces: page size, dtypes, and 12 hex
+        digits of BLAKE2b of `text` (e.g. ``p16-bfloat16-3f9a0c...``)."""
+        dtypes = "+".join(dict.fromkeys(c.dtype for c in self.components))
+        digest = hashlib.blake2b(self.text.encode(), digest_size=6).hexdigest()
+        return f"p{self.page_size}-{dtypes}-{digest}"
+
+
+# ---------------------------------------------------------------------- namespaces and keys
+def namespace(model: str, geometry: Geometry, tp: Optional[Tuple[int, int]] = None,
+              pp: Optional[Tuple[int, int]] = None) -> str:
+    """The namespace of a pool's objects::
+
+        kvtier1:<model>:<geometry id>[:tp<rank>of<size>][:pp<rank>of<size>]
+
+    ``model`` is percent-encoded outside ``[A-Za-z0-9._~/-]`` (so ``:`` only separates,
+    and no ``{`` makes a Redis Cluster hash tag). ``tp``: (rank, size) for pools whose
+    pages differ per tensor-parallel rank (MHA: each rank holds its heads); None for one
+    copy shared by every rank (MLA). ``pp``: (rank, size) of a pipeline stage (its
+    layers), None without pipeline parallelism."""
+    if not isinstance(model, str) or not model:
+        raise fail("model", model, "must be a non-empty str naming the model")
+    parts = ["kvtier1", quote(model, safe="/-._~"), geometry.id]
+    for tag, shard in (("tp", tp), ("pp", pp)):
+        if shard is None:
+            continue
+        ok = (isinstance(shard, tuple) and len(shard) == 2 and all(type(x) is int for x in shard)
+              and 0 <= shard[0] < shard[1])
+        if not ok:
+            raise fail(tag, shard, "must be (rank, size) with 0 <= rank < size, or None")
+        parts.append(f"{tag}{shard[0]}of{shard[1]}")
+    return ":".join(parts)
+
+
+def store_key(ns: str, page_key: str) -> str:
+    """The key a page is stored under."""
+    return f"{ns}:{page_key}"
+
+
+# ---------------------------------------------------------------------- headers
+def header_len(geometry_bytes: int, key_bytes: int) -> int:
+    return -(-(_FIXED.size + geometry_bytes + key_bytes) // 8) * 8
+
+
+class PageFormat:
+    """Headers of one geometry: built for a writer, verified for a reader."""
+
+    def __init__(self, geometry: Geometry, checksum: Optional[Checksum] = None):
+        self.geometry = geometry
+        self.geometry_text = geometry.text.encode()
+        self.payload_bytes = geometry.payload_bytes
+        self.checksum = checksum or Checksum()
+
+    def header_size(self, key: str) -> int:
+        return header_len(len(self.geometry_text), len(key.encode("utf-8", "surrogatepass")))
+
+    def header(self, key: str, algorithm: int = 0, checksum: int = 0) -> bytearray:
+        """The header of ``key``'s object (with its checksum, where given)."""
+        k = key.encode("utf-8", "surrogatepass")
+        n = header_len(len(self.geometry_text), len(k))
+        out = bytearray(n)
+        _FIXED.pack_into(out, 0, MAGIC, FORMAT_VERSION, algorithm, n, self.payload_bytes,
+                         len(self.geometry_text), len(k), checksum)
+        out[_FIXED.size:_FIXED.size + len(self.geometry_text)] = self.geometry_text
+        out[_FIXED.size + len(self.geometry_text):_FIXED.size + len(self.geometry_text) + len(k)] = k
+        return out
+
+    def seal(self, key: str, pieces: Sequence[memoryview], algorithm: Optional[int] = None) -> bytearray:
+        """The header of ``key``'s object whose payload is ``pieces`` (checksummed in place)."""
+        algorithm = self.checksum.default if algorithm is None else algorithm
+        return self.header(key, algorithm, self.checksum.of(algorithm, pieces))
+
+    def verify(self, key: str, header, pieces: Sequence[memoryview]) -> Optional[str]:
+        """None where ``header`` and the payload ``pieces`` read for ``key`` are a whole,
+        intact page of this geometry; else what failed: "magic", "version", "length",
+        "geometry", "key", "algorithm" (unknown), "unverifiable" (known, not installed),
+        "checksum"."""
+        h = bytes(header)
+        want = self.header(key)
+        if len(h) != len(want):
+            return "length"
+        if h[:8] != MAGIC:
+            return "magic"
+        if h[8:10] != want[8:10]:
+            return "version"
+        if h[12:24] != want[12:24]:
+            return "length"
+        if h[24:_CHECKSUM_AT] != want[24:_CHECKSUM_AT]:
+            return "geometry" if h[24:28] != want[24:28] else "key"
+        g0 = _FIXED.size
+        g1 = g0 + len(self.geometry_text)
+        if h[g0:g1] != want[g0:g1]:
+            return "geometry"
+        if h[g1:] != want[g1:]:
+            return "key"
+        algorithm, = struct.unpack_from("<H", h, _ALGO_AT)
+        if algorithm not in ALGORITHMS:
+            return "algorithm"
+        if not self.checksum.can(algorithm):
+            return "unverifiable"
+        stored, = struct.unpack_from("<Q", h, _CHECKSUM_AT)
+        if not self.checksum.matches(algorithm, pieces, stored):
+            return "checksum"
+        return None
+
+
+def as_bytes_view(t: torch.Tensor) -> memoryview:
+    """A writable, flat byte view of a contiguous CPU tensor's memory (no copy)."""
+    if not t.is_contiguous() or t.device.type != "cpu":
+        raise fail("t", (tuple(t.shape), str(t.device)), "must be a contiguous CPU tensor")
+    return memoryview(t.reshape(-1).view(torch.uint8).numpy()).cast("B")

@@ -1,0 +1,124 @@
+"""Host pages <-> canonical payloads: every kind and layout against a plain-torch model
+of the canonical order; pieces in place where the layout allows (no copy); the staged
+page copy against kvtier's row copy reference on the same maps."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from store_support import KINDS, LAYOUTS, PAGE, POISON, canonical, host_case, slots
+from kvtier.kernels.reference import copy_rows_reference
+from kvtier.store.canonical import CanonicalPages, modes
+
+
+def _joined(pieces) -> bytes:
+    return b"".join(bytes(p) for p in pieces)
+
+
+def _address(view: memoryview) -> int:
+    return np.frombuffer(view, dtype=np.uint8).ctypes.data
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("piece_min", [0, 1 << 30])
+def test_payload_is_canonical(kind, layout, piece_min):
+    hc = host_case(kind, layout)
+    host = hc.host
+    plan = CanonicalPages(host, layer_piece_min=piece_min)
+    pages = [7, 2, 3, 11]               # out of order, with a run (2, 3)
+    staging = plan.take_staging(len(pages))
+    plan.to_staging(pages, staging)
+    for j, p in enumerate(pages):
+        pieces = plan.pieces(p, staging, j)
+        assert sum(v.nbytes for v in pieces) == plan.payload_bytes == host.page_bytes
+        assert _joined(pieces) == canonical(host, p * PAGE), f"page {p}"
+    hc.check_margins()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_modes_follow_the_layout(kind):
+    expect = {"page_first_direct": "whole", "page_first": "staged", "page_head": "staged"}
+    for layout in LAYOUTS:
+        host = host_case(kind, layout).host
+        small = modes(CanonicalPages(host))                      # pages of a few hundred bytes
+        every = modes(CanonicalPages(host, layer_piece_min=0))
+        want = expect.get(layout)
+        if want:
+            assert set(small.values()) == set(every.values()) == {want}, (layout, small)
+        else:   # layer_first: a piece per layer where pieces are large enough
+            assert set(small.values()) == {"staged"} and set(every.values()) == {"layers"}
+
+
+def test_one_token_pages_of_page_first_are_whole():
+    from pool_support import DeviceCase, HostCase
+    dev = DeviceCase("mha", "layers", 1, layers=3, size=4)
+    host = HostCase(dev.pool, "page_first", "auto", size_tokens=8).host
+    assert set(modes(CanonicalPages(host)).values()) == {"whole"}
+
+
+@pytest.mark.parametrize("layout", ["page_first_direct", "layer_first"])
+def test_in_place_pieces_are_host_memory(layout):
+    host = host_case("mha_v_indexer", layout).host
+    plan = CanonicalPages(host, layer_piece_min=0)
+    assert plan.in_place and plan.take_staging(3) is None
+    spans = [(b.data_ptr(), b.data_ptr() + b.numel() * b.element_size()) for b in host.buffers.values()]
+    for v in plan.pieces(5, None, 0):
+        a = _address(v)
+        assert any(lo <= a and a + v.nbytes <= hi for lo, hi in spans)
+    # Writing through a piece writes the host page itself.
+    pieces = plan.pieces(5, None, 0)
+    before = host.get_page(5 * PAGE).clone()
+    pieces[0][0] = (pieces[0][0] + 1) % 256
+    assert not torch.equal(host.get_page(5 * PAGE), before)
+
+
+@pytest.mark.parametrize("layout", ["page_first", "page_head", "layer_first"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_from_staging_writes_only_the_pages_given(kind, layout):
+    hc = host_case(kind, layout)
+    host = hc.host
+    plan = CanonicalPages(host)
+    src = [1, 4, 5]
+    want = [canonical(host, p * PAGE) for p in src]
+    staging = plan.take_staging(len(src))
+    plan.to_staging(src, staging)
+    for b in host.buffers.values():
+        b.view(-1).view(torch.uint8).fill_(POISON)
+    dst = [9, 10, 0]
+    plan.from_staging(staging, dst)
+    for q in range(host.size // PAGE):
+        page = host.get_page(q * PAGE)
+        if q in dst:
+            assert canonical(host, q * PAGE) == want[dst.index(q)], f"page {q}"
+        else:
+            assert bool((page == POISON).all()), f"page {q} was written"
+    hc.check_margins()
+
+
+@pytest.mark.parametrize("layout", ["page_first", "page_head"])
+def test_page_copy_matches_the_row_copy_reference(layout):
+    """The staged copy and `copy_rows_reference` over the same two maps agree byte for byte."""
+    host = host_case("mla_split_indexer", layout).host
+    plan = CanonicalPages(host)
+    pages = [3, 8, 9, 1]
+    ours = plan.take_staging(len(pages))
+    theirs = plan.take_staging(len(pages))
+    assert ours is not theirs
+    ours.tensor.fill_(1)
+    theirs.tensor.fill_(2)
+    plan.to_staging(pages, ours)
+    dst = torch.arange(len(pages) * PAGE)
+    for (_, host_map), smap in zip(plan.copy_groups, theirs.maps):
+        copy_rows_reference(host_map, slots(pages), smap, dst, by_page=True)
+    assert torch.equal(ours.tensor[:len(pages)], theirs.tensor[:len(pages)])
+
+
+def test_staging_buffers_are_reused():
+    plan = CanonicalPages(host_case("mha", "page_first").host)
+    a = plan.take_staging(4)
+    plan.give_staging(a)
+    assert plan.take_staging(3) is a          # large enough: reused
+    b = plan.take_staging(2)                  # a is out: a new one
+    assert b is not a

@@ -1,0 +1,96 @@
+"""`kvtier demo` through the store tier and `kvtier bench --store`: what they print, the
+JSON, and bad flags answered with one line and exit status 2."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from kvtier.cli.main import main
+
+DEMO = ["demo", "--layers", "2", "--pages", "8", "--page-size", "4", "--heads", "2", "--head-dim", "16",
+        "--moved-pages", "3"]
+
+
+def test_demo_moves_pages_through_a_temporary_file_store(capsys, tmp_path, monkeypatch):
+    import tempfile
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    assert main(DEMO) == 0
+    out = capsys.readouterr().out
+    for line in ("store put host->store", "store get store->host", "every byte checked: OK", "FileEngine"):
+        assert line in out
+    assert os.listdir(tmp_path) == []           # the temporary store is removed
+
+
+def test_demo_with_a_store_url_keeps_it(capsys, tmp_path):
+    url = f"file://{tmp_path}/kept"
+    assert main([*DEMO, "--store", url]) == 0
+    assert url in capsys.readouterr().out
+    objects = [f for d in os.listdir(tmp_path / "kept") if len(d) == 2 for f in os.listdir(tmp_path / "kept" / d)]
+    assert len(objects) == 3
+
+
+def test_demo_fails_when_the_store_loses_pages(capsys, monkeypatch):
+    from kvtier.store.tier import StoreTier
+    monkeypatch.setattr(StoreTier, "prefetch", lambda self, keys, idx: 0)
+    assert main(DEMO) == 1
+    out = capsys.readouterr().out
+    assert "MISMATCH" in out and "0 read back" in out
+
+
+def test_bench_store_prints_and_writes_json(capsys, tmp_path, monkeypatch):
+    from kvtier.store import bench
+    monkeypatch.setattr(bench, "PAGE_BYTES", (64 << 10, 256 << 10))
+    monkeypatch.setattr(bench, "TOTAL_BYTES", 1 << 20)
+    monkeypatch.setattr(bench, "ROUNDS", 1)
+    out_json = tmp_path / "store.json"
+    assert main(["bench", "--store", f"file://{tmp_path}/s", "--json", str(out_json)]) == 0
+    out = capsys.readouterr().out
+    assert "raw GET" in out and "goal (pages >= 256 KiB)" in out
+    result = json.loads(out_json.read_text())
+    assert result["engine"] == "FileEngine" and result["checksum"] in ("xxh3_64", "crc32")
+    points = result["points"]
+    assert [(p["page_bytes"], p["layout"]) for p in points] == [
+        (64 << 10, "page_first_direct"), (64 << 10, "page_first"),
+        (256 << 10, "page_first_direct"), (256 << 10, "page_first")]
+    for p in points:
+        assert p["pages"] == 16 and p["moves"] == (["whole"] if p["layout"] == "page_first_direct" else ["staged"])
+        for k in ("prefetch_gbps", "backup_gbps", "raw_get_gbps", "raw_set_gbps"):
+            assert p[k] > 0
+        assert 0 <= p["checksum_share"] < 1
+        assert p["prefetch_vs_raw_get"] == pytest.approx(p["prefetch_gbps"] / p["raw_get_gbps"])
+    assert os.listdir(tmp_path / "s" / "tmp") == []
+
+
+CASES = [
+    (["bench", "--store", "file:///x", "--full"], "--full"),
+    (["bench", "--store", "file:///x", "--overhead"], "--overhead"),
+    (["bench", "--store", "file:///x", "--interference"], "--interference"),
+    (["bench", "--interference", "--store", "file:///x"], "--store"),
+    (["bench", "--store", "nonsense"], "--store"),
+    (["bench", "--store", "file://relative"], "--store"),
+    (["bench", "--store", "file:///proc/kvtier-no"], "--store"),
+    (["demo", "--store", "gopher://x"], "--store"),
+    (["demo", "--store", "file:///proc/kvtier-no"], "--store"),
+]
+
+
+@pytest.mark.parametrize("argv,flag", CASES, ids=[" ".join(c[0]) for c in CASES])
+def test_bad_store_flags_exit_2_with_one_line(argv, flag, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    lines = [l for l in err.splitlines() if l.strip()]
+    assert len(lines) == 1 and flag in lines[0], lines
+
+
+def test_a_bad_store_url_as_a_user_runs_it():
+    """A fresh process: one line, exit 2, no traceback."""
+    env = dict(os.environ, KVTIER_PLATFORM="cpu")
+    r = subprocess.run([sys.executable, "-m", "kvtier", "bench", "--store", "file:///proc/kvtier-no"],
+                       capture_output=True, text=True, timeout=120, env=env)
+    lines = [l for l in r.stderr.splitlines() if l.strip()]
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-800:]
+    assert len(lines) == 1 and "--store" in lines[0], lines
