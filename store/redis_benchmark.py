@@ -44,7 +44,8 @@ def run(host: str, port: int, value_bytes: int, count: int, *, cluster: bool = F
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
         raise RuntimeError(f"{how}: no result in {timeout_s:.0f} s") from None
-    rps = {row.get("test"): row.get("rps") for row in csv.DictReader(io.StringIO(done.stdout))}
+    table = done.stdout[done.stdout.find('"test"'):]        # --cluster prints the masters first
+    rps = {row.get("test"): row.get("rps") for row in csv.DictReader(io.StringIO(table))}
     try:
         get_rps, set_rps = float(rps["GET"]), float(rps["SET"])
     except (KeyError, TypeError, ValueError):
