@@ -29,7 +29,7 @@ install() {
   command -v redis-server >/dev/null || die "apt-get did not install redis-server"
 }
 
-ping() { redis-cli -h 127.0.0.1 -p "$1" ping 2>/dev/null | grep -q PONG; }
+ping() { redis-cli -h 127.0.0.1 -p "$1" ping 2>/dev/null | grep -Eq 'PONG|NOAUTH'; }   # NOAUTH: up, with a password
 
 # node DIR PORT [ARG...]: start one daemonized redis-server and wait until it answers.
 node() {

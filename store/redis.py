@@ -63,9 +63,14 @@ class Node:
         self.closed = False
 
     def acquire(self, deadline: float) -> resp.Connection:
-        with self._lock:
-            if self._idle:
-                return self._idle.pop()
+        while True:
+            with self._lock:
+                conn = self._idle.pop() if self._idle else None
+            if conn is None:
+                break
+            if not conn.stale():
+                return conn
+            conn.close()            # the server went away while it was idle
         conn = resp.Connection(self.host, self.port, deadline)
         try:
             self._hello(conn, deadline)

@@ -21,8 +21,7 @@ import time
 from typing import List, Optional, Sequence
 
 CRLF = b"\r\n"
-_STAGE_BYTES = 1 << 16          # headers and small replies; payloads bypass it
-_MAX_LINE = 1 << 16             # a header line longer than this is not RESP
+_STAGE_BYTES = 1 << 16          # headers and small replies (and the longest line); payloads bypass it
 _IOV_MAX = 512                  # buffers per sendmsg (Linux allows 1024)
 
 
@@ -79,6 +78,20 @@ class Connection:
         self._view = memoryview(self._stage)
         self._start = self._end = 0     # unread bytes are _stage[_start:_end]
 
+    def stale(self) -> bool:
+        """Whether an idle connection is unusable: the server closed or reset it (it
+        died or restarted), or sent bytes nobody asked for. One non-blocking peek."""
+        if self.broken or self._start != self._end:
+            return True
+        try:
+            self._sock.settimeout(0)        # a timeout would make recv wait for data first
+            self._sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return False            # nothing to read: alive and quiet
+        except OSError:
+            return True
+        return True                 # end of stream, or unasked-for bytes
+
     def close(self) -> None:
         self.broken = True
         try:
@@ -115,9 +128,10 @@ class Connection:
                 line = bytes(self._view[self._start:i])
                 self._start = i + 2
                 return line
-            if self._end - self._start > _MAX_LINE:
-                self._protocol("a header line longer than %d bytes" % _MAX_LINE)
+            if self._end - self._start >= len(self._stage):
+                self._protocol("a line longer than %d bytes" % len(self._stage))
             self._fill(deadline, max(ask, 2))
+            ask = len(self._stage)          # not all there yet: no more guessing
 
     def read_into(self, targets: Sequence[memoryview], deadline: float) -> None:
         """Fill ``targets`` in order with the next bytes of the stream."""

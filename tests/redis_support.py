@@ -123,9 +123,18 @@ def call(port: int, *args, timeout: float = 2.0):
 
 
 def masters_by_slot(port: int) -> List[tuple]:
-    """``(first slot, last slot, master port, [replica ports])`` from CLUSTER SLOTS."""
-    return [(int(e[0]), int(e[1]), int(e[2][1]), [int(r[1]) for r in e[3:]])
-            for e in call(port, "CLUSTER", "SLOTS")]
+    """``(first slot, last slot, master port, [replica ports])`` per slot range, from
+    CLUSTER NODES (CLUSTER SLOTS leaves out replicas until their offset is gossiped)."""
+    nodes = [line.split() for line in call(port, "CLUSTER", "NODES").decode().splitlines()]
+    port_of = {n[0]: int(n[1].split("@")[0].rsplit(":", 1)[1]) for n in nodes}
+    out = []
+    for n in nodes:
+        if "master" in n[2]:
+            replicas = [port_of[r[0]] for r in nodes if r[3] == n[0]]
+            for rng in n[8:]:
+                lo, _, hi = rng.partition("-")
+                out.append((int(lo), int(hi or lo), port_of[n[0]], replicas))
+    return sorted(out)
 
 
 # ---------------------------------------------------------------------- shared servers
