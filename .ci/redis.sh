@@ -102,10 +102,11 @@ start() {
   cat "$dir/env"
 }
 
-# stop DIR: TERM each server by its pidfile (CONT too, in case a test stopped it), KILL what
-# is still there after 5 s, then remove DIR. Only redis-server processes are signalled.
+# stop DIR: TERM each server by its pidfile (CONT too, in case a test stopped it); once it
+# has shut down (it removes its pidfile; its exit takes seconds more) or after 5 s, KILL it;
+# then remove DIR. Only redis-server processes are signalled.
 stop() {
-  local dir=$1 pid pids=()
+  local dir=$1 pid pids=() files=()
   [ -d "$dir" ] || return 0
   [ -e "$dir/.kvtier-redis" ] || die "$dir was not made by redis.sh; not touching it"
   for f in "$dir"/*/redis.pid; do
@@ -116,10 +117,14 @@ stop() {
     kill -TERM "$pid" 2>/dev/null || true
     kill -CONT "$pid" 2>/dev/null || true
     pids+=("$pid")
+    files+=("$f")
   done
-  for pid in "${pids[@]}"; do
-    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$pid" 2>/dev/null || true
+  for i in "${!pids[@]}"; do
+    for _ in $(seq 100); do
+      [ -e "${files[$i]}" ] && kill -0 "${pids[$i]}" 2>/dev/null || break
+      sleep 0.05
+    done
+    kill -KILL "${pids[$i]}" 2>/dev/null || true
   done
   rm -rf "$dir"
 }

@@ -257,7 +257,10 @@ class _RedisEngine(Engine):
         sub = [items[i] for i in idxs]
         res: list = [None] * len(sub)
         fault = None
-        if time.monotonic() < node.held_until:
+        now = time.monotonic()
+        if now >= deadline:                 # the call's time went elsewhere (a slot-map reload)
+            fault = Status.TIMEOUT
+        elif now < node.held_until:
             fault = Status.TIMEOUT
             self.warn_once("held", "%s timed out; its keys are TIMEOUT for %.1f s before it "
                            "is tried again", node, self.timeout)

@@ -112,11 +112,13 @@ def _state(pid: int) -> str:
         return "gone"
 
 
-def call(port: int, *args, timeout: float = 2.0):
-    """One command to the node on ``port``; its reply."""
+def call(port: int, *args, timeout: float = 2.0, asking: bool = False):
+    """One command to the node on ``port`` (after ASKING: into a slot it imports); its reply."""
     deadline = time.monotonic() + timeout
     conn = resp.Connection("127.0.0.1", port, deadline)
     try:
+        if asking:
+            conn.call(deadline, "ASKING")
         return conn.call(deadline, *args)
     finally:
         conn.close()

@@ -265,3 +265,43 @@ def test_broken_server_gives_statuses_in_time(reply, status):
         e.close()
     finally:
         server.close()
+
+
+def test_cluster_follows_ask_and_moved_while_a_slot_migrates(redis_servers):     # noqa: F811
+    """A slot moved between masters under the engine: keys already moved are found
+    through ASK (and new keys written there), then through MOVED once the slot is the
+    other master's; the engine then reloads its slot map and goes there directly."""
+    ports = redis_servers.cluster(3, 0)
+    e = open_store(f"redis+cluster://127.0.0.1:{ports[0]}", timeout_ms=1000)
+    tag = uuid.uuid4().hex
+    k1, k2, k3 = (f"{{{tag}}}/{i}" for i in range(3))
+    slot = key_slot(k1.encode())
+    src = next(m for lo, hi, m, _ in masters_by_slot(ports[0]) if lo <= slot <= hi)
+    dst = next(p for p in ports if p != src)
+    src_id, dst_id = (call(p, "CLUSTER", "MYID").decode() for p in (src, dst))
+    v1, v2, v3 = values(3, 30_000, 4)
+    assert e.put_from([k1, k2], [[v1], [v2]]) == [Status.HIT] * 2
+
+    assert call(dst, "CLUSTER", "SETSLOT", slot, "IMPORTING", src_id) == "OK"
+    assert call(src, "CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id) == "OK"
+    assert call(src, "MIGRATE", "127.0.0.1", dst, "", 0, 5000, "KEYS", k1) == "OK"
+    got = [[bytearray(30_000)], [bytearray(30_000)]]
+    assert e.get_into([k1, k2], got) == [Status.HIT] * 2            # k1 via ASK, k2 where it was
+    assert [bytes(g[0]) for g in got] == [v1, v2]
+    assert e.put_from([k3], [[v3]]) == [Status.HIT]                 # a new key: ASK to the importer
+    assert call(dst, "EXISTS", k3, asking=True) == 1 and call(src, "EXISTS", k3) != 1
+    assert e.stats["cluster.ask"] >= 2
+
+    assert call(src, "MIGRATE", "127.0.0.1", dst, "", 0, 5000, "KEYS", k2) == "OK"
+    for p in ports:
+        assert call(p, "CLUSTER", "SETSLOT", slot, "NODE", dst_id) == "OK"
+    got = [[bytearray(30_000)] for _ in range(3)]
+    assert e.get_into([k1, k2, k3], got) == [Status.HIT] * 3        # through MOVED
+    assert [bytes(g[0]) for g in got] == [v1, v2, v3]
+    moved = e.stats["cluster.moved"]
+    assert moved >= 1
+    time.sleep(0.15)                                                 # past the reload interval
+    assert e.exists([k1, k2, k3]) == [Status.HIT] * 3
+    assert e.exists([k1, k2, k3]) == [Status.HIT] * 3
+    assert e.stats["cluster.moved"] == moved                         # the reloaded map is right
+    e.close()
