@@ -5,9 +5,9 @@
 
 ``valkey://`` and ``valkey+cluster://`` are the same. The port defaults to 6379; an
 IPv6 host is written in brackets. ``connections`` is how many connections one call
-spreads a node's keys over, each read by its own thread (default 2: on a 2-core machine
-two moved SETs at redis-benchmark's pace where one did not, docs/store.md). A cluster
-has one database, so its URL names none."""
+spreads a node's keys over, each driven by its own thread (default 4: the most robust
+for writes on a busy 2-core machine, where reads did as well over 1; docs/store_redis.md).
+A cluster has one database, so its URL names none."""
 from __future__ import annotations
 
 from typing import List, NamedTuple, Optional, Tuple
@@ -55,7 +55,7 @@ def parse(url: str, cluster: bool) -> RedisUrl:
         if not path.isdigit():
             raise fail("url", url, f"database {path!r} is not a number")
         db = int(path)
-    options = {"connections": 2}
+    options = {"connections": 4}
     try:
         query = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
     except ValueError:

@@ -45,7 +45,7 @@ def test_bad_urls_raise_naming_the_url(url, why):
 
 def test_parse():
     p = parse("redis://127.0.0.1", cluster=False)
-    assert p.addrs == [("127.0.0.1", 6379)] and p.db == 0 and p.password is None and p.connections == 2
+    assert p.addrs == [("127.0.0.1", 6379)] and p.db == 0 and p.password is None and p.connections == 4
     p = parse("redis://us%40er:p%3Ass@[::1]:7000/3?connections=5", cluster=False)
     assert p.addrs == [("::1", 7000)] and p.username == "us@er" and p.password == "p:ss"
     assert p.db == 3 and p.connections == 5
