@@ -269,28 +269,40 @@ class _RedisEngine(Engine):
         else:
             conn = None
             replicas = 0
+            settled = False             # False in `finally`: interrupted mid-stream
             try:
                 conn = node.acquire(deadline)
                 if replicated:
                     replicas = ops.connected_replicas(conn, deadline) or 0
                 errors = ops.ServerErrors()
                 op(conn, sub, res, deadline, errors)
-                if errors.seen:
+                if errors.seen:         # CLUSTERDOWN, LOADING, WRONGTYPE...: ERROR, said once
                     self.warn_once(f"reply:{errors.seen[0].split()[0]}", "%s answered %s",
                                    node, errors.seen[0])
+                    self._faulted(node)
                 if replicas and any(r is Status.HIT for r in res):
                     self._wait_replica(node, conn, res, deadline)
-            except resp.Fault as e:
+                settled = True
+            except Exception as e:      # a fault of the server's, or of this code: a status
+                if conn is not None:
+                    conn.close()        # whatever it was, the stream's framing is lost
+                if isinstance(e, resp.Fault):
+                    self.warn_once(f"fault:{type(e).__name__}", "%s", e)
+                else:
+                    self.warn_once(f"bug:{type(e).__name__}", "%s failed (%s: %s); reported as ERROR",
+                                   node, type(e).__name__, e)
                 fault = Status.TIMEOUT if isinstance(e, resp.TimeoutFault) else Status.ERROR
-                if replicas:        # no write on a replicated shard counts without its WAIT
+                if replicas:            # no write on a replicated shard counts without its WAIT
                     res = [None] * len(sub)
-                self.warn_once(f"fault:{type(e).__name__}", "%s", e)
                 if fault is Status.TIMEOUT:
                     node.held_until = time.monotonic() + self.timeout
                 self._faulted(node)
+                settled = True
             finally:
                 if conn is not None:
-                    node.release(conn)
+                    if not settled:
+                        conn.close()
+                    node.release(conn)  # closes it instead where it is broken
         for j, i in enumerate(idxs):
             out[i] = res[j] if res[j] is not None else fault
 

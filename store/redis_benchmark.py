@@ -12,14 +12,16 @@ from typing import Dict, Optional
 from kvtier.kernels.errors import fail
 
 CLIENTS = 50        # redis-benchmark's default: 50 connections, one request in flight each
+MIN_BYTES = 256 << 20   # moved at least (each way): fewer requests over 50 connections
+                        # measure mostly their setup
 
 
 def run(host: str, port: int, value_bytes: int, count: int, *, cluster: bool = False,
         username: Optional[str] = None, password: Optional[str] = None, db: int = 0,
         timeout_s: float = 600.0) -> Dict[str, object]:
-    """``{"get_gbps", "set_gbps", "get_rps", "set_rps", "how"}`` for ``count`` SETs then
-    ``count`` GETs of one key holding ``value_bytes`` (``how``: the command, password
-    replaced)."""
+    """``{"get_gbps", "set_gbps", "get_rps", "set_rps", "requests", "how"}`` for
+    ``count`` SETs then as many GETs of one key holding ``value_bytes`` (at least
+    256 MiB of them; ``how``: the command, its password replaced)."""
     for arg, v in (("value_bytes", value_bytes), ("count", count)):
         if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
             raise fail(arg, v, "must be a positive int")
@@ -27,8 +29,9 @@ def run(host: str, port: int, value_bytes: int, count: int, *, cluster: bool = F
     if exe is None:
         raise fail("redis-benchmark", None, "is not on PATH: the raw Redis figures need it "
                    "(Debian: apt-get install redis-tools, or redis-server which brings it)")
+    requests = max(count, -(-MIN_BYTES // value_bytes))
     cmd = [exe, "-h", host, "-p", str(port), "-c", str(CLIENTS), "-t", "set,get",
-           "-d", str(value_bytes), "-n", str(count), "--csv"]
+           "-d", str(value_bytes), "-n", str(requests), "--csv"]
     if cluster:
         cmd.append("--cluster")
     if db:
@@ -53,4 +56,4 @@ def run(host: str, port: int, value_bytes: int, count: int, *, cluster: bool = F
         raise RuntimeError(f"{how} exited {done.returncode} without GET and SET figures: "
                            + " | ".join(tail)) from None
     return {"get_gbps": get_rps * value_bytes / 1e9, "set_gbps": set_rps * value_bytes / 1e9,
-            "get_rps": get_rps, "set_rps": set_rps, "how": how}
+            "get_rps": get_rps, "set_rps": set_rps, "requests": requests, "how": how}

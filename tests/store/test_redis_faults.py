@@ -17,7 +17,7 @@ import pytest
 
 from kvtier.store import Status, open_store
 from kvtier.store.redis import key_slot
-from redis_support import call, masters_by_slot, redis_servers  # noqa: F401
+from redis_support import call, masters_by_slot, redis_servers, redis_url  # noqa: F401
 
 T = 0.5     # the engines' timeout here, seconds
 
@@ -304,4 +304,29 @@ def test_cluster_follows_ask_and_moved_while_a_slot_migrates(redis_servers):    
     assert e.exists([k1, k2, k3]) == [Status.HIT] * 3
     assert e.exists([k1, k2, k3]) == [Status.HIT] * 3
     assert e.stats["cluster.moved"] == moved                         # the reloaded map is right
+    e.close()
+
+
+def test_an_exception_in_the_engine_is_error_and_drops_the_connection(redis_url, monkeypatch, caplog):  # noqa: F811
+    """A failure of the engine's own code mid-pipeline (not the server's): ERROR for the
+    keys, one WARNING, and the half-read connection is not used again."""
+    from kvtier.store import redis_ops
+    e = open_store(redis_url + "?connections=1")
+    keys, vals = fresh_keys(4), values(4, 10_000, 5)
+    assert e.put_from(keys, [[v] for v in vals]) == [Status.HIT] * 4
+    real = redis_ops.get_into
+
+    def breaks(conn, items, out, deadline, errors):
+        conn.read_line = lambda *a, **k: (_ for _ in ()).throw(ValueError("broken on purpose"))
+        real(conn, items, out, deadline, errors)
+
+    monkeypatch.setattr(redis_ops, "get_into", breaks)
+    caplog.set_level(logging.WARNING, logger="kvtier")
+    for _ in range(2):
+        assert e.get_into(keys, [[bytearray(10_000)] for _ in keys]) == [Status.ERROR] * 4
+    assert sum("broken on purpose" in m for m in warnings_of(caplog)) == 1
+    monkeypatch.setattr(redis_ops, "get_into", real)
+    got = [[bytearray(10_000)] for _ in keys]
+    assert e.get_into(keys, got) == [Status.HIT] * 4
+    assert [bytes(g[0]) for g in got] == vals
     e.close()

@@ -111,7 +111,7 @@ def test_credentials_and_database(redis_servers):       # noqa: F811
         assert db2.get_into(["k"], [[got]]) == [Status.HIT] and got == b"in db 2"
         assert db0.exists(["k"]) == [Status.MISS]
         assert "s3cret" not in db2.url and "s3cret" not in repr(db2)
-        raw = db2.raw_throughput(1024, 50)
+        raw = db2.raw_throughput(1 << 20, 50)
         assert raw["get_gbps"] > 0 and "s3cret" not in raw["how"] and "--dbnum 2" in raw["how"]
     finally:
         db2.close()
