@@ -108,7 +108,10 @@ start() {
 stop() {
   local dir=$1 pid pids=() files=()
   [ -d "$dir" ] || return 0
-  [ -e "$dir/.kvtier-redis" ] || die "$dir was not made by redis.sh; not touching it"
+  if [ ! -e "$dir/.kvtier-redis" ]; then
+    rmdir "$dir" 2>/dev/null && return 0          # empty: nothing was started there
+    die "$dir was not made by redis.sh; not touching it"
+  fi
   for f in "$dir"/*/redis.pid; do
     [ -s "$f" ] || continue
     pid=$(cat "$f")

@@ -67,7 +67,7 @@ def test_bad_timeout():
 
 
 def test_refused_at_construction_names_the_url():
-    port = free_ports(1)
+    port = free_ports(2)
     for url in (f"redis://127.0.0.1:{port}", f"redis+cluster://127.0.0.1:{port},127.0.0.1:{port + 1}"):
         t = time.monotonic()
         with pytest.raises(KvtierError, match="cannot reach the store") as e:
