@@ -268,19 +268,20 @@ class _RedisEngine(Engine):
             fault = Status.ERROR
         else:
             conn = None
-            replicas = 0
+            role = ops.Role() if replicated else None
             settled = False             # False in `finally`: interrupted mid-stream
             try:
                 conn = node.acquire(deadline)
-                if replicated:
-                    replicas = ops.connected_replicas(conn, deadline) or 0
                 errors = ops.ServerErrors()
-                op(conn, sub, res, deadline, errors)
+                if role is not None:
+                    op(conn, sub, res, deadline, errors, role)
+                else:
+                    op(conn, sub, res, deadline, errors)
                 if errors.seen:         # CLUSTERDOWN, LOADING, WRONGTYPE...: ERROR, said once
                     self.warn_once(f"reply:{errors.seen[0].split()[0]}", "%s answered %s",
                                    node, errors.seen[0])
                     self._faulted(node)
-                if replicas and any(r is Status.HIT for r in res):
+                if role is not None and role.replicas and any(r is Status.HIT for r in res):
                     self._wait_replica(node, conn, res, deadline)
                 settled = True
             except Exception as e:      # a fault of the server's, or of this code: a status
@@ -292,7 +293,7 @@ class _RedisEngine(Engine):
                     self.warn_once(f"bug:{type(e).__name__}", "%s failed (%s: %s); reported as ERROR",
                                    node, type(e).__name__, e)
                 fault = Status.TIMEOUT if isinstance(e, resp.TimeoutFault) else Status.ERROR
-                if replicas:            # no write on a replicated shard counts without its WAIT
+                if role is not None and role.replicas:    # no write there counts without its WAIT
                     res = [None] * len(sub)
                 if fault is Status.TIMEOUT:
                     node.held_until = time.monotonic() + self.timeout

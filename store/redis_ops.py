@@ -8,7 +8,7 @@ flag), a result list to fill and the call's deadline. A reply becomes a `Status`
 read so far already filled in; the caller gives the rest the fault's status."""
 from __future__ import annotations
 
-from typing import Callable, List, NamedTuple, Optional, Sequence
+from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple
 
 from . import resp
 from .engine import Status
@@ -63,13 +63,15 @@ def _windows(items: Sequence[Item]):
 
 
 def _pipeline(conn: resp.Connection, items: Sequence[Item], out: list, deadline: float,
-              encode: Callable[[Item], list], decode: Callable[[Item], object]) -> None:
-    """Send window k+1 before reading window k's replies; out[i] = decode(items[i])."""
+              encode: Callable[[Item], list], decode: Callable[[Item], object],
+              lead: Optional[Tuple[bytes, Callable[[], None]]] = None) -> None:
+    """Send window k+1 before reading window k's replies; out[i] = decode(items[i]).
+    ``lead``: a command sent ahead of the first window, and what reads its reply."""
     windows = list(_windows(items))
 
     def send(w):
         lo, hi = windows[w]
-        parts: list = []
+        parts: list = [lead[0]] if lead and w == 0 else []
         for it in items[lo:hi]:
             if it.asking:
                 parts.append(_ASKING)
@@ -80,6 +82,8 @@ def _pipeline(conn: resp.Connection, items: Sequence[Item], out: list, deadline:
     for w, (lo, hi) in enumerate(windows):
         if w + 1 < len(windows):
             send(w + 1)
+        if lead and w == 0:
+            lead[1]()
         for i in range(lo, hi):
             it = items[i]
             if it.asking:
@@ -123,9 +127,21 @@ def get_into(conn: resp.Connection, items: Sequence[Item], out: list, deadline: 
     _pipeline(conn, items, out, deadline, encode, decode)
 
 
+class Role:
+    """What a node's ROLE said: ``replicas`` connected (None: not a master, or not asked)."""
+
+    def __init__(self):
+        self.replicas: Optional[int] = None
+
+
+_ROLE = resp.command("ROLE")
+
+
 def put_from(conn: resp.Connection, items: Sequence[Item], out: list, deadline: float,
-             errors: ServerErrors) -> None:
-    """SET each key from its buffers (a gather write: the buffers are sent as they are)."""
+             errors: ServerErrors, role: Optional[Role] = None) -> None:
+    """SET each key from its buffers (a gather write: the buffers are sent as they are).
+    ``role``: ask the node's ROLE in the same pipeline, ahead of the SETs (so a write
+    that needs a replica's acknowledgement costs no extra round trip to find out)."""
 
     def encode(it: Item):
         head = b"*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n" % (len(it.key), it.key, it.nbytes)
@@ -139,7 +155,10 @@ def put_from(conn: resp.Connection, items: Sequence[Item], out: list, deadline: 
             return _error(reply, errors)
         raise resp.ConnectionFault(f"a SET reply that is not OK: {reply!r:.40}")
 
-    _pipeline(conn, items, out, deadline, encode, decode)
+    def read_role():
+        role.replicas = _replicas(conn.read_reply(deadline))
+
+    _pipeline(conn, items, out, deadline, encode, decode, (_ROLE, read_role) if role else None)
 
 
 def _integer_op(name: bytes, hit: Callable[[int], Status]):
@@ -164,9 +183,8 @@ exists = _integer_op(b"EXISTS", lambda n: Status.HIT if n else Status.MISS)
 delete = _integer_op(b"UNLINK", lambda n: Status.HIT)
 
 
-def connected_replicas(conn: resp.Connection, deadline: float) -> Optional[int]:
-    """How many replicas the node's ROLE lists (None: the node is not a master)."""
-    reply = conn.call(deadline, "ROLE")
+def _replicas(reply) -> Optional[int]:
+    """How many replicas a ROLE reply lists (None: the node is not a master)."""
     if isinstance(reply, list) and reply and reply[0] == b"master":
         return len(reply[2]) if len(reply) > 2 and isinstance(reply[2], list) else 0
     return None
