@@ -424,7 +424,11 @@ class RedisClusterEngine(_RedisEngine):
                 if not reply:
                     why = f"{node} serves no slots (is the cluster created?)"
                     continue
-                self._load(node, reply)
+                try:
+                    self._load(node, reply)
+                except (TypeError, ValueError, IndexError, AttributeError):
+                    why = f"{node} answered CLUSTER SLOTS with a reply of another shape: {reply!r:.80}"
+                    continue
                 self._stale = False
                 self.count_event("cluster.refresh")
                 return None
