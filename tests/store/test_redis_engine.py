@@ -15,14 +15,14 @@ from kvtier.kernels.errors import KvtierError
 from kvtier.store import Status, open_store
 from kvtier.store import redis_ops
 from kvtier.store.redis import RedisClusterEngine, RedisEngine, key_slot
-from redis_support import (call, flip_byte, raw_get, redis_cluster_url, redis_url,  # noqa: F401
-                           swap, truncate)
+from redis_support import call, flip_byte, raw_get, swap, truncate
+from redis_support import redis_cluster_url, redis_url  # noqa: F401  (fixtures: the shared servers)
 
 STORES = ["node", "cluster"]
 
 
 @pytest.fixture(params=STORES)
-def url(request, redis_url, redis_cluster_url):       # noqa: F811
+def url(request, redis_url, redis_cluster_url):     
     return redis_url if request.param == "node" else redis_cluster_url
 
 
@@ -40,17 +40,17 @@ def fresh_keys(n: int, tag: str = "") -> list:
 
 class TestRedisNodeContract(EngineConformance):
     @pytest.fixture
-    def open_engine(self, redis_url):                  # noqa: F811
+    def open_engine(self, redis_url):                
         return lambda: open_store(redis_url)
 
 
 class TestRedisClusterContract(EngineConformance):
     @pytest.fixture
-    def open_engine(self, redis_cluster_url):          # noqa: F811
+    def open_engine(self, redis_cluster_url):        
         return lambda: open_store(redis_cluster_url)
 
 
-def test_schemes_pick_the_engines(redis_url, redis_cluster_url):    # noqa: F811
+def test_schemes_pick_the_engines(redis_url, redis_cluster_url):  
     for url, cls in ((redis_url, RedisEngine), (redis_url.replace("redis://", "valkey://"), RedisEngine),
                      (redis_cluster_url, RedisClusterEngine),
                      (redis_cluster_url.replace("redis+cluster://", "valkey+cluster://"), RedisClusterEngine)):
@@ -146,7 +146,7 @@ def test_connections_option(url, connections):
         e.close()
 
 
-def test_key_slot_matches_the_cluster(redis_cluster_url):      # noqa: F811
+def test_key_slot_matches_the_cluster(redis_cluster_url):    
     port = int(redis_cluster_url.split("//")[1].split(",")[0].split(":")[1])
     rng = random.Random(3)
     keys = ["foo", "", "{}", "{", "}", "foo{}{bar}", "foo{{bar}}zap", "foo{bar}{zap}", "{user1000}.following",
@@ -156,7 +156,7 @@ def test_key_slot_matches_the_cluster(redis_cluster_url):      # noqa: F811
         assert key_slot(k.encode()) == call(port, "CLUSTER", "KEYSLOT", k), k
 
 
-def test_cluster_spreads_keys_over_every_master(redis_cluster_url):     # noqa: F811
+def test_cluster_spreads_keys_over_every_master(redis_cluster_url):   
     e = open_store(redis_cluster_url)
     try:
         masters = {e._slots[key_slot(k.encode())] for k in fresh_keys(64)}
@@ -165,7 +165,7 @@ def test_cluster_spreads_keys_over_every_master(redis_cluster_url):     # noqa: 
         e.close()
 
 
-def test_node_url_on_a_cluster_node_warns_and_errs(redis_cluster_url, caplog):   # noqa: F811
+def test_node_url_on_a_cluster_node_warns_and_errs(redis_cluster_url, caplog): 
     """A cluster node opened as redis://: keys of other nodes' slots are ERROR, with a
     WARNING saying to use redis+cluster://."""
     host_port = redis_cluster_url.split("//")[1].split(",")[0]

@@ -17,7 +17,8 @@ import pytest
 
 from kvtier.store import Status, open_store
 from kvtier.store.redis import key_slot
-from redis_support import call, masters_by_slot, redis_servers, redis_url  # noqa: F401
+from redis_support import call, masters_by_slot
+from redis_support import redis_servers, redis_url  # noqa: F401  (fixtures: servers of the test's own, the shared node)
 
 T = 0.5     # the engines' timeout here, seconds
 
@@ -42,7 +43,7 @@ def warnings_of(caplog) -> list:
     return [r.getMessage() for r in caplog.records if r.name == "kvtier" and r.levelno == logging.WARNING]
 
 
-def test_node_hung_then_killed_then_back(redis_servers, caplog):     # noqa: F811
+def test_node_hung_then_killed_then_back(redis_servers, caplog):   
     port = redis_servers.node()
     e = open_store(f"redis://127.0.0.1:{port}", timeout_ms=int(T * 1000))
     keys, vals = fresh_keys(6), values(6, 50_000, 1)
@@ -85,7 +86,7 @@ def test_node_hung_then_killed_then_back(redis_servers, caplog):     # noqa: F81
     e.close()
 
 
-def test_cluster_master_hung_other_shards_serve(redis_servers):     # noqa: F811
+def test_cluster_master_hung_other_shards_serve(redis_servers):   
     ports = redis_servers.cluster(3, 0)
     e = open_store(f"redis+cluster://127.0.0.1:{ports[0]}", timeout_ms=int(T * 1000))
     shards = masters_by_slot(ports[0])
@@ -123,7 +124,7 @@ def test_cluster_master_hung_other_shards_serve(redis_servers):     # noqa: F811
     e.close()
 
 
-def test_cluster_master_killed_mid_loop(redis_servers, capsys):     # noqa: F811
+def test_cluster_master_killed_mid_loop(redis_servers, capsys):   
     """Writes acknowledged before a master's SIGKILL survive it (each waited for the
     replica); reads of its shard resume within 5 s of the replica's promotion; no call
     takes more than twice the timeout; once the shard has no replica, writes go on; a
@@ -267,7 +268,7 @@ def test_broken_server_gives_statuses_in_time(reply, status):
         server.close()
 
 
-def test_cluster_follows_ask_and_moved_while_a_slot_migrates(redis_servers):     # noqa: F811
+def test_cluster_follows_ask_and_moved_while_a_slot_migrates(redis_servers):   
     """A slot moved between masters under the engine: keys already moved are found
     through ASK (and new keys written there), then through MOVED once the slot is the
     other master's; the engine then reloads its slot map and goes there directly."""
@@ -307,7 +308,7 @@ def test_cluster_follows_ask_and_moved_while_a_slot_migrates(redis_servers):    
     e.close()
 
 
-def test_an_exception_in_the_engine_is_error_and_drops_the_connection(redis_url, monkeypatch, caplog):  # noqa: F811
+def test_an_exception_in_the_engine_is_error_and_drops_the_connection(redis_url, monkeypatch, caplog):
     """A failure of the engine's own code mid-pipeline (not the server's): ERROR for the
     keys, one WARNING, and the half-read connection is not used again."""
     from kvtier.store import redis_ops

@@ -12,7 +12,8 @@ import pytest
 from kvtier.kernels.errors import KvtierError
 from kvtier.store import Status, open_store
 from kvtier.store.redis_url import parse, redacted
-from redis_support import free_ports, redis_servers, redis_url  # noqa: F401
+from redis_support import free_ports
+from redis_support import redis_servers, redis_url  # noqa: F401  (fixtures: servers of the test's own, the shared node)
 
 BAD = [
     ("redis://", "no host"),
@@ -90,13 +91,13 @@ def test_silent_server_at_construction_times_out():
             assert time.monotonic() - t < 2 * 0.3 + 0.2
 
 
-def test_cluster_url_on_a_plain_node(redis_url):        # noqa: F811
+def test_cluster_url_on_a_plain_node(redis_url):      
     host_port = redis_url.split("//")[1]
     with pytest.raises(KvtierError, match="cluster support disabled"):
         open_store(f"redis+cluster://{host_port}")
 
 
-def test_credentials_and_database(redis_servers):       # noqa: F811
+def test_credentials_and_database(redis_servers):     
     port = redis_servers.node("--requirepass", "s3cret")
     base = f"127.0.0.1:{port}"
     with pytest.raises(KvtierError, match="cannot reach the store.*AUTH") as e:
