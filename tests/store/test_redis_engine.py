@@ -215,3 +215,20 @@ def test_raw_throughput_without_redis_benchmark(engine, monkeypatch):
         engine.raw_throughput(4096, 10)
     with pytest.raises(KvtierError, match="value_bytes"):
         engine.raw_throughput(0, 10)
+
+
+def test_client_comparison_script_runs(redis_url, monkeypatch, capsys):
+    """bench/scripts/redis_clients.py: one small round prints a line per client beside
+    redis-benchmark (the script checks every byte it reads back itself)."""
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[2] / "bench" / "scripts" / "redis_clients.py"
+    spec = importlib.util.spec_from_file_location("redis_clients", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    monkeypatch.setattr(script, "TOTAL", 2 << 20)
+    assert script.main([redis_url, "1", "65536"]) == 0
+    out = capsys.readouterr().out
+    for name in ("redis-benchmark", "kvtier RESP x1", "kvtier RESP x4"):
+        assert name in out
+    assert script.main([]) == 2
