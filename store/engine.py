@@ -38,7 +38,6 @@ import logging
 import threading
 from collections import Counter
 from typing import Callable, Dict, List, Sequence, Tuple
-from urllib.parse import urlsplit
 
 from kvtier.kernels.errors import KvtierError, fail
 
@@ -203,7 +202,7 @@ def open_store(url: str, timeout_ms: int = DEFAULT_TIMEOUT_MS, **options) -> Eng
     if not isinstance(url, str) or "://" not in url:
         raise fail("url", url, "must be a store URL: file:///dir, redis://host:port, "
                    "redis+cluster://host:port[,...], valkey://..., mooncake://...")
-    scheme = urlsplit(url).scheme.lower()
+    scheme = url.split("://", 1)[0].lower()      # urlsplit raises on some malformed URLs
     if scheme not in SCHEMES:
         raise fail("url", url, f"unknown scheme {scheme!r}; one of {sorted(SCHEMES)}")
     module, cls = SCHEMES[scheme]

@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# Redis servers for the store tests, on 127.0.0.1 only, each with a pidfile, stopped by pid.
+#
+#   bash .ci/redis.sh install                  redis-server + redis-tools from Debian, when missing
+#   bash .ci/redis.sh start DIR                one node and a 3-master + 3-replica cluster under DIR;
+#                                              writes DIR/env (export KVTIER_TEST_REDIS_URL=...,
+#                                              KVTIER_TEST_REDIS_CLUSTER_URL=...) and prints it
+#   bash .ci/redis.sh node DIR PORT [ARG...]   one node (ARG: more redis-server options)
+#   bash .ci/redis.sh cluster DIR BASE [MASTERS [REPLICAS]]
+#                                              a cluster on ports BASE.. (bus ports +10000)
+#   bash .ci/redis.sh stop DIR                 stop every server started under DIR, then remove DIR
+#
+# Ports for `start`: KVTIER_REDIS_PORT (26379) and KVTIER_REDIS_CLUSTER_PORT (26380..26385).
+# Nothing is persisted (no RDB, no AOF); data, logs and pidfiles live under DIR.
+set -euo pipefail
+
+die() { echo "redis.sh: $*" >&2; exit 1; }
+
+install() {
+  if command -v redis-server >/dev/null && command -v redis-cli >/dev/null \
+     && command -v redis-benchmark >/dev/null; then
+    return 0
+  fi
+  [ "$(id -u)" = 0 ] || die "redis-server is missing and installing it needs root (apt-get install redis-server)"
+  command -v apt-get >/dev/null || die "redis-server is missing and there is no apt-get to install it"
+  echo "redis.sh: installing redis-server (Debian)"
+  DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server redis-tools >/dev/null
+  command -v redis-server >/dev/null || die "apt-get did not install redis-server"
+}
+
+ping() { redis-cli -h 127.0.0.1 -p "$1" ping 2>/dev/null | grep -Eq 'PONG|NOAUTH'; }   # NOAUTH: up, with a password
+
+# node DIR PORT [ARG...]: start one daemonized redis-server and wait until it answers.
+node() {
+  local dir=$1 port=$2; shift 2
+  command -v redis-server >/dev/null || die "redis-server is not installed (bash .ci/redis.sh install)"
+  [[ $port =~ ^[0-9]+$ ]] || die "bad port '$port'"
+  mkdir -p "$dir/$port"
+  touch "$dir/.kvtier-redis"
+  ! ping "$port" || die "port $port already has a Redis server"
+  redis-server --port "$port" --bind 127.0.0.1 --protected-mode yes \
+    --daemonize yes --pidfile "$dir/$port/redis.pid" --dir "$dir/$port" \
+    --logfile "$dir/$port/redis.log" --save '' --appendonly no "$@" \
+    || die "redis-server on port $port did not start (see $dir/$port/redis.log)"
+  for _ in $(seq 100); do
+    if [ -s "$dir/$port/redis.pid" ] && ping "$port"; then return 0; fi
+    sleep 0.05
+  done
+  die "redis-server on port $port does not answer (see $dir/$port/redis.log)"
+}
+
+# cluster DIR BASE [MASTERS [REPLICAS]]: MASTERS*(1+REPLICAS) nodes on BASE.., created and
+# waited for: the cluster state is ok on every node and every replica's link is up.
+cluster() {
+  local dir=$1 base=$2 masters=${3:-3} replicas=${4:-1}
+  local n=$((masters * (1 + replicas))) addrs=() port
+  for ((i = 0; i < n; i++)); do
+    port=$((base + i))
+    # A node fails over after 1 s without its master; its replica may always take over; a
+    # shard's loss does not stop the others; replicas sync over the socket at once.
+    node "$dir" "$port" --cluster-enabled yes --cluster-config-file nodes.conf \
+      --cluster-node-timeout 1000 --cluster-replica-validity-factor 0 \
+      --cluster-require-full-coverage no --repl-diskless-sync yes --repl-diskless-sync-delay 0
+    addrs+=("127.0.0.1:$port")
+  done
+  redis-cli --cluster create "${addrs[@]}" --cluster-replicas "$replicas" --cluster-yes >"$dir/create.log" 2>&1 \
+    || die "redis-cli --cluster create failed (see $dir/create.log)"
+  # Ready: every node sees MASTERS masters and MASTERS*REPLICAS replicas, all connected and none
+  # failing, the state is ok, and every replica's link to its master is up.
+  local ok view
+  for _ in $(seq 300); do
+    ok=1
+    for ((i = 0; i < n; i++)); do
+      port=$((base + i))
+      redis-cli -p "$port" cluster info | grep -q 'cluster_state:ok' || { ok=0; break; }
+      view=$(redis-cli -p "$port" cluster nodes)
+      [ "$(grep -c ' connected' <<<"$view")" = "$n" ] || { ok=0; break; }
+      [ "$(grep -Ec 'master|slave' <<<"$view")" = "$n" ] || { ok=0; break; }
+      [ "$(grep -c 'slave' <<<"$view")" = "$((masters * replicas))" ] || { ok=0; break; }
+      ! grep -Eq 'fail|handshake|noaddr' <<<"$view" || { ok=0; break; }
+      if grep -q 'myself,slave' <<<"$view"; then
+        redis-cli -p "$port" info replication | grep -q 'master_link_status:up' || { ok=0; break; }
+      fi
+    done
+    [ "$ok" = 1 ] && return 0
+    sleep 0.1
+  done
+  die "the cluster on ports $base.. is not ready after 30 s"
+}
+
+start() {
+  local dir=$1 port=${KVTIER_REDIS_PORT:-26379} base=${KVTIER_REDIS_CLUSTER_PORT:-26380}
+  node "$dir" "$port"
+  cluster "$dir" "$base" 3 1
+  local seeds=""
+  for ((i = 0; i < 6; i++)); do seeds+="${seeds:+,}127.0.0.1:$((base + i))"; done
+  {
+    echo "export KVTIER_TEST_REDIS_URL=redis://127.0.0.1:$port"
+    echo "export KVTIER_TEST_REDIS_CLUSTER_URL=redis+cluster://$seeds"
+  } >"$dir/env"
+  cat "$dir/env"
+}
+
+# stop DIR: TERM each server by its pidfile (CONT too, in case a test stopped it); once it
+# has shut down (it removes its pidfile; its exit takes seconds more) or after 5 s, KILL it;
+# then remove DIR. Only redis-server processes are signalled.
+stop() {
+  local dir=$1 pid pids=() files=()
+  [ -d "$dir" ] || return 0
+  if [ ! -e "$dir/.kvtier-redis" ]; then
+    rmdir "$dir" 2>/dev/null && return 0          # empty: nothing was started there
+    die "$dir was not made by redis.sh; not touching it"
+  fi
+  for f in "$dir"/*/redis.pid; do
+    [ -s "$f" ] || continue
+    pid=$(cat "$f")
+    [[ $pid =~ ^[0-9]+$ ]] || continue
+    grep -q redis-server "/proc/$pid/comm" 2>/dev/null || continue
+    kill -TERM "$pid" 2>/dev/null || true
+    kill -CONT "$pid" 2>/dev/null || true
+    pids+=("$pid")
+    files+=("$f")
+  done
+  for i in "${!pids[@]}"; do
+    for _ in $(seq 100); do
+      [ -e "${files[$i]}" ] && kill -0 "${pids[$i]}" 2>/dev/null || break
+      sleep 0.05
+    done
+    kill -KILL "${pids[$i]}" 2>/dev/null || true
+  done
+  rm -rf "$dir"
+}
+
+cmd=${1:-}
+[ $# -gt 0 ] && shift
+case "$cmd" in
+  install) install ;;
+  start) [ $# = 1 ] || die "usage: redis.sh start DIR"; start "$1" ;;
+  node) [ $# -ge 2 ] || die "usage: redis.sh node DIR PORT [ARG...]"; node "$@" ;;
+  cluster) [ $# -ge 2 ] || die "usage: redis.sh cluster DIR BASE [MASTERS [REPLICAS]]"; cluster "$@" ;;
+  stop) [ $# = 1 ] || die "usage: redis.sh stop DIR"; stop "$1" ;;
+  *) die "usage: redis.sh install | start DIR | node DIR PORT [ARG...] | cluster DIR BASE [MASTERS [REPLICAS]] | stop DIR" ;;
+esac

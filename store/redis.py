@@ -1,0 +1,459 @@
+"""Redis and Valkey engines: one node (``redis://``, ``valkey://``) or a cluster
+(``redis+cluster://``, ``valkey+cluster://``); URL syntax in `kvtier.store.redis_url`.
+
+They speak RESP themselves (`kvtier.store.resp`: bulk replies land in the page buffers,
+values are sent from them) and need no client library. A call's keys are grouped by
+node, each group pipelined on one connection (or spread over ``connections``), the
+groups of different nodes at once on a small thread pool, all under one deadline: the
+engine's timeout from the call's start. A node that does not answer by then gives its
+keys TIMEOUT and is not tried again for one timeout (its keys are TIMEOUT at once); a
+refused or reset connection gives ERROR; other nodes' keys are not held up.
+
+Writes to a master that lists a connected replica (``ROLE``) are acknowledged only once
+one replica has them (``WAIT 1``), so an acknowledged page survives the master's death;
+a master left without replicas (after a failover) takes writes without waiting.
+
+The cluster engine routes each key by its hash slot (CRC16 of the key or of its
+``{hash tag}``), follows MOVED and ASK redirects, and reloads the slot map
+(``CLUSTER SLOTS``) after a redirect or a node's fault, at most every 100 ms, so service
+resumes as soon as the cluster has promoted a replica."""
+from __future__ import annotations
+
+import binascii
+import concurrent.futures
+import threading
+import time
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from kvtier.kernels.errors import fail
+
+from . import redis_ops as ops
+from . import resp
+from .engine import DEFAULT_TIMEOUT_MS, Engine, Status
+from .redis_url import RedisUrl, parse, redacted
+
+SLOTS = 16384
+MAX_IDLE = 8                # idle connections kept per node
+MAX_ROUNDS = 5              # redirects followed per key in one call
+REFRESH_EVERY = 0.1         # seconds between slot-map reloads while it is stale
+
+
+def key_slot(key: bytes) -> int:
+    """The cluster hash slot of ``key``: CRC16 (XMODEM, as ``binascii.crc_hqx``) of the
+    key, or of its hash tag (the text between the first ``{`` and the next ``}``, when
+    not empty), modulo 16384."""
+    start = key.find(b"{")
+    if start >= 0:
+        end = key.find(b"}", start + 1)
+        if end > start + 1:
+            key = key[start + 1:end]
+    return binascii.crc_hqx(key, 0) & (SLOTS - 1)
+
+
+class Node:
+    """One server: its address and a pool of idle connections (each used by one thread
+    at a time)."""
+
+    def __init__(self, host: str, port: int, conf: RedisUrl):
+        self.host, self.port = host, port
+        self._conf = conf
+        self._idle: List[resp.Connection] = []
+        self._lock = threading.Lock()
+        self.held_until = 0.0       # after a timeout, not tried again before this
+        self.closed = False
+
+    def acquire(self, deadline: float) -> resp.Connection:
+        while True:
+            with self._lock:
+                conn = self._idle.pop() if self._idle else None
+            if conn is None:
+                break
+            if not conn.stale():
+                return conn
+            conn.close()            # the server went away while it was idle
+        conn = resp.Connection(self.host, self.port, deadline)
+        try:
+            self._hello(conn, deadline)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def release(self, conn: resp.Connection) -> None:
+        if not conn.broken and not self.closed:
+            with self._lock:
+                if len(self._idle) < MAX_IDLE:
+                    self._idle.append(conn)
+                    return
+        conn.close()
+
+    def close(self) -> None:
+        self.closed = True
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for c in idle:
+            c.close()
+
+    def _hello(self, conn: resp.Connection, deadline: float) -> None:
+        conf = self._conf
+        if conf.password is not None:
+            args = ("AUTH", conf.username, conf.password) if conf.username else ("AUTH", conf.password)
+            reply = conn.call(deadline, *args)
+            if isinstance(reply, resp.ReplyError):
+                conn.close()
+                raise resp.ConnectionFault(f"{self} refused AUTH: {reply}")
+        if conf.db:
+            reply = conn.call(deadline, "SELECT", conf.db)
+            if isinstance(reply, resp.ReplyError):
+                conn.close()
+                raise resp.ConnectionFault(f"{self} refused SELECT {conf.db}: {reply}")
+
+    def __repr__(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+class _RedisEngine(Engine):
+    """What both engines share: items, groups, the thread pool, faults and waits."""
+
+    cluster = False
+
+    def __init__(self, url: str, timeout_ms: int = DEFAULT_TIMEOUT_MS):
+        conf = parse(url, cluster=self.cluster)
+        super().__init__(redacted(url), timeout_ms)
+        self._conf = conf
+        self._nodes: Dict[Tuple[str, int], Node] = {}
+        self._nodes_lock = threading.Lock()
+        self._pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
+        self._pool_lock = threading.Lock()
+        self._closed = False
+
+    # ------------------------------------------------------------------ Engine
+    def _exists(self, keys: List[str]) -> List[Status]:
+        return self._run(ops.exists, [ops.Item(k.encode(), (), 0) for k in keys])
+
+    def _get_into(self, keys, targets) -> List[Status]:
+        return self._run(ops.get_into, [ops.Item(k.encode(), t, sum(v.nbytes for v in t))
+                                        for k, t in zip(keys, targets)])
+
+    def _put_from(self, keys, sources) -> List[Status]:
+        return self._run(ops.put_from, [ops.Item(k.encode(), s, sum(v.nbytes for v in s))
+                                        for k, s in zip(keys, sources)], replicated=True)
+
+    def _delete(self, keys: List[str]) -> List[Status]:
+        return self._run(ops.delete, [ops.Item(k.encode(), (), 0) for k in keys])
+
+    def close(self) -> None:
+        self._closed = True
+        with self._nodes_lock:
+            nodes = list(self._nodes.values())
+        for n in nodes:
+            n.close()
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False)
+
+    def raw_throughput(self, value_bytes: int, count: int) -> Dict[str, object]:
+        """``redis-benchmark``'s own SET and GET of ``count`` values of ``value_bytes``
+        against this engine's node (a cluster: ``--cluster``, from one master)."""
+        from .redis_benchmark import run
+        host, port = self._benchmark_node()
+        return run(host, port, value_bytes, count, cluster=self.cluster,
+                   username=self._conf.username, password=self._conf.password, db=self._conf.db)
+
+    # ------------------------------------------------------------------ for the engines
+    def _node(self, host: str, port: int) -> Node:
+        with self._nodes_lock:
+            node = self._nodes.get((host, port))
+            if node is None:
+                node = self._nodes[(host, port)] = Node(host, port, self._conf)
+            return node
+
+    def _route(self, items: Sequence[ops.Item], pending: List[int], asked: Dict[int, Node],
+               deadline: float) -> Dict[Optional[Node], List[int]]:
+        raise NotImplementedError
+
+    def _redirected(self, redirect: ops.Redirect) -> Optional[Node]:
+        """Where a MOVED/ASK reply sends the key next (None: nowhere)."""
+        return None
+
+    def _faulted(self, node: Node) -> None:
+        """A node timed out or failed (the cluster reloads its slot map)."""
+
+    def _benchmark_node(self) -> Tuple[str, int]:
+        raise NotImplementedError
+
+    def count_event(self, name: str) -> None:
+        """Count something that is not a key's status (a redirect, a slot-map reload)."""
+        with self._stats_lock:
+            self.stats[name] += 1
+
+    def _unreachable(self, why: str) -> None:
+        """Construction could not reach the store: close and raise naming the URL."""
+        self.close()
+        raise fail("url", self.url, f"cannot reach the store: {why}")
+
+    # ------------------------------------------------------------------ one call
+    def _run(self, op, items: List[ops.Item], replicated: bool = False) -> List[Status]:
+        deadline = time.monotonic() + self.timeout
+        out: list = [None] * len(items)
+        pending = list(range(len(items)))
+        asked: Dict[int, Node] = {}         # ASK redirects: this key, this once, that node
+        for _ in range(MAX_ROUNDS):
+            if self._closed:
+                break
+            groups = self._route(items, pending, asked, deadline)
+            tasks = []
+            for node, idxs in groups.items():
+                if node is None:            # a slot no master serves
+                    for i in idxs:
+                        out[i] = Status.ERROR
+                    self.warn_once("unserved", "a key's hash slot has no master in the slot map")
+                    continue
+                stripes = min(self._conf.connections, len(idxs))
+                tasks += [(node, idxs[s::stripes]) for s in range(stripes)]
+            self._dispatch(op, tasks, items, out, deadline, replicated)
+            pending, asked = [], {}
+            for i, r in enumerate(out):
+                if isinstance(r, ops.Redirect):
+                    node = self._redirected(r)
+                    if node is None:
+                        out[i] = Status.ERROR
+                        continue
+                    pending.append(i)
+                    if r.kind == "ASK":
+                        asked[i] = node
+                        items[i] = items[i]._replace(asking=True)
+                    else:
+                        items[i] = items[i]._replace(asking=False)
+            if not pending:
+                break
+        return [Status.ERROR if not isinstance(s, Status) else s for s in out]
+
+    def _dispatch(self, op, tasks, items, out, deadline, replicated) -> None:
+        if not tasks:
+            return
+        if len(tasks) == 1:
+            self._task(op, *tasks[0], items, out, deadline, replicated)
+            return
+        pool = self._thread_pool()
+        futures = [pool.submit(self._task, op, node, idxs, items, out, deadline, replicated)
+                   for node, idxs in tasks[1:]]
+        self._task(op, *tasks[0], items, out, deadline, replicated)
+        # Every task ends by the deadline on its own (each socket wait is bounded by it);
+        # waiting for all of them keeps a late reply from landing in a buffer the caller
+        # already has back.
+        concurrent.futures.wait(futures)
+
+    def _thread_pool(self) -> concurrent.futures.ThreadPoolExecutor:
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=16 * self._conf.connections, thread_name_prefix="kvtier-redis")
+            return self._pool
+
+    def _task(self, op, node: Node, idxs: List[int], items, out, deadline, replicated) -> None:
+        """Run ``op`` for the keys ``idxs`` on one connection to ``node``; fills out[i]."""
+        sub = [items[i] for i in idxs]
+        res: list = [None] * len(sub)
+        fault = None
+        now = time.monotonic()
+        if now >= deadline:                 # the call's time went elsewhere (a slot-map reload)
+            fault = Status.TIMEOUT
+        elif now < node.held_until:
+            fault = Status.TIMEOUT
+            self.warn_once("held", "%s timed out; its keys are TIMEOUT for %.1f s before it "
+                           "is tried again", node, self.timeout)
+        elif self._closed:
+            fault = Status.ERROR
+        else:
+            conn = None
+            role = ops.Role() if replicated else None
+            settled = False             # False in `finally`: interrupted mid-stream
+            try:
+                conn = node.acquire(deadline)
+                errors = ops.ServerErrors()
+                if role is not None:
+                    op(conn, sub, res, deadline, errors, role)
+                else:
+                    op(conn, sub, res, deadline, errors)
+                if errors.seen:         # CLUSTERDOWN, LOADING, WRONGTYPE...: ERROR, said once
+                    self.warn_once(f"reply:{errors.seen[0].split()[0]}", "%s answered %s",
+                                   node, errors.seen[0])
+                    self._faulted(node)
+                if role is not None and role.replicas and any(r is Status.HIT for r in res):
+                    self._wait_replica(node, conn, res, deadline)
+                settled = True
+            except Exception as e:      # a fault of the server's, or of this code: a status
+                if conn is not None:
+                    conn.close()        # whatever it was, the stream's framing is lost
+                if isinstance(e, resp.Fault):
+                    self.warn_once(f"fault:{type(e).__name__}", "%s", e)
+                else:
+                    self.warn_once(f"bug:{type(e).__name__}", "%s failed (%s: %s); reported as ERROR",
+                                   node, type(e).__name__, e)
+                fault = Status.TIMEOUT if isinstance(e, resp.TimeoutFault) else Status.ERROR
+                if role is not None and role.replicas:    # no write there counts without its WAIT
+                    res = [None] * len(sub)
+                if fault is Status.TIMEOUT:
+                    node.held_until = time.monotonic() + self.timeout
+                self._faulted(node)
+                settled = True
+            finally:
+                if conn is not None:
+                    if not settled:
+                        conn.close()
+                    node.release(conn)  # closes it instead where it is broken
+        for j, i in enumerate(idxs):
+            out[i] = res[j] if res[j] is not None else fault
+
+    def _wait_replica(self, node: Node, conn: resp.Connection, res: list, deadline: float) -> None:
+        wait_ms = (deadline - time.monotonic()) * 1000.0 * 0.8
+        acked = ops.wait_replica(conn, deadline, wait_ms) if wait_ms >= 1 else 0
+        if acked < 1:
+            self.warn_once("unreplicated", "%s lists a replica but none acknowledged the writes "
+                           "in time; they are reported TIMEOUT", node)
+            for j, r in enumerate(res):
+                if r is Status.HIT:
+                    res[j] = Status.TIMEOUT
+
+
+class RedisEngine(_RedisEngine):
+    """One Redis or Valkey node (``redis://host:port[/db]``)."""
+
+    scheme = "redis"
+
+    def __init__(self, url: str, timeout_ms: int = DEFAULT_TIMEOUT_MS):
+        super().__init__(url, timeout_ms)
+        (host, port), = self._conf.addrs
+        self._server = self._node(host, port)
+        deadline = time.monotonic() + self.timeout
+        try:
+            conn = self._server.acquire(deadline)
+            reply = conn.call(deadline, "PING")
+            self._server.release(conn)
+        except resp.Fault as e:
+            self._unreachable(str(e))
+        if isinstance(reply, resp.ReplyError):
+            self._unreachable(f"PING answered {reply}")
+
+    def _route(self, items, pending, asked, deadline):
+        return {self._server: pending}
+
+    def _redirected(self, redirect):
+        self.warn_once("moved", "%s redirects keys (%s): it is a cluster node; "
+                       "open it as redis+cluster://", self._server, redirect.kind)
+        return None
+
+    def _benchmark_node(self):
+        return self._server.host, self._server.port
+
+
+class RedisClusterEngine(_RedisEngine):
+    """A Redis or Valkey cluster (``redis+cluster://host:port[,host:port...]``): the
+    hosts are seeds; the slot map comes from the cluster."""
+
+    scheme = "redis+cluster"
+    cluster = True
+
+    def __init__(self, url: str, timeout_ms: int = DEFAULT_TIMEOUT_MS):
+        super().__init__(url, timeout_ms)
+        self._seeds = [self._node(h, p) for h, p in self._conf.addrs]
+        self._slots: List[Optional[Node]] = [None] * SLOTS
+        self._masters: List[Node] = []
+        self._replicas: List[Node] = []
+        self._refresh_lock = threading.Lock()
+        self._stale = True
+        self._refreshed_at = -1.0
+        why = self._refresh(time.monotonic() + self.timeout)
+        if why:
+            self._unreachable(why)
+
+    def _route(self, items, pending, asked, deadline):
+        if self._stale and time.monotonic() - self._refreshed_at >= REFRESH_EVERY:
+            self._refresh(deadline)
+        slots = self._slots
+        groups: Dict[Optional[Node], List[int]] = {}
+        for i in pending:
+            node = asked.get(i) or slots[key_slot(items[i].key)]
+            groups.setdefault(node, []).append(i)
+        return groups
+
+    def _redirected(self, redirect):
+        host = redirect.host or self._seeds[0].host     # "MOVED 42 :port": the same host
+        node = self._node(host, redirect.port)
+        if redirect.kind == "MOVED":
+            self._slots[redirect.slot] = node
+            self._stale = True
+            self.warn_once("moved", "the cluster moved slots (MOVED to %s); reloading its slot map", node)
+        self.count_event(f"cluster.{redirect.kind.lower()}")
+        return node
+
+    def _faulted(self, node):
+        self._stale = True
+
+    def _benchmark_node(self):
+        node = self._masters[0] if self._masters else self._seeds[0]
+        return node.host, node.port
+
+    def _refresh(self, deadline: float) -> Optional[str]:
+        """Reload the slot map from the first node that gives one; None, or why none did.
+        One thread reloads at a time; the others go on with the map they have."""
+        if not self._refresh_lock.acquire(blocking=False):
+            return None
+        try:
+            self._refreshed_at = time.monotonic()
+            now = self._refreshed_at
+            known = self._masters + self._replicas + self._seeds
+            order = sorted(dict.fromkeys(known), key=lambda n: n.held_until > now)   # held last
+            why = "no node given"
+            for node in order:
+                try_deadline = min(deadline, time.monotonic() + self.timeout / 2)
+                if try_deadline <= time.monotonic():
+                    return why + " (out of time)"
+                try:
+                    conn = node.acquire(try_deadline)
+                    reply = conn.call(try_deadline, "CLUSTER", "SLOTS")
+                    node.release(conn)
+                except resp.Fault as e:
+                    why = str(e)
+                    continue
+                if isinstance(reply, resp.ReplyError) or not isinstance(reply, list):
+                    why = f"{node} answered CLUSTER SLOTS with {reply!r:.80}"
+                    continue
+                if not reply:
+                    why = f"{node} serves no slots (is the cluster created?)"
+                    continue
+                try:
+                    self._load(node, reply)
+                except (TypeError, ValueError, IndexError, AttributeError):
+                    why = f"{node} answered CLUSTER SLOTS with a reply of another shape: {reply!r:.80}"
+                    continue
+                self._stale = False
+                self.count_event("cluster.refresh")
+                return None
+            self.warn_once("refresh", "cannot reload the cluster's slot map: %s", why)
+            return why
+        finally:
+            self._refresh_lock.release()
+
+    def _load(self, source: Node, reply: list) -> None:
+        slots: List[Optional[Node]] = [None] * SLOTS
+        masters, replicas = [], []
+        for entry in reply:
+            start, end, master, *reps = entry
+            node = self._endpoint(source, master)
+            masters.append(node)
+            replicas += [self._endpoint(source, r) for r in reps]
+            for s in range(int(start), int(end) + 1):
+                slots[s] = node
+        self._slots = slots
+        self._masters = list(dict.fromkeys(masters))
+        self._replicas = list(dict.fromkeys(replicas))
+
+    def _endpoint(self, source: Node, entry: list) -> Node:
+        host = entry[0].decode() if isinstance(entry[0], bytes) else str(entry[0] or "")
+        if host in ("", "?"):          # the node does not know its own address
+            host = source.host
+        return self._node(host, int(entry[1]))
+

@@ -1,0 +1,59 @@
+"""The store's own throughput: ``redis-benchmark`` (or ``valkey-benchmark``) GET and SET
+of one value size against a node or a cluster, parsed from its CSV output. This is the
+raw figure `kvtier bench --store` puts beside kvtier's own."""
+from __future__ import annotations
+
+import csv
+import io
+import shutil
+import subprocess
+from typing import Dict, Optional
+
+from kvtier.kernels.errors import fail
+
+CLIENTS = 50        # redis-benchmark's default: 50 connections, one request in flight each
+MIN_BYTES = 256 << 20   # moved at least (each way): fewer requests over 50 connections
+                        # measure mostly their setup
+
+
+def run(host: str, port: int, value_bytes: int, count: int, *, cluster: bool = False,
+        username: Optional[str] = None, password: Optional[str] = None, db: int = 0,
+        timeout_s: float = 600.0) -> Dict[str, object]:
+    """``{"get_gbps", "set_gbps", "get_rps", "set_rps", "requests", "how"}`` for
+    ``count`` SETs then as many GETs of one key holding ``value_bytes`` (at least
+    256 MiB of them; ``how``: the command, its password replaced)."""
+    for arg, v in (("value_bytes", value_bytes), ("count", count)):
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            raise fail(arg, v, "must be a positive int")
+    exe = shutil.which("redis-benchmark") or shutil.which("valkey-benchmark")
+    if exe is None:
+        raise fail("redis-benchmark", None, "is not on PATH: the raw Redis figures need it "
+                   "(Debian: apt-get install redis-tools, or redis-server which brings it)")
+    requests = max(count, -(-MIN_BYTES // value_bytes))
+    cmd = [exe, "-h", host, "-p", str(port), "-c", str(CLIENTS), "-t", "set,get",
+           "-d", str(value_bytes), "-n", str(requests), "--csv"]
+    if cluster:
+        cmd.append("--cluster")
+    if db:
+        cmd += ["--dbnum", str(db)]
+    if username:
+        cmd += ["--user", username]
+    shown = list(cmd)
+    if password is not None:
+        cmd += ["-a", password]
+        shown += ["-a", "***"]
+    how = " ".join(shown)
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"{how}: no result in {timeout_s:.0f} s") from None
+    table = done.stdout[done.stdout.find('"test"'):]        # --cluster prints the masters first
+    rps = {row.get("test"): row.get("rps") for row in csv.DictReader(io.StringIO(table))}
+    try:
+        get_rps, set_rps = float(rps["GET"]), float(rps["SET"])
+    except (KeyError, TypeError, ValueError):
+        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+        raise RuntimeError(f"{how} exited {done.returncode} without GET and SET figures: "
+                           + " | ".join(tail)) from None
+    return {"get_gbps": get_rps * value_bytes / 1e9, "set_gbps": set_rps * value_bytes / 1e9,
+            "get_rps": get_rps, "set_rps": set_rps, "requests": requests, "how": how}

@@ -1,0 +1,250 @@
+"""RESP2 framing over one TCP socket, with bulk replies read straight into caller buffers.
+
+The Redis engine speaks the protocol itself rather than through a client library: a
+library parses each bulk reply into a new bytes object that must then be copied into
+the page buffer, and that copy (plus the object churn) held every Python client
+measured to a fraction of ``redis-benchmark``'s GET throughput (docs/store_redis.md). Here a
+GET reply's payload lands by ``recv_into`` in the target buffers themselves, and a SET
+sends the page's buffers by ``sendmsg`` (a gather write) without joining them.
+
+A `Connection` is used by one thread at a time. Every blocking call takes an absolute
+deadline (``time.monotonic()`` seconds); a call past it raises `TimeoutFault`, a
+refused, reset or closed connection raises `ConnectionFault`, and either leaves the
+connection `broken` (its framing state is unknown), to be closed and not reused. A
+server's error reply is not raised: it is returned as a `ReplyError` value, since a
+pipeline goes on past it (a MOVED redirect, a wrong-type key).
+"""
+from __future__ import annotations
+
+import socket
+import time
+from typing import List, Optional, Sequence
+
+CRLF = b"\r\n"
+_STAGE_BYTES = 1 << 16          # headers and small replies (and the longest line); payloads bypass it
+_IOV_MAX = 512                  # buffers per sendmsg (Linux allows 1024)
+
+
+class Fault(Exception):
+    """The connection failed; the keys it carried get a fault status."""
+
+
+class ConnectionFault(Fault):
+    """Refused, reset or closed by the server, or a reply that is not RESP."""
+
+
+class TimeoutFault(Fault):
+    """No reply before the call's deadline."""
+
+
+class ReplyError(str):
+    """A server's error reply (``-ERR ...``, ``-MOVED 42 host:port``), as a value."""
+
+
+def command(*args) -> bytes:
+    """One command in RESP (an array of bulk strings); str args are UTF-8 encoded."""
+    out = [b"*%d\r\n" % len(args)]
+    for a in args:
+        if isinstance(a, str):
+            a = a.encode()
+        elif isinstance(a, int):
+            a = b"%d" % a
+        out.append(b"$%d\r\n%s\r\n" % (len(a), a))
+    return b"".join(out)
+
+
+def bulk_header(length: int) -> bytes:
+    """The header line a bulk reply of ``length`` bytes starts with."""
+    return b"$%d\r\n" % length
+
+
+class Connection:
+    """One TCP connection to a Redis/Valkey node (see the module docstring)."""
+
+    def __init__(self, host: str, port: int, deadline: float):
+        self.host, self.port = host, port
+        self.broken = False
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutFault(f"no time left to connect to {host}:{port}")
+        try:
+            self._sock = socket.create_connection((host, port), timeout=remaining)
+        except socket.timeout:
+            raise TimeoutFault(f"connecting to {host}:{port} timed out") from None
+        except OSError as e:
+            raise ConnectionFault(f"connecting to {host}:{port}: {e}") from None
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._stage = bytearray(_STAGE_BYTES)
+        self._view = memoryview(self._stage)
+        self._start = self._end = 0     # unread bytes are _stage[_start:_end]
+
+    def stale(self) -> bool:
+        """Whether an idle connection is unusable: the server closed or reset it (it
+        died or restarted), or sent bytes nobody asked for. One non-blocking peek."""
+        if self.broken or self._start != self._end:
+            return True
+        try:
+            self._sock.settimeout(0)        # a timeout would make recv wait for data first
+            self._sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return False            # nothing to read: alive and quiet
+        except OSError:
+            return True
+        return True                 # end of stream, or unasked-for bytes
+
+    def close(self) -> None:
+        self.broken = True
+        try:
+            self._sock.close()
+        except OSError:
+            pass
+
+    # ------------------------------------------------------------------ sending
+    def send(self, parts: Sequence, deadline: float) -> None:
+        """Send ``parts`` (bytes-like) in order, as one stream: a gather write with no join."""
+        views: List[memoryview] = [p if isinstance(p, memoryview) else memoryview(p) for p in parts]
+        i = 0
+        while i < len(views):
+            n = self._io(self._sock.sendmsg, views[i:i + _IOV_MAX], deadline=deadline)
+            while n > 0:                # step past what was sent; resume mid-buffer
+                size = views[i].nbytes
+                if n >= size:
+                    n -= size
+                    i += 1
+                else:
+                    views[i] = views[i][n:]
+                    n = 0
+            while i < len(views) and views[i].nbytes == 0:
+                i += 1
+
+    # ------------------------------------------------------------------ receiving
+    def read_line(self, deadline: float, ask: int = _STAGE_BYTES) -> bytes:
+        """The next line (without CRLF). ``ask`` bounds each receive: a caller that knows
+        how long the line will be asks for no more, so the payload after it is not
+        staged (and copied) but received straight into its buffers."""
+        while True:
+            i = self._stage.find(CRLF, self._start, self._end)
+            if i >= 0:
+                line = bytes(self._view[self._start:i])
+                self._start = i + 2
+                return line
+            if self._end - self._start >= len(self._stage):
+                self._protocol("a line longer than %d bytes" % len(self._stage))
+            self._fill(deadline, max(ask, 2))
+            ask = len(self._stage)          # not all there yet: no more guessing
+
+    def read_into(self, targets: Sequence[memoryview], deadline: float) -> None:
+        """Fill ``targets`` in order with the next bytes of the stream."""
+        for t in targets:
+            filled = self._take_staged(t)
+            size = t.nbytes
+            while filled < size:
+                filled += self._recv(t[filled:], deadline)
+
+    def skip(self, n: int, deadline: float) -> None:
+        """Drop the next ``n`` bytes of the stream (a payload nobody wants)."""
+        while n > 0:
+            if self._start == self._end:
+                self._fill(deadline, min(n, _STAGE_BYTES))
+            k = min(n, self._end - self._start)
+            self._start += k
+            n -= k
+
+    def expect_crlf(self, deadline: float, ask: int = 2) -> None:
+        """Consume the CRLF that ends a bulk payload."""
+        while self._end - self._start < 2:
+            self._fill(deadline, ask)
+        if self._view[self._start:self._start + 2] != CRLF:
+            self._protocol("a bulk payload not followed by CRLF")
+        self._start += 2
+
+    def read_reply(self, deadline: float):
+        """The next reply as a value: bytes (bulk; None for nil), int, str (simple),
+        `ReplyError`, or a list of replies (None for a nil array)."""
+        line = self.read_line(deadline)
+        kind, rest = line[:1], line[1:]
+        if kind == b"+":
+            return rest.decode(errors="replace")
+        if kind == b"-":
+            return ReplyError(rest.decode(errors="replace"))
+        if kind == b":":
+            return self._int(rest)
+        if kind == b"$":
+            n = self._int(rest)
+            if n < 0:
+                return None
+            out = bytearray(n)
+            self.read_into([memoryview(out)], deadline)
+            self.expect_crlf(deadline)
+            return bytes(out)
+        if kind == b"*":
+            n = self._int(rest)
+            return None if n < 0 else [self.read_reply(deadline) for _ in range(n)]
+        self._protocol(f"an unknown reply type {line[:16]!r}")
+
+    def call(self, deadline: float, *args):
+        """Send one command and return its reply."""
+        self.send([command(*args)], deadline)
+        return self.read_reply(deadline)
+
+    # ------------------------------------------------------------------ internals
+    def _int(self, text: bytes) -> int:
+        try:
+            return int(text)
+        except ValueError:
+            self._protocol(f"a bad length or integer {text[:32]!r}")
+
+    def _take_staged(self, target: memoryview) -> int:
+        k = min(self._end - self._start, target.nbytes)
+        if k:
+            target[:k] = self._view[self._start:self._start + k]
+            self._start += k
+        return k
+
+    def _fill(self, deadline: float, ask: int) -> None:
+        if self._start == self._end:
+            self._start = self._end = 0
+        elif self._end + ask > len(self._stage):       # make room: move the unread bytes down
+            unread = self._end - self._start
+            self._view[:unread] = self._view[self._start:self._end]
+            self._start, self._end = 0, unread
+        ask = min(ask, len(self._stage) - self._end)
+        self._end += self._recv(self._view[self._end:self._end + ask], deadline)
+
+    def _recv(self, view: memoryview, deadline: float) -> int:
+        n = self._io(self._sock.recv_into, view, deadline=deadline)
+        if n == 0:
+            self.close()
+            raise ConnectionFault(f"{self.host}:{self.port} closed the connection")
+        return n
+
+    def _io(self, op, arg, deadline: float) -> int:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            self.close()
+            raise TimeoutFault(f"{self.host}:{self.port} did not answer in time")
+        try:
+            self._sock.settimeout(remaining)
+            return op(arg)
+        except socket.timeout:
+            self.close()
+            raise TimeoutFault(f"{self.host}:{self.port} did not answer in time") from None
+        except OSError as e:
+            self.close()
+            raise ConnectionFault(f"{self.host}:{self.port}: {e}") from None
+
+    def _protocol(self, what: str) -> None:
+        self.close()
+        raise ConnectionFault(f"{self.host}:{self.port} sent {what}")
+
+
+def parse_redirect(reply: ReplyError) -> Optional[tuple]:
+    """``("MOVED"|"ASK", slot, host, port)`` for a redirect error reply, else None."""
+    parts = reply.split()
+    if len(parts) != 3 or parts[0] not in ("MOVED", "ASK"):
+        return None
+    host, _, port = parts[2].rpartition(":")
+    try:
+        return parts[0], int(parts[1]), host, int(port)
+    except ValueError:
+        return None

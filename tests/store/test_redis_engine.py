@@ -1,0 +1,234 @@
+"""The Redis engines on a live node and a live 3+3 cluster: the engine contract, page-sized
+objects through scatter/gather buffers, pipelines longer than one window, slots, the
+damage helpers the page layer's tests use, and the raw redis-benchmark figures."""
+from __future__ import annotations
+
+import random
+import uuid
+
+import numpy as np
+import pytest
+import torch
+
+from engine_conformance import EngineConformance
+from kvtier.kernels.errors import KvtierError
+from kvtier.store import Status, open_store
+from kvtier.store import redis_ops
+from kvtier.store.redis import RedisClusterEngine, RedisEngine, key_slot
+from redis_support import call, flip_byte, raw_get, swap, truncate
+from redis_support import redis_cluster_url, redis_url  # noqa: F401  (fixtures: the shared servers)
+
+STORES = ["node", "cluster"]
+
+
+@pytest.fixture(params=STORES)
+def url(request, redis_url, redis_cluster_url):     
+    return redis_url if request.param == "node" else redis_cluster_url
+
+
+@pytest.fixture
+def engine(url):
+    e = open_store(url)
+    yield e
+    e.close()
+
+
+def fresh_keys(n: int, tag: str = "") -> list:
+    prefix = f"kvtier-test/{uuid.uuid4().hex}/{tag}"
+    return [f"{prefix}{i}" for i in range(n)]
+
+
+class TestRedisNodeContract(EngineConformance):
+    @pytest.fixture
+    def open_engine(self, redis_url):                
+        return lambda: open_store(redis_url)
+
+
+class TestRedisClusterContract(EngineConformance):
+    @pytest.fixture
+    def open_engine(self, redis_cluster_url):        
+        return lambda: open_store(redis_cluster_url)
+
+
+def test_schemes_pick_the_engines(redis_url, redis_cluster_url):  
+    for url, cls in ((redis_url, RedisEngine), (redis_url.replace("redis://", "valkey://"), RedisEngine),
+                     (redis_cluster_url, RedisClusterEngine),
+                     (redis_cluster_url.replace("redis+cluster://", "valkey+cluster://"), RedisClusterEngine)):
+        e = open_store(url)
+        try:
+            assert type(e) is cls
+            (k,) = fresh_keys(1)
+            assert e.put_from([k], [[b"abc"]]) == [Status.HIT]
+            got = bytearray(3)
+            assert e.get_into([k], [[got]]) == [Status.HIT] and got == b"abc"
+        finally:
+            e.close()
+
+
+class Arena:
+    """Host memory laid out as a layer-first pool: [layers, 2 (K, V), pages, row bytes].
+    A page's object is its 2 * layers rows, gathered in (layer, K/V) order: 64 pieces a
+    page, none adjacent to the next, as a layer_first host pool hands them over."""
+
+    def __init__(self, pages: int, page_bytes: int, layers: int = 32, fill: int = -1):
+        self.layers, self.rows = layers, page_bytes // (2 * layers)
+        shape = (layers, 2, pages, self.rows)
+        if fill < 0:
+            self.t = torch.randint(0, 256, shape, dtype=torch.uint8)
+        else:
+            self.t = torch.full(shape, fill, dtype=torch.uint8)
+
+    def pieces(self, page: int) -> list:
+        return [memoryview(self.t[l, c, page].numpy()) for l in range(self.layers) for c in (0, 1)]
+
+    def page(self, page: int) -> torch.Tensor:
+        return self.t[:, :, page].clone()
+
+
+@pytest.mark.parametrize("page_bytes", [64 << 10, 256 << 10, 1 << 20])
+def test_page_objects_round_trip_between_pages(engine, page_bytes):
+    """Pages written from one arena read back byte-exact into other pages of another; a
+    MISS and a CORRUPT in the same batch leave their pages as they were, and no byte
+    outside the pages read changes. The batch is longer than one pipeline window."""
+    n = max(4, (24 << 20) // page_bytes // 2)
+    src = Arena(n, page_bytes)
+    dst = Arena(n + 3, page_bytes, fill=0x5A)
+    keys = fresh_keys(n)
+    assert engine.put_from(keys, [src.pieces(p) for p in range(n)]) == [Status.HIT] * n
+    before = dst.t.clone()
+    missing = fresh_keys(1, "missing")[0]
+    short = fresh_keys(1, "short")[0]
+    assert engine.put_from([short], [[b"x" * (page_bytes - 1)]]) == [Status.HIT]
+    order = list(range(n))
+    random.Random(page_bytes).shuffle(order)
+    # key i -> destination page order[i] + 3; pages 0..2 get the miss, the corrupt, nothing
+    read_keys = [missing, short] + [keys[i] for i in range(n)]
+    targets = [dst.pieces(0), dst.pieces(1)] + [dst.pieces(order[i] + 3) for i in range(n)]
+    out = engine.get_into(read_keys, targets)
+    assert out == [Status.MISS, Status.CORRUPT] + [Status.HIT] * n
+    for i in range(n):
+        assert torch.equal(dst.page(order[i] + 3), src.page(i)), f"page {i}"
+    assert torch.equal(dst.t[:, :, :3], before[:, :, :3])       # miss and corrupt: untouched
+    assert engine.exists(read_keys) == [Status.MISS] + [Status.HIT] * (n + 1)
+
+
+def test_many_small_objects_with_misses(engine):
+    """More keys than one window holds, every third one absent: statuses stay in order."""
+    n = 3 * redis_ops.WINDOW_KEYS + 17
+    keys = fresh_keys(n)
+    rng = np.random.default_rng(5)
+    values = [rng.integers(0, 256, 100 + i % 50, dtype=np.uint8).tobytes() for i in range(n)]
+    written = [i for i in range(n) if i % 3]
+    assert engine.put_from([keys[i] for i in written], [[values[i]] for i in written]) == [Status.HIT] * len(written)
+    targets = [bytearray(b"\xee" * len(v)) for v in values]
+    out = engine.get_into(keys, [[t] for t in targets])
+    for i in range(n):
+        if i % 3:
+            assert out[i] is Status.HIT and targets[i] == values[i], i
+        else:
+            assert out[i] is Status.MISS and targets[i] == b"\xee" * len(values[i]), i
+    assert engine.exists(keys) == [Status.HIT if i % 3 else Status.MISS for i in range(n)]
+    assert engine.delete(keys) == [Status.HIT] * n
+    assert engine.exists(keys) == [Status.MISS] * n
+
+
+@pytest.mark.parametrize("connections", [1, 3])
+def test_connections_option(url, connections):
+    e = open_store(f"{url}?connections={connections}")
+    try:
+        keys = fresh_keys(10)
+        values = [np.random.default_rng(i).integers(0, 256, 70_000, dtype=np.uint8) for i in range(10)]
+        assert e.put_from(keys, [[v] for v in values]) == [Status.HIT] * 10
+        got = [np.zeros_like(v) for v in values]
+        assert e.get_into(keys, [[g] for g in got]) == [Status.HIT] * 10
+        assert all(np.array_equal(g, v) for g, v in zip(got, values))
+    finally:
+        e.close()
+
+
+def test_key_slot_matches_the_cluster(redis_cluster_url):    
+    port = int(redis_cluster_url.split("//")[1].split(",")[0].split(":")[1])
+    rng = random.Random(3)
+    keys = ["foo", "", "{}", "{", "}", "foo{}{bar}", "foo{{bar}}zap", "foo{bar}{zap}", "{user1000}.following",
+            "a{b}c", "ключ{鍵}", "x" * 1000]
+    keys += ["".join(rng.choice("ab{}c/:é") for _ in range(rng.randrange(1, 12))) for _ in range(200)]
+    for k in keys:
+        assert key_slot(k.encode()) == call(port, "CLUSTER", "KEYSLOT", k), k
+
+
+def test_cluster_spreads_keys_over_every_master(redis_cluster_url):   
+    e = open_store(redis_cluster_url)
+    try:
+        masters = {e._slots[key_slot(k.encode())] for k in fresh_keys(64)}
+        assert len(masters) == 3
+    finally:
+        e.close()
+
+
+def test_node_url_on_a_cluster_node_warns_and_errs(redis_cluster_url, caplog): 
+    """A cluster node opened as redis://: keys of other nodes' slots are ERROR, with a
+    WARNING saying to use redis+cluster://."""
+    host_port = redis_cluster_url.split("//")[1].split(",")[0]
+    e = open_store(f"redis://{host_port}")
+    try:
+        with caplog.at_level("WARNING", logger="kvtier"):
+            out = e.exists(fresh_keys(30))
+        assert Status.ERROR in out and set(out) <= {Status.MISS, Status.ERROR}
+        assert any("redis+cluster://" in r.getMessage() for r in caplog.records)
+    finally:
+        e.close()
+
+
+# ---------------------------------------------------------------------- damage helpers
+def test_damage_helpers(engine, url):
+    """flip_byte changes one byte in place (the engine still reads a HIT: content is the
+    page layer's to check); truncate makes the object CORRUPT; swap exchanges objects."""
+    a, b = fresh_keys(2)
+    va, vb = bytes(np.random.default_rng(1).integers(0, 256, 4096, dtype=np.uint8)), b"\x07" * 4096
+    engine.put_from([a, b], [[va], [vb]])
+    old = flip_byte(url, a, 1234)
+    assert old == va[1234]
+    got = bytearray(4096)
+    assert engine.get_into([a], [[got]]) == [Status.HIT]
+    assert [i for i in range(4096) if got[i] != va[i]] == [1234] and got[1234] == va[1234] ^ 0xFF
+    swap(url, a, b)
+    assert raw_get(url, a) == vb and raw_get(url, b) == bytes(got)
+    truncate(url, b, 4000)
+    assert engine.get_into([b], [[bytearray(4096)]]) == [Status.CORRUPT]
+    assert raw_get(url, b) == bytes(got[:4000])
+
+
+# ---------------------------------------------------------------------- raw figures
+def test_raw_throughput(engine):
+    raw = engine.raw_throughput(1 << 20, 10)
+    assert raw["get_gbps"] > 0 and raw["set_gbps"] > 0
+    assert raw["get_rps"] * (1 << 20) / 1e9 == pytest.approx(raw["get_gbps"])
+    assert raw["requests"] == 256                     # 256 MiB at least, whatever the count
+    assert "redis-benchmark" in raw["how"] and "-d 1048576 -n 256" in raw["how"]
+    assert ("--cluster" in raw["how"]) == isinstance(engine, RedisClusterEngine)
+
+
+def test_raw_throughput_without_redis_benchmark(engine, monkeypatch):
+    import shutil
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    with pytest.raises(KvtierError, match="redis-benchmark.*not on PATH"):
+        engine.raw_throughput(4096, 10)
+    with pytest.raises(KvtierError, match="value_bytes"):
+        engine.raw_throughput(0, 10)
+
+
+def test_client_comparison_script_runs(redis_url, monkeypatch, capsys):
+    """bench/scripts/redis_clients.py: one small round prints a line per client beside
+    redis-benchmark (the script checks every byte it reads back itself)."""
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[2] / "bench" / "scripts" / "redis_clients.py"
+    spec = importlib.util.spec_from_file_location("redis_clients", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    monkeypatch.setattr(script, "TOTAL", 2 << 20)
+    assert script.main([redis_url, "1", "65536"]) == 0
+    out = capsys.readouterr().out
+    for name in ("redis-benchmark", "kvtier RESP x1", "kvtier RESP x4"):
+        assert name in out
+    assert script.main([]) == 2
