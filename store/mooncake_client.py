@@ -7,10 +7,11 @@ polls the master once a second; for a minute where the master is hung). So a cli
 made once per configuration and kept while its master answers: engines closed and
 opened again (a serving engine's restarts, the tests) reuse it at no cost. A client
 whose master is gone is closed when its last engine closes; one whose master is silent
-is left open (closing it would block the process).
+is left open (closing it would block the process). Kept clients are closed at exit.
 """
 from __future__ import annotations
 
+import atexit
 import ipaddress
 import socket
 import threading
@@ -146,6 +147,25 @@ def release(client: Client, host: str, port: int, timeout: float) -> Optional[st
             return "the master does not answer; its Mooncake client is left open"
     client.store.close()
     return None
+
+
+def close_idle(master: Optional[str] = None, timeout: float = 1.0) -> None:
+    """Close the kept clients no engine uses (of one master ``host:port``, or all): at
+    exit, and before a master is stopped on purpose (a client whose master has gone
+    makes the process's exit wait, up to 20 s where it lends memory)."""
+    with _lock:
+        idle = [c for c in _clients.values() if c.users == 0 and master in (None, c.key[0])]
+        for c in idle:
+            del _clients[c.key]
+    for c in idle:
+        host, _, port = c.key[0].rpartition(":")
+        if probe_master(host.strip("[]"), int(port), timeout) == "does not answer":
+            _left_open.append(c)
+        else:
+            c.store.close()
+
+
+atexit.register(close_idle)
 
 
 class Region:
