@@ -27,7 +27,7 @@ gathered in a registered staging region first. Mooncake's put keeps an object
 already under the key, and its upsert rewrites an object of the same length in place,
 under its readers; so a put removes the old object first, and where Mooncake refuses
 that because the object is leased (read or looked up within the master's
-```--default_kv_lease_ttl``, 10 s by default) the put answers ERROR: an object is never
+``--default_kv_lease_ttl``, 10 s by default) the put answers ERROR: an object is never
 rewritten under a reader (a reader racing a replacement sees the old object, a miss,
 or the new one). ``delete`` removes leased objects too (``force``). Reads depend on
 ``transfer``:
