@@ -49,8 +49,8 @@ if [ "${1:-}" != "--inside" ] && [ "${1:-}" != "--inside-netns" ]; then
      && unshare --net true >/dev/null 2>&1; then
     exec unshare --net bash "$0" --inside-netns "$@"
   fi
-  echo "mooncake: no private network namespace here (needs root and unshare); Mooncake's" \
-       "transfer engine listens on all interfaces while the tests run"
+  echo "mooncake: not in a private network namespace (KVTIER_MOONCAKE_NETNS=0, or no root," \
+       "unshare or ip); Mooncake's transfer engine listens on all interfaces meanwhile"
   set -- --inside "$@"
 fi
 netns=0
