@@ -85,6 +85,7 @@ _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _OPTIONS = ("metadata", "protocol", "device", "segment", "buffer", "staging", "transfer",
             "replicas", "local")
 MAX_STAGING_REGIONS = 8
+SELF_TEST_S = 2.0
 # Buffers one Mooncake call moves at most. Its TCP transport queues 1024 transfers per
 # peer and admits 1024 more for a second; a call past that fails its keys (-800) or,
 # far past it, hangs. Half the queue leaves room for a second thread's call.
@@ -613,18 +614,23 @@ class MooncakeEngine(Engine):
 
     def _self_test(self) -> None:
         """One small object put, read back and removed: a store that cannot hold one (no
-        node lends memory, a transfer path that fails) fails at construction."""
+        node lends memory, a transfer path that fails) fails at construction. It may
+        take SELF_TEST_S (a first transfer opens connections to the store node)."""
         import numpy as np
         key = f"kvtier-probe-{uuid.uuid4().hex}"
         data = np.random.randint(0, 256, 4096, dtype=np.uint8)
         back = np.zeros(4096, dtype=np.uint8)
-        put = self.put_from([key], [[memoryview(data)]])[0]
-        if put != Status.HIT:
-            why = {Status.TIMEOUT: f"did not answer within {self.timeout:.3f} s"}.get(
-                put, "refused it (no store node lends memory? start one, or give segment=SIZE)")
-            raise fail("url", self.url, f"a 4 KiB test object could not be stored: Mooncake {why}")
-        got = self.get_into([key], [[memoryview(back)]])[0]
-        self.delete([key])
+        timeout, self.timeout = self.timeout, max(self.timeout, SELF_TEST_S)
+        try:
+            put = self.put_from([key], [[memoryview(data)]])[0]
+            if put != Status.HIT:
+                why = {Status.TIMEOUT: f"did not answer within {self.timeout:.3f} s"}.get(
+                    put, "refused it (no store node lends memory? start one, or give segment=SIZE)")
+                raise fail("url", self.url, f"a 4 KiB test object could not be stored: Mooncake {why}")
+            got = self.get_into([key], [[memoryview(back)]])[0]
+            self.delete([key])
+        finally:
+            self.timeout = timeout
         if got != Status.HIT or not np.array_equal(back, data):
             raise fail("url", self.url, f"a 4 KiB test object did not read back ({got.name})")
         self.stats.clear()
