@@ -62,6 +62,7 @@ import re
 import threading
 import time
 import uuid
+import weakref
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 from urllib.parse import parse_qsl, urlsplit
@@ -84,7 +85,6 @@ _SIZE = re.compile(r"^(\d+)([kmgt]?)(i?b)?$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _OPTIONS = ("metadata", "protocol", "device", "segment", "buffer", "staging", "transfer",
             "replicas", "local")
-MAX_STAGING_REGIONS = 8
 SELF_TEST_S = 2.0
 # Buffers one Mooncake call moves at most. Its TCP transport queues 1024 transfers per
 # peer and admits 1024 more for a second; a call past that fails its keys (-800) or,
@@ -220,7 +220,10 @@ class MooncakeEngine(Engine):
         self._workers = DeadlineWorkers("kvtier-mooncake")
         self._replicate = store_module.ReplicateConfig()
         self._replicate.replica_num = cfg.replicas
-        self._staging = clients.Staging(self._client, cfg.staging, MAX_STAGING_REGIONS)
+        self._staging = self._client.staging(cfg.staging)
+        # An engine dropped without close() gives back its registrations and its hold on
+        # the client all the same (memory registered with Mooncake must not be freed).
+        self._finalizer = weakref.finalize(self, _forget, self._client, self._registered)
         try:
             self._self_test()
         except Exception:
@@ -265,9 +268,9 @@ class MooncakeEngine(Engine):
             self.warn_once("close", "closed with %d calls still inside Mooncake; its client "
                            "and memory are kept", busy)
             return
+        self._finalizer.detach()
         for start in self._registered:
             self._client.unregister(start)
-        self._staging.unregister_all()
         why = clients.release(self._client, self.config.host, self.config.port, self.timeout)
         if why:
             self.warn_once("close", "%s", why)
@@ -634,6 +637,14 @@ class MooncakeEngine(Engine):
         if got != Status.HIT or not np.array_equal(back, data):
             raise fail("url", self.url, f"a 4 KiB test object did not read back ({got.name})")
         self.stats.clear()
+
+
+def _forget(client, registered: List[int]) -> None:
+    """What close() gives back, for an engine collected without it (no master probe:
+    the client stays kept)."""
+    for start in registered:
+        client.unregister(start)
+    clients.drop(client)
 
 
 def _rounds(keys: List[str]) -> List[List[int]]:

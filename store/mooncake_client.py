@@ -15,7 +15,7 @@ import atexit
 import ipaddress
 import socket
 import threading
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional
 
 from kvtier.kernels.errors import fail
 
@@ -62,15 +62,24 @@ def local_address(host: str, port: int) -> str:
 
 
 class Client:
-    """One Mooncake client and the memory registered with it (counted: engines sharing
-    the client may register the same buffer)."""
+    """One Mooncake client, the memory registered with it (counted: engines sharing the
+    client may register the same buffer) and its staging regions (kept as long as the
+    client: memory registered with Mooncake must not be freed under it)."""
 
     def __init__(self, key: tuple, store):
         self.key = key
         self.store = store
         self.users = 0
         self._registered: Dict[int, List[int]] = {}     # start -> [size, count]
+        self._staging: Dict[int, "Staging"] = {}
         self._lock = threading.Lock()
+
+    def staging(self, size: int) -> "Staging":
+        """The staging regions of ``size`` bytes, shared by the client's engines."""
+        with self._lock:
+            if size not in self._staging:
+                self._staging[size] = Staging(self, size, MAX_STAGING_REGIONS)
+            return self._staging[size]
 
     def register(self, start: int, size: int) -> int:
         with self._lock:
@@ -97,6 +106,10 @@ class Client:
         with self._lock:
             return any(s <= start and start + size <= s + e[0] for s, e in self._registered.items())
 
+
+# Staging regions of one size a client makes at most: enough for the calls of a few
+# threads, and for calls abandoned on a hung store until they return.
+MAX_STAGING_REGIONS = 8
 
 _clients: Dict[tuple, Client] = {}
 _left_open: List[Client] = []           # masters that stopped answering: never closed
@@ -149,6 +162,12 @@ def release(client: Client, host: str, port: int, timeout: float) -> Optional[st
     return None
 
 
+def drop(client: Client) -> None:
+    """An engine collected without closing lets go of ``client`` (it stays kept)."""
+    with _lock:
+        client.users -= 1
+
+
 def close_idle(master: Optional[str] = None, timeout: float = 1.0) -> None:
     """Close the kept clients no engine uses (of one master ``host:port``, or all): at
     exit, and before a master is stopped on purpose (a client whose master has gone
@@ -181,8 +200,9 @@ class Region:
 
 
 class Staging:
-    """Registered staging regions of ``size`` bytes, made on demand up to ``cap``. A
-    region lent to a call that was abandoned comes back when Mooncake returns from it."""
+    """Registered staging regions of ``size`` bytes, made on demand up to ``cap`` and
+    kept. A region lent to a call that was abandoned comes back when Mooncake returns
+    from it."""
 
     def __init__(self, client: Client, size: int, cap: int):
         self._client = client
@@ -210,13 +230,3 @@ class Staging:
     def give(self, region: Region) -> None:
         with self._lock:
             self._free.append(region)
-
-    def unregister_all(self) -> Tuple[int, int]:
-        """Unregister the free regions; (unregistered, still lent)."""
-        with self._lock:
-            free, lent = self._free, len(self._all) - len(self._free)
-            self._all = [r for r in self._all if r not in free]
-            self._free = []
-        for region in free:
-            self._client.unregister(region.address)
-        return len(free), lent

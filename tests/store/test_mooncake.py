@@ -221,6 +221,27 @@ def test_backup_and_prefetch_threads_at_once(engine):
     engine.delete(ks)
 
 
+def test_engines_dropped_without_close(base_url):
+    """Engines collected without close() (a tier never closed) give back what they
+    registered; staging memory stays registered with the shared client, never freed
+    under it, and later engines read as before."""
+    import gc
+    (k,) = _keys(1)
+    value = np.random.default_rng(4).integers(0, 256, 300_000, dtype=np.uint8)
+    for i in range(12):
+        e = open_store(_url(base_url, staging=f"{1 + i % 3}M"))
+        e.register_memory([np.zeros(1 << 16, np.uint8)])
+        assert e.put_from([f"{k}{i}"], [[memoryview(value)]]) == [Status.HIT]
+        got = np.zeros(300_000, np.uint8)
+        assert e.get_into([f"{k}{i}"], [[memoryview(got)]]) == [Status.HIT]
+        assert np.array_equal(got, value)
+        del e
+        gc.collect()
+    e = open_store(base_url)
+    assert e.delete([f"{k}{i}" for i in range(12)]) == [Status.HIT] * 12
+    e.close()
+
+
 # ---------------------------------------------------------------------- the raw figure
 def test_raw_throughput(base_url):
     e = open_store(base_url)
