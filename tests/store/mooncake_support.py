@@ -74,7 +74,23 @@ class Server:
             return int(f.read())
 
     def signal(self, sig) -> None:
+        """Send ``sig``; after SIGSTOP, return once every thread has stopped (a thread
+        running on another core could otherwise answer one more request)."""
         os.kill(self.pid, sig)
+        if sig != signal.SIGSTOP:
+            return
+        end = time.monotonic() + 5
+        while time.monotonic() < end:
+            states = []
+            for tid in os.listdir(f"/proc/{self.pid}/task"):
+                try:
+                    with open(f"/proc/{self.pid}/task/{tid}/stat") as f:
+                        states.append(f.read().rsplit(")", 1)[1].split()[0])
+                except OSError:
+                    pass
+            if states and all(st in "tT" for st in states):
+                return
+            time.sleep(0.005)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
