@@ -134,6 +134,8 @@ def _tuning_flags(args, platform: str, device):
     common = dict(dtype=dtype, page_size=args.page_size or d["page_size"], host_layout=args.host_layout,
                   device_layout=args.device_layout)
     if args.mla is not None:
+        if args.heads or args.head_dim:
+            raise UsageError(f"{'--heads' if args.heads else '--head-dim'}: an MLA row is --mla's; drop it")
         dims = int_list(args.mla, "--mla")
         if len(dims) != 2:
             raise UsageError(f"--mla={args.mla!r}: must be kv_lora_rank,qk_rope_head_dim")

@@ -62,7 +62,7 @@ def test_show_survives_a_corrupt_file(capsys, tmp_cache):
     (["--rows", "0"], "--rows='0'"),
     (["--rows", "a,b"], "--rows='a,b'"),
     (["--dtype", "float99"], "--dtype='float99'"),
-    (["--mla", "512"], "--mla"),
+    (["--mla", "16,8"], "--heads: an MLA row is --mla's"),   # --mla 512: test_cli_bad_flags.py
     (["--host-layout", "diagonal"], "--host-layout"),
 ])
 def test_bad_arguments_exit_2_and_write_nothing(capsys, tmp_cache, args, msg):

@@ -111,6 +111,7 @@ def _run(argv):
 
 TINY = ["autotune", "--layers", "2", "--heads", "1", "--head-dim", "8", "--page-size", "2", "--rows", "4",
         "--ops", "backup"]
+MLA = ["autotune", "--layers", "2", "--page-size", "2", "--rows", "4", "--ops", "backup", "--mla"]
 HUGE = "99999999999"
 RO_DIR = "/sys/kernel"
 linux_only = pytest.mark.skipif(not Path(RO_DIR).is_dir() or not Path("/proc/self").is_dir(),
@@ -160,8 +161,13 @@ CASES = [
     (["demo", "--layers", HUGE], {}, f"--layers={HUGE}"),
     (["demo", "--head-dim", HUGE], {}, f"--head-dim={HUGE}: needs"),
     # kvtier autotune: shapes, lists, conflicts
-    (TINY + ["--mla", ""], {}, "--mla=''"),
-    (TINY + ["--mla", "0,64"], {}, "--mla='0,64'"),
+    (MLA + [""], {}, "--mla=''"),
+    (MLA + ["0,64"], {}, "--mla='0,64'"),
+    (MLA + ["512"], {}, "--mla='512': must be kv_lora_rank,qk_rope_head_dim"),
+    (MLA + ["1,2,3"], {}, "--mla='1,2,3': must be kv_lora_rank,qk_rope_head_dim"),
+    (MLA + [f"{HUGE},64"], {}, f"--layers=2 --mla={HUGE},64"),
+    (TINY + ["--mla", "16,8"], {}, "--heads: an MLA row is --mla's"),
+    (MLA + ["16,8", "--head-dim", "8"], {}, "--head-dim: an MLA row is --mla's"),
     (TINY + ["--rows", ""], {}, "--rows=''"),
     (TINY + ["--transfer-layers", ""], {}, "--transfer-layers=''"),
     (TINY + ["--transfer-layers", "3"], {}, "--transfer-layers='3': at most --layers=2"),
@@ -171,7 +177,6 @@ CASES = [
     (TINY + ["--host-layout", "diagonal"], {}, "argument --host-layout"),
     (TINY + ["--layers", HUGE], {}, f"--layers={HUGE} --heads=1 --head-dim=8 --page-size=2"),
     (TINY + ["--rows", HUGE], {}, f"--rows={HUGE}"),
-    (TINY + ["--mla", f"{HUGE},64"], {}, f"--mla={HUGE},64"),
     (["autotune", "--show", "--layers", "3"], {}, "--layers: --show prints the cache and takes no other flag"),
     (["autotune", "--show", "--platform", "cpu"], {}, "--platform: --show"),
     (TINY + ["--platform", "rocm"], {}, "--platform='rocm': no rocm device here"),
