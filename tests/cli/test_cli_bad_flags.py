@@ -242,3 +242,19 @@ def test_good_flags_reach_the_work(argv, env, no_work, monkeypatch):
         monkeypatch.setenv(k, _expand([v], places)[0])
     with pytest.raises(WorkStarted):
         main(_expand(argv, places))
+
+
+def test_memory_check_reads_the_device_and_the_host(monkeypatch):
+    """`check_fits` on an accelerator compares device bytes with the device's memory and
+    host bytes with the host's (a CUDA device object needs no GPU to be made)."""
+    import kvtier.platforms as platforms
+    from kvtier.cli import args
+    monkeypatch.setattr(platforms, "device_properties", lambda device: {"memory_bytes": 1 << 30})
+    gpu, host = torch.device("cuda", 0), args._host_memory()
+    args.check_fits("--x=1", gpu, 1 << 30, host)                       # both just fit
+    with pytest.raises(args.UsageError, match=r"^--x=1: needs 2\.0 GiB of cuda memory; this machine has 1\.0 GiB$"):
+        args.check_fits("--x=1", gpu, 2 << 30, 0)
+    with pytest.raises(args.UsageError, match="of host memory"):
+        args.check_fits("--x=1", gpu, 0, host + 1)
+    with pytest.raises(args.UsageError, match="of host memory"):       # CPU: both sides in host memory
+        args.check_fits("--x=1", torch.device("cpu"), host // 2 + 1, host // 2 + 1)
