@@ -8,7 +8,9 @@ each entry records the Triton and kvtier versions it was measured under. Writes 
 with what is on disk under a file lock and land atomically (temporary file +
 os.replace), so concurrent tuners keep each other's entries and readers never see half
 a file. A file that cannot be read, has another format version, belongs to another
-device, or entries measured under other versions are ignored with a warning.
+device, or entries measured under other versions are ignored with a warning. A directory
+that cannot be written (a file in its place, read-only, cannot be created) raises
+`KvtierError` naming the variable it came from (`writable_cache_dir`, before tuning).
 """
 from __future__ import annotations
 
@@ -22,6 +24,8 @@ from pathlib import Path
 from typing import Dict, Optional
 
 from kvtier.kernels.config import CopyConfig
+from kvtier.kernels.errors import fail
+from kvtier.writable import writable_dir
 
 from .key import DeviceId, TuneKey, versions
 
@@ -30,11 +34,28 @@ CACHE_ENV = "KVTIER_CACHE_DIR"
 
 
 def cache_dir() -> Path:
+    """$KVTIER_CACHE_DIR, else $XDG_CACHE_HOME/kvtier, else ~/.cache/kvtier."""
+    return cache_location()[1]
+
+
+def cache_location():
+    """(how the directory was named, the directory): the variable, with the rest of the path."""
     env = os.environ.get(CACHE_ENV)
     if env:
-        return Path(env)
+        return CACHE_ENV, Path(env)
     xdg = os.environ.get("XDG_CACHE_HOME")
-    return Path(xdg) / "kvtier" if xdg else Path.home() / ".cache" / "kvtier"
+    if xdg:
+        return "XDG_CACHE_HOME/kvtier", Path(xdg) / "kvtier"
+    return "HOME/.cache/kvtier", Path.home() / ".cache" / "kvtier"
+
+
+def writable_cache_dir(path: Optional[Path] = None) -> Path:
+    """The directory ``path`` (a cache file) goes in, default the cache directory, made if
+    missing; raises `KvtierError` naming how it was named when no file can be written there."""
+    if path is not None:
+        return writable_dir(Path(path).parent, "directory of path")
+    name, d = cache_location()
+    return writable_dir(d, name)
 
 
 def cache_path(device: DeviceId) -> Path:
@@ -116,10 +137,18 @@ def entries(device: DeviceId, path: Optional[Path] = None) -> dict:
 def store(device: DeviceId, new: Dict[TuneKey, dict], path: Optional[Path] = None) -> Path:
     """Merge ``new`` entries (key -> {"config": ..., "gbps": ..., ...}) into the device's
     file under a lock and replace it atomically. Entries of other keys are kept, except
-    those measured under other versions; entries of the same key are replaced."""
+    those measured under other versions; entries of the same key are replaced. A directory
+    or file that cannot be written raises `KvtierError` naming it."""
+    writable_cache_dir(path)
     path = path or cache_path(device)
-    path.parent.mkdir(parents=True, exist_ok=True)
     now = versions()
+    try:
+        return _store(path, device, new, now)
+    except OSError as e:      # the file itself (a directory in its place, a full disk)
+        raise fail("path", str(path), f"cannot be written ({e.strerror or e})") from None
+
+
+def _store(path: Path, device: DeviceId, new: Dict[TuneKey, dict], now: dict) -> Path:
     with _locked(path):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")   # a bad file is replaced, not reported twice

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, asdict
 
+from kvtier.kernels.errors import fail
 
 
 def rows_bucket(num_rows: int) -> int:
@@ -91,7 +92,24 @@ def device_identity(platform: str) -> DeviceId:
     """Name, architecture and compute units of the current device of ``platform``
     (queried once per process through kvtier.platforms, which loads torch_npu
     only for "npu")."""
-    from kvtier.platforms import default_device, device_properties
-    p = device_properties(default_device(platform))
+    from kvtier.platforms import device_properties
+    p = device_properties(platform_device(platform))
     return DeviceId(platform, str(p["name"]), str(p["arch"]), int(p.get("compute_units") or 0),
                     int(p.get("ub_bytes") or 0))
+
+
+def platform_device(platform: str, arg: str = "platform"):
+    """The current torch device of ``platform``; `KvtierError` naming ``arg`` when the name
+    is unknown or this machine has no such device (where torch itself would raise its
+    AssertionError "Torch not compiled with CUDA enabled", or hand a CUDA device to "rocm")."""
+    from kvtier.platforms import PLATFORMS, default_device, platform_of
+    if platform not in PLATFORMS:
+        raise fail(arg, platform, f"must be one of {PLATFORMS}")
+    try:
+        device = default_device(platform)
+        here = platform_of(device)
+    except (RuntimeError, AssertionError) as e:
+        raise fail(arg, platform, f"no {platform} device here ({str(e).strip().splitlines()[0]})") from None
+    if here != platform:
+        raise fail(arg, platform, f"no {platform} device here (the device is {here})")
+    return device

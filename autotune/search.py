@@ -18,7 +18,7 @@ from kvtier.kernels.config import CopyConfig
 from . import cache, select
 from kvtier.kernels.ops import Op
 
-from .key import DeviceId, TuneKey, device_identity
+from .key import DeviceId, TuneKey, device_identity, platform_device
 from .prune import codegen_report, codegen_target, prune_spilling
 from .space import candidates, default_max_programs
 from .timing import Timer, default_timer
@@ -101,12 +101,16 @@ def tune(shape: PoolShape, *, ops: Sequence[str] = ("backup", "load", "gather"),
     process's `select_config` see them.
 
     ``target`` names the codegen target for spill pruning ("auto": the device's own;
-    None: no pruning); ``report`` is the codegen report function (tests inject one)."""
+    None: no pruning); ``report`` is the codegen report function (tests inject one).
+    A platform without its device here, or a cache directory that cannot be written (with
+    ``write``), raises `KvtierError` before anything is timed."""
     ops = [Op.parse(op, "ops") for op in ops]
-    from kvtier.platforms import default_device, detect_platform
+    if write:
+        cache.writable_cache_dir()     # a cache that cannot be written is refused before timing
+    from kvtier.platforms import detect_platform
     platform = platform or detect_platform()
+    dev = platform_device(platform)
     device = device or device_identity(platform)
-    dev = default_device(platform)
     timer = timer or default_timer(platform)
     target = codegen_target(device) if target == "auto" else target
     jobs, pools = [], {}

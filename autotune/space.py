@@ -14,6 +14,7 @@ from typing import List, Optional
 
 import kvtier.platforms as platforms
 from kvtier.kernels.config import STRATEGIES, CopyConfig, Space
+from kvtier.kernels.errors import fail
 
 from .key import DeviceId
 
@@ -24,10 +25,25 @@ def default_max_programs(device: DeviceId, crosses_link: bool) -> int:
     """Programs one transfer may take, unless the user sets a cap (``KVTIER_MAX_PROGRAMS``
     or ``--max-programs``); otherwise the platform's rule (a link is saturated by a few
     programs; device-local copies may take the whole device)."""
-    env = os.environ.get(MAX_PROGRAMS_ENV)
-    if env:
-        return max(1, int(env))
+    cap = max_programs_from_env()
+    if cap is not None:
+        return cap
     return platforms.get(device.platform).max_programs(device.units, crosses_link)
+
+
+def max_programs_from_env() -> Optional[int]:
+    """``KVTIER_MAX_PROGRAMS`` (None when unset or empty); anything but a positive int
+    raises `KvtierError` naming it."""
+    env = os.environ.get(MAX_PROGRAMS_ENV)
+    if not env:
+        return None
+    try:
+        cap = int(env)
+    except ValueError:
+        cap = 0
+    if cap < 1:
+        raise fail(MAX_PROGRAMS_ENV, env, "must be a positive int")
+    return cap
 
 
 def program_counts(cap: int) -> List[int]:

@@ -293,6 +293,15 @@ class Pools:
         return Transfer(self, op)
 
 
+def pool_bytes(shape: PoolShape, tokens: int, *, layers: Optional[int] = None, spare: int = 2) -> int:
+    """Bytes of each of the two pools `Pools` builds for ``tokens`` (whole pages, ``spare``
+    times over) of ``shape`` with ``layers`` (default its own): what a tool checks against
+    the memory there is before building them."""
+    P = shape.page_size
+    slots = spare * -(-tokens // P) * P
+    return (layers or shape.num_layers) * shape.num_components * slots * shape.row_bytes
+
+
 def _device_pool(shape: PoolShape, slots: int, random):
     """The device pool an engine would build over its own tensors; ``random(shape, dtype)``
     makes them."""

@@ -107,6 +107,12 @@ def verified_run(w: Workload, op: str, p: Prepared) -> float:
     return once
 
 
+def point_iters(sweep: Sweep, once: float) -> int:
+    """Timed calls for a call that took ``once`` seconds: what fits in the point budget,
+    within the sweep's bounds (so a large --iters cannot make a slow copy run for hours)."""
+    return max(sweep.min_iters, min(sweep.iters, int(POINT_BUDGET_S / max(once, 1e-9))))
+
+
 def measure_point(w: Workload, op: str, prepare: Callable, sweep: Sweep, ceiling: float) -> dict:
     """One engine at one point: prepare, poison the destination, run once, verify, time."""
     rec = {"bytes": w.copy(op).nbytes}
@@ -118,8 +124,7 @@ def measure_point(w: Workload, op: str, prepare: Callable, sweep: Sweep, ceiling
         return {**rec, "error": f"{type(e).__name__}: {e}"}
     try:
         once = verified_run(w, op, p)
-        iters = max(sweep.min_iters, min(sweep.iters, int(POINT_BUDGET_S / max(once, 1e-9))))
-        tm = time_calls(p.fn, w.device, warmup=sweep.warmup, iters=iters)
+        tm = time_calls(p.fn, w.device, warmup=sweep.warmup, iters=point_iters(sweep, once))
     except WrongBytes as e:
         return {**rec, "error": str(e)}
     except Exception as e:
@@ -147,7 +152,8 @@ def run_sweep(sweep: Sweep, device: torch.device, *, log: Optional[Callable[[str
     start = time.monotonic()
     env = environment(device, sweep)
     log(f"kvtier bench on {env['device']} ({env['platform']})" + (f": {env['note']}" if "note" in env else ""))
-    ceilings = measure_ceilings(device, sweep.ceiling_bytes, warmup=sweep.warmup, iters=sweep.iters)
+    ceilings = measure_ceilings(device, sweep.ceiling_bytes, warmup=sweep.warmup, iters=sweep.iters,
+                                iters_for=lambda once: point_iters(sweep, once))
     log(f"ceilings: h2d {ceilings.h2d:.1f} GB/s, d2h {ceilings.d2h:.1f} GB/s, d2d {ceilings.d2d:.1f} GB/s "
         f"({ceilings.nbytes >> 20} MiB copies)")
     points, skipped, truncated = [], 0, False

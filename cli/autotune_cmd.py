@@ -17,7 +17,14 @@ _DEFAULTS = {
 }
 
 
+# Flags whose default is not None/False (so that --show can refuse every tuning flag given).
+_FLAG_DEFAULTS = {"dtype": "bfloat16", "host_layout": "layer_first", "device_layout": "layers",
+                  "ops": "backup,load,gather", "codegen_target": "auto", "top": 0}
+
+
 def register(sub) -> None:
+    from kvtier.kernels.codegen import TARGETS
+    from kvtier.kernels.layouts import NAMES
     from kvtier.kernels.ops import LABELS
     from kvtier.platforms import PLATFORMS
     from .args import non_negative_int, positive_int
@@ -25,76 +32,60 @@ def register(sub) -> None:
                        description="Tune the backup/load/gather transfers of a KV pool shape on the current "
                                    "device, print every configuration's GB/s and write the winners to the "
                                    "cache that pools read (KVTIER_CACHE_DIR overrides its directory).")
-    p.add_argument("--show", action="store_true", help="print the cached results and exit")
+    p.add_argument("--show", action="store_true", help="print the cached results and exit (takes no other flag)")
     p.add_argument("--layers", type=positive_int, help="model layers (default 32; 2 on CPU)")
     p.add_argument("--heads", type=positive_int, help="KV heads per layer (MHA)")
     p.add_argument("--head-dim", type=positive_int, help="head dim (MHA)")
     p.add_argument("--mla", metavar="RANK,ROPE", help="MLA pool: kv_lora_rank,qk_rope_head_dim (e.g. 512,64)")
-    p.add_argument("--dtype", default="bfloat16", help="KV dtype (bfloat16, float16, float8_e4m3fn, ...)")
+    p.add_argument("--dtype", help="KV dtype (bfloat16, float16, float8_e4m3fn, ...)")
     p.add_argument("--page-size", type=positive_int, help="tokens per page (default 16; 4 on CPU)")
-    p.add_argument("--host-layout", default="layer_first",
-                   help="layer_first, page_first, page_first_direct or page_head")
-    p.add_argument("--device-layout", default="layers", choices=("layers", "stacked"),
+    p.add_argument("--host-layout", choices=NAMES, help="host pool layout")
+    p.add_argument("--device-layout", choices=("layers", "stacked"),
                    help="one tensor per layer (CUDA engines) or one stacked buffer (Ascend engines)")
-    p.add_argument("--ops", default="backup,load,gather", help=f"comma list of {', '.join(LABELS)}")
+    p.add_argument("--ops", help=f"comma list of {', '.join(LABELS)}")
     p.add_argument("--rows", help="comma list of transfer sizes in tokens (default 256,4096,32768; 16 on CPU)")
-    p.add_argument("--transfer-layers", help="comma list of layer counts per transfer (default: all layers)")
+    p.add_argument("--transfer-layers", help="comma list of layer counts per transfer, each at most --layers "
+                                             "(default: all layers)")
     p.add_argument("--max-programs", type=positive_int,
                    help="cap on programs (compute units) a transfer may take; default per device")
     p.add_argument("--quick", action="store_true", help="a smaller search space")
     p.add_argument("--platform", choices=PLATFORMS, help="default: the one detected")
-    p.add_argument("--codegen-target", default="auto",
-                   help="prune configurations that spill when compiled for this target (sm90, gfx942); "
+    p.add_argument("--codegen-target", choices=("auto", "none", *sorted(TARGETS)),
+                   help="prune configurations that spill when compiled for this target; "
                         "'auto': the device's own, 'none': no pruning")
-    p.add_argument("--top", type=non_negative_int, default=0, help="print only the N fastest per transfer")
+    p.add_argument("--top", type=non_negative_int, help="print only the N fastest per transfer")
     p.add_argument("--no-write", action="store_true", help="measure and print, but do not write the cache")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, **_FLAG_DEFAULTS)
 
 
 def run(args) -> int:
+    from .args import UsageError, check_environment, platform_device
+    if args.show:
+        given = [f"--{k.replace('_', '-')}" for k, v in vars(args).items()
+                 if k not in ("show", "func", "command") and v not in (None, False) and v != _FLAG_DEFAULTS.get(k)]
+        if given:
+            raise UsageError(f"{given[0]}: --show prints the cache and takes no other flag")
+        return show()
+    check_environment()
     platform = args.platform or _platform()
+    device = platform_device(platform, "--platform" if args.platform else "platform")
     if platform == "cpu":
         # Triton runs CPU tensors only in its interpreter, chosen before Triton is imported.
         os.environ.setdefault("TRITON_INTERPRET", "1")
-    if args.show:
-        return show()
-    import torch
-    from kvtier.kernels.errors import KvtierError
-    from kvtier.kernels.ops import parse_list
+    shape, ops, sizes, layer_counts = _tuning_flags(args, platform, device)
+    if not args.no_write:
+        from kvtier.autotune.cache import writable_cache_dir
+        from kvtier.kernels.errors import KvtierError
+        try:
+            writable_cache_dir()
+        except KvtierError as e:
+            raise UsageError(f"{e} (or pass --no-write)") from None
     from kvtier.autotune.search import tune
     from kvtier.autotune.report import format_results
-    from kvtier.autotune.workload import PoolShape
     from kvtier.kernels.copy_rows import interpreter_active
 
-    d = _DEFAULTS["cpu" if platform == "cpu" else "device"]
-    dtype = getattr(torch, args.dtype, None)
-    if not isinstance(dtype, torch.dtype):
-        print(f"--dtype {args.dtype!r}: not a torch dtype", file=sys.stderr)
-        return 2
-    try:
-        ops = [op.label for op in parse_list(args.ops, "--ops")]
-    except KvtierError as e:
-        print(str(e), file=sys.stderr)
-        return 2
-    try:
-        sizes = _ints(args.rows or d["rows"], "--rows")
-        layer_counts = _ints(args.transfer_layers, "--transfer-layers") if args.transfer_layers else None
-        common = dict(dtype=dtype, page_size=args.page_size or d["page_size"], host_layout=args.host_layout,
-                      device_layout=args.device_layout)
-        layers = args.layers or d["layers"]
-        if args.mla:
-            dims = _ints(args.mla, "--mla")
-            if len(dims) != 2:
-                raise ValueError(f"--mla {args.mla!r}: must be kv_lora_rank,qk_rope_head_dim")
-            rank, rope = dims
-            shape = PoolShape.mla(layers, rank, rope, **common)
-        else:
-            shape = PoolShape.mha(layers, args.heads or d["heads"], args.head_dim or d["head_dim"], **common)
-    except ValueError as e:
-        print(str(e), file=sys.stderr)
-        return 2
     target = None if args.codegen_target == "none" else args.codegen_target
-    print(f"kvtier autotune on {platform}: {shape.describe()}; ops {','.join(ops)}; rows {sizes}")
+    print(f"kvtier autotune on {platform}: {shape.describe()}; ops {','.join(ops)}; rows {list(sizes)}")
     if platform == "cpu":
         print("  CPU: kernels run " + ("under Triton's interpreter" if interpreter_active()
                                       else "as the torch reference (Triton's interpreter is off)")
@@ -117,10 +108,57 @@ def run(args) -> int:
     return 0 if all(r.best is not None for r in results) else 1
 
 
+def _tuning_flags(args, platform: str, device):
+    """(PoolShape, op labels, sizes, layer counts or None) from the flags, each checked,
+    and the pools they ask for checked against this machine's memory."""
+    import torch
+    from kvtier.autotune.workload import PoolShape, pool_bytes
+    from kvtier.kernels.errors import KvtierError
+    from kvtier.kernels.ops import parse_list
+    from .args import UsageError, check_fits, int_list
+    d = _DEFAULTS["cpu" if platform == "cpu" else "device"]
+    dtype = getattr(torch, args.dtype, None)
+    if not isinstance(dtype, torch.dtype):
+        raise UsageError(f"--dtype={args.dtype!r}: not a torch dtype")
+    try:
+        ops = parse_list(args.ops, "--ops")
+    except KvtierError as e:
+        raise UsageError(str(e)) from None
+    sizes = int_list(args.rows if args.rows is not None else d["rows"], "--rows")
+    layers = args.layers or d["layers"]
+    layer_counts = None
+    if args.transfer_layers is not None:
+        layer_counts = int_list(args.transfer_layers, "--transfer-layers")
+        if max(layer_counts) > layers:
+            raise UsageError(f"--transfer-layers={args.transfer_layers!r}: at most --layers={layers}")
+    common = dict(dtype=dtype, page_size=args.page_size or d["page_size"], host_layout=args.host_layout,
+                  device_layout=args.device_layout)
+    if args.mla is not None:
+        if args.heads or args.head_dim:
+            raise UsageError(f"{'--heads' if args.heads else '--head-dim'}: an MLA row is --mla's; drop it")
+        dims = int_list(args.mla, "--mla")
+        if len(dims) != 2:
+            raise UsageError(f"--mla={args.mla!r}: must be kv_lora_rank,qk_rope_head_dim")
+        shape = PoolShape.mla(layers, *dims, **common)
+        size_flags = f"--layers={layers} --mla={args.mla}"
+    else:
+        shape = PoolShape.mha(layers, args.heads or d["heads"], args.head_dim or d["head_dim"], **common)
+        size_flags = f"--layers={layers} --heads={shape.row_dims[0]} --head-dim={shape.row_dims[1]}"
+    # Every pool of the run is alive at once: one pair per (layers moved, size).
+    counts = set(layer_counts or (layers,)) | ({layers} if any(op.scope == "layer" for op in ops) else set())
+    nbytes = sum(pool_bytes(shape, n, layers=c) for c in counts for n in sizes)
+    check_fits(f"{size_flags} --page-size={shape.page_size} --dtype={args.dtype} --rows={','.join(map(str, sizes))}"
+               + (f" --transfer-layers={args.transfer_layers}" if layer_counts else ""), device, nbytes, nbytes)
+    return shape, [op.label for op in ops], sizes, layer_counts
+
+
 def show() -> int:
     from kvtier.autotune import cache
     from kvtier.autotune.report import format_cache
-    d = cache.cache_dir()
+    from .args import UsageError
+    name, d = cache.cache_location()
+    if d.exists() and not d.is_dir():
+        raise UsageError(f"{name}={str(d)!r}: not a directory")
     files = sorted(d.glob("autotune-*.json")) if d.is_dir() else []
     if not files:
         print(f"no autotune results in {d} (run `kvtier autotune`)")
@@ -142,16 +180,6 @@ def _platform() -> str:
     chosen before Triton is imported)."""
     from kvtier.platforms import detect_platform
     return detect_platform()
-
-
-def _ints(text: str, arg: str) -> list:
-    try:
-        out = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        out = []
-    if not out or min(out) < 1:
-        raise ValueError(f"{arg} {text!r}: must be a comma list of positive integers")
-    return out
 
 
 class ProgressBar:

@@ -19,10 +19,14 @@ import os
 import sys
 from pathlib import Path
 
-DIMENSIONS = (  # flag, Grid field, parse (--ops: kvtier.kernels.ops.parse_list)
-    ("--ops", "ops", None), ("--layouts", "layouts", str), ("--rows", "row_bytes", int),
-    ("--pages", "page_sizes", int), ("--tokens", "tokens", int),
-    ("--strategies", "strategies", str), ("--caps", "program_caps", int),
+from .args import UsageError, check_environment, check_fits, int_list, name_list, output_dir, output_file
+
+# Sweep dimensions: flag, Grid field. --ops takes the transfer names of
+# kvtier.kernels.ops (as `kvtier autotune --ops`), --layouts and --strategies their names,
+# the rest ints >= 1.
+DIMENSIONS = (
+    ("--ops", "ops"), ("--layouts", "layouts"), ("--rows", "row_bytes"), ("--pages", "page_sizes"),
+    ("--tokens", "tokens"), ("--strategies", "strategies"), ("--caps", "program_caps"),
 )
 
 
@@ -33,7 +37,7 @@ def register(sub) -> None:
     size = p.add_mutually_exclusive_group()
     size.add_argument("--smoke", action="store_true", help="the small CPU sweep (default without an accelerator)")
     size.add_argument("--full", action="store_true", help="every combination the sweep knows (hours on hardware)")
-    for flag, field, _ in DIMENSIONS:
+    for flag, field in DIMENSIONS:
         names = f" ({', '.join(LABELS)})" if field == "ops" else ""
         p.add_argument(flag, metavar="LIST", help=f"comma list: only these {field.replace('_', ' ')}{names}")
     p.add_argument("--out", help="directory for bench.json, bench.png, bench.txt, points.jsonl "
@@ -76,12 +80,8 @@ def load_bench():
     return module
 
 
-class BadFlag(Exception):
-    """A flag value the command refuses: one line, exit status 2."""
-
-
 # Flags that shape the sweep, which --overhead does not run.
-SWEEP_FLAGS = ("--smoke", "--full", *(f for f, _, _ in DIMENSIONS), "--out", "--iters", "--time-budget",
+SWEEP_FLAGS = ("--smoke", "--full", *(f for f, _ in DIMENSIONS), "--out", "--iters", "--time-budget",
                "--no-plot")
 
 
@@ -99,8 +99,24 @@ def _number(args, flag: str, kind, low):
     except ValueError:
         value = None
     if value is None or not value >= low:
-        raise BadFlag(f"{flag}={text!r}: expected {'an int' if kind is int else 'a number'} >= {low}")
+        raise UsageError(f"{flag}={text!r}: expected {'an int' if kind is int else 'a number'} >= {low}")
     return value
+
+
+def _dimension(flag: str, text: str) -> tuple:
+    """The values one sweep dimension flag asks for, each checked."""
+    from kvtier.kernels.config import STRATEGIES
+    from kvtier.kernels.errors import KvtierError
+    from kvtier.kernels.layouts import NAMES
+    from kvtier.kernels.ops import parse_list
+    if flag == "--ops":
+        try:
+            return tuple(op.label for op in parse_list(text, flag))
+        except KvtierError as e:
+            raise UsageError(str(e)) from None
+    if flag in ("--layouts", "--strategies"):
+        return name_list(text, flag, NAMES if flag == "--layouts" else STRATEGIES)
+    return int_list(text, flag)
 
 
 # Flags --interference takes; every other flag is refused with it.
@@ -109,72 +125,65 @@ _ALL_FLAGS = (*SWEEP_FLAGS, "--overhead", "--json", "--no-overhead", "--quiet")
 STORE_FLAGS = ("--store", "--json", "--quiet")      # what --store takes
 
 
-def _check_flags(args) -> None:
-    """Combinations and values refused before anything is measured."""
+def _check_flags(args) -> dict:
+    """Combinations and values, refused before anything is measured; the sweep dimensions
+    given, by Grid field."""
     if args.store is not None:
         given = [f for f in (*_ALL_FLAGS, "--interference") if f not in STORE_FLAGS
                  and _given(args, f) not in (None, False)]
         if given:
-            raise BadFlag(f"{given[0]}: --store takes only {' '.join(STORE_FLAGS[1:])}")
+            raise UsageError(f"{given[0]}: --store takes only {' '.join(STORE_FLAGS[1:])}")
     if args.interference:
         given = [f for f in (*_ALL_FLAGS, "--store") if f not in INTERFERENCE_FLAGS
                  and _given(args, f) not in (None, False)]
         if given:
-            raise BadFlag(f"{given[0]}: --interference takes only {' '.join(INTERFERENCE_FLAGS[1:])}")
+            raise UsageError(f"{given[0]}: --interference takes only {' '.join(INTERFERENCE_FLAGS[1:])}")
     if args.no_overhead and (args.overhead or args.json):
-        raise BadFlag(f"--no-overhead: cannot be combined with {'--overhead' if args.overhead else '--json'}")
+        raise UsageError(f"--no-overhead: cannot be combined with {'--overhead' if args.overhead else '--json'}")
     if args.overhead:
         given = [f for f in SWEEP_FLAGS if _given(args, f) not in (None, False)]
         if given:
-            raise BadFlag(f"{given[0]}: --overhead runs no sweep; drop {' '.join(given)}")
-    if args.json is not None:
-        _check_json_path(args.json)
+            raise UsageError(f"{given[0]}: --overhead runs no sweep; drop {' '.join(given)}")
+    dims = {field: _dimension(flag, _given(args, flag)) for flag, field in DIMENSIONS
+            if _given(args, flag) is not None}
     _number(args, "--iters", int, 1)
     _number(args, "--time-budget", float, 0.0)
+    if args.out is not None and not args.out:
+        raise UsageError("--out='': empty path")
+    if args.json is not None:
+        output_file(args.json, "--json")
+    return dims
 
 
-def _check_json_path(text: str) -> None:
-    path = Path(text)
-    why = None
-    if not text:
-        why = "empty path"
-    elif path.is_dir():
-        why = "is a directory"
-    elif not path.parent.is_dir():
-        why = f"directory {str(path.parent)!r} does not exist"
-    elif not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        why = "not writable"
-    if why:
-        raise BadFlag(f"--json={text!r}: {why}")
-
-
-def _sweep(args, bench, on_cpu: bool):
-    """The sweep the flags ask for. A bad --ops raises KvtierError (the names are the ones
-    `kvtier autotune --ops` takes); another bad list raises BadFlag."""
+def _sweep(args, bench, on_cpu: bool, dims: dict):
+    """The sweep the flags ask for; refused when it has no point to measure."""
     from dataclasses import replace
-    from kvtier.kernels.ops import parse_list
     base = bench.FULL if args.full else bench.SMOKE if (args.smoke or on_cpu) else bench.HARDWARE
-    dims = {}
-    for flag, field, parse in DIMENSIONS:
-        text = getattr(args, flag[2:].replace("-", "_"))
-        if text and parse is None:
-            dims[field] = tuple(op.label for op in parse_list(text, flag))
-        elif text:
-            try:
-                dims[field] = tuple(parse(x) for x in text.split(",") if x)
-            except ValueError:
-                raise BadFlag(f"{flag}={text!r}: expected a comma list of {parse.__name__}") from None
     sweep = bench.sweep.with_overrides(base, **dims)
     iters = _number(args, "--iters", int, 1)
-    return replace(sweep, iters=iters, min_iters=min(sweep.min_iters, iters)) if iters else sweep
+    sweep = replace(sweep, iters=iters, min_iters=min(sweep.min_iters, iters)) if iters else sweep
+    shapes = {shape for shape, _, _, _ in sweep.points()}
+    if not any(shape.supported() is None for shape in shapes):
+        why = next((shape.supported() for shape in shapes), "tokens must be whole pages")
+        raise UsageError(f"{_dims_given(args)}: no point to measure ({why})")
+    return sweep
+
+
+def _dims_given(args) -> str:
+    return " ".join(f"{flag}={_given(args, flag)}" for flag, _ in DIMENSIONS if _given(args, flag) is not None)
+
+
+def _check_fits(args, sweep, device) -> None:
+    """The largest point's pools (one workload is alive at a time) against the memory here."""
+    from kvtier.autotune.workload import pool_bytes
+    sizes = [pool_bytes(shape.pool_shape(), shape.tokens, spare=1)
+             for shape, _, _, _ in sweep.points() if shape.supported() is None]
+    check_fits(_dims_given(args) or "the sweep", device, max(sizes), max(sizes))
 
 
 def run(args) -> int:
-    try:
-        _check_flags(args)
-    except BadFlag as e:
-        print(str(e), file=sys.stderr)
-        return 2
+    dims = _check_flags(args)
+    check_environment()
     if args.store is not None:
         return _store(args)
     from kvtier.platforms import default_device, detect_platform
@@ -185,22 +194,17 @@ def run(args) -> int:
     bench = load_bench()
     from kvtier.bench import report
     from kvtier.bench.overhead import format_overhead, measure_overhead
-    from kvtier.kernels.errors import KvtierError
 
     device = default_device()
     if args.interference:
-        return _interference(args, device)
+        return _interference(args, device, dims)
     if args.overhead:
         overhead = measure_overhead(device)
         print(format_overhead(overhead))
         return _write_overhead(overhead, args.json)
-    try:
-        sweep = _sweep(args, bench, on_cpu)
-    except (KvtierError, BadFlag) as e:
-        print(str(e), file=sys.stderr)
-        return 2
-    out = Path(args.out or f"kvtier-bench-{datetime.date.today().isoformat()}")
-    out.mkdir(parents=True, exist_ok=True)
+    sweep = _sweep(args, bench, on_cpu, dims)
+    _check_fits(args, sweep, device)
+    out = output_dir(args.out or f"kvtier-bench-{datetime.date.today().isoformat()}", "--out")
     log = None if args.quiet else (lambda line: print(line, flush=True))
     with open(out / "points.jsonl", "w") as stream:   # survives a run that is killed
         def keep(rec):
@@ -223,31 +227,17 @@ def run(args) -> int:
     return rc
 
 
-def _interference(args, device) -> int:
+def _interference(args, device, dims: dict) -> int:
     """`--interference`: the run, its table, JSON and PNG in --out; one line off CUDA."""
     from kvtier.bench import interference
-    from kvtier.kernels.errors import KvtierError
-    from kvtier.kernels.ops import parse_list
-    try:
-        ops = tuple(op.label for op in parse_list(args.ops, "--ops")) if args.ops else ()
-        caps = tuple(int(x) for x in args.caps.split(",") if x) if args.caps else ()
-    except KvtierError as e:
-        print(str(e), file=sys.stderr)
-        return 2
-    except ValueError:
-        print(f"--caps={args.caps!r}: expected a comma list of int", file=sys.stderr)
-        return 2
-    if any(c < 1 for c in caps):
-        print(f"--caps={args.caps!r}: expected program counts >= 1", file=sys.stderr)
-        return 2
     tiny = args.smoke and device.type == "cpu"
     if device.type != "cuda" and not tiny:
         print(interference.SKIP.format(device.type) + " (--smoke runs a tiny structural run on the CPU)")
         return 0
-    setup = interference.with_caps(interference.TINY if tiny else interference.Setup(), caps, ops)
+    out = output_dir(args.out or f"kvtier-bench-{datetime.date.today().isoformat()}", "--out")
+    setup = interference.with_caps(interference.TINY if tiny else interference.Setup(),
+                                   dims.get("program_caps", ()), dims.get("ops", ()))
     result = interference.measure(device, setup, allow_cpu=tiny, log=None if args.quiet else print)
-    out = Path(args.out or f"kvtier-bench-{datetime.date.today().isoformat()}")
-    out.mkdir(parents=True, exist_ok=True)
     text = interference.format_text(result)
     print(text)
     (out / "interference.txt").write_text(text + "\n")

@@ -15,10 +15,10 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from kvtier.kernels.codegen import TARGETS, compile_report, default_sweep
-    if args.target not in TARGETS:
-        print(f"unknown target {args.target!r}; choose from {', '.join(sorted(TARGETS))}")
-        return 2
+    from kvtier.kernels.codegen import compile_report, default_sweep
+    from .args import output_file
+    if args.json is not None:
+        output_file(args.json, "--json")      # before compiling: a bad path is refused at once
     print(f"kvtier codegen --target {args.target}: widths are bytes per access x number of such "
           "instructions; spills are bytes (CUDA) or registers (AMD)")
     reports = []

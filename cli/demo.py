@@ -24,6 +24,9 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
+SIZES = ("layers", "pages", "page_size", "heads", "head_dim")
+
+
 def _best_device():
     from kvtier import platforms
     name = platforms.detect_platform()
@@ -31,10 +34,10 @@ def _best_device():
 
 
 def run(args) -> int:
-    import sys
+    from .args import UsageError, check_environment, check_fits
     if args.moved_pages > args.pages:
-        print(f"kvtier demo: --moved-pages={args.moved_pages}: at most --pages={args.pages}", file=sys.stderr)
-        return 2
+        raise UsageError(f"--moved-pages={args.moved_pages}: at most --pages={args.pages}")
+    check_environment()
     import shutil
     import tempfile
     import torch
@@ -44,8 +47,7 @@ def run(args) -> int:
     try:
         store = open_store(args.store or f"file://{scratch}")
     except KvtierError as e:
-        print(f"kvtier demo: --store={args.store!r}: {e}", file=sys.stderr)
-        return 2
+        raise UsageError(f"--store={args.store!r}: {e}") from None
     try:
         return _run(args, store, torch)
     finally:
@@ -56,6 +58,8 @@ def run(args) -> int:
 
 def _run(args, store, torch) -> int:
     device, platform = _best_device()
+    kv_bytes = 2 * args.layers * args.pages * args.page_size * args.heads * args.head_dim * 2   # K, V in bf16
+    check_fits(" ".join(f"--{f.replace('_', '-')}={getattr(args, f)}" for f in SIZES), device, kv_bytes, kv_bytes)
     if platform == "cpu":
         # Triton runs CPU tensors only in its interpreter, chosen before Triton is imported.
         os.environ.setdefault("TRITON_INTERPRET", "1")

@@ -40,6 +40,8 @@ def _version(dist: str):
 
 
 def run(args) -> int:
+    from .args import check_environment
+    check_environment()
     info = collect()
     if getattr(args, "json", False):
         import json

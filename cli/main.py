@@ -1,5 +1,6 @@
 """The `kvtier` command. Each subcommand lives in its own module with a
-``register(subparsers)`` function that adds its parser and sets ``func``."""
+``register(subparsers)`` function that adds its parser and sets ``func``; a handler
+refuses a bad flag by raising `kvtier.cli.args.UsageError` (one line, exit status 2)."""
 from __future__ import annotations
 
 import argparse
@@ -9,7 +10,7 @@ import sys
 # First: torch is imported here without auto-loading device backends, so a broken
 # torch_npu (no CANN) cannot take every command down (kvtier.platforms says why).
 import kvtier.platforms  # noqa: F401,E402
-from kvtier.cli.args import Parser  # noqa: E402
+from kvtier.cli.args import Parser, UsageError  # noqa: E402
 
 # name -> module; modules are imported only to build the parser, and each imports
 # its heavy dependencies (Triton, torch_npu) inside its handler.
@@ -38,7 +39,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except UsageError as e:
+        print(e, file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 changes, atomic replacement, and concurrent writers keeping each other's entries."""
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -12,6 +13,7 @@ from kvtier.autotune import cache
 from kvtier.autotune.cache import CACHE_ENV, FORMAT_VERSION, cache_dir, cache_path, load, store
 from kvtier.autotune.key import DeviceId, TuneKey
 from kvtier.kernels.config import CopyConfig
+from kvtier.kernels.errors import KvtierError
 
 DEV = DeviceId("cuda", "NVIDIA H200", "sm_90", 132)
 CFG = CopyConfig(num_programs=8, rows=4, block_bytes=2048, num_warps=8, strategy="kernel")
@@ -118,7 +120,7 @@ def test_a_failed_write_leaves_the_old_file_whole(tmp_cache, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(cache.json, "dump", boom)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(KvtierError, match=re.escape(f"path='{cache_path(DEV)}': cannot be written (disk full)")):
         store(DEV, {key(512): {"config": CFG.to_dict()}})
     assert cache_path(DEV).read_text() == before
     assert [p.name for p in tmp_cache.iterdir() if p.suffix == ".tmp"] == []

@@ -181,3 +181,25 @@ def test_sgl_kernel_baseline_has_no_device_copies():
     for op in ("gather", "scatter"):
         with pytest.raises(Unsupported, match=f"no sgl_kernel function for {op}"):
             sgl_baseline.prepare(w, op, kvio=object())
+
+
+def test_a_huge_iteration_count_is_bounded_by_the_point_budget(monkeypatch):
+    """`--iters 99999999999` once made the ceilings time that many copies: they follow the
+    points' rule now (as many calls as fit the point budget, within the sweep's bounds)."""
+    from kvtier.bench import ceiling, runner
+    huge = Sweep(grids=(Grid(ops=("load",), row_bytes=(128,), page_sizes=(1,), tokens=(8,), strategies=("kernel",)),),
+                 max_layers=1, ceiling_bytes=1 << 16, warmup=0, iters=10 ** 11, min_iters=3,
+                 baselines=("torch",), hardware=False)
+    assert runner.point_iters(huge, 1.0) == 3 and runner.point_iters(huge, 0.01) == 25
+    assert runner.point_iters(TINY, 1e-9) == TINY.iters
+    counts = []
+    for module in (ceiling, runner):
+        real = module.time_calls
+        def timed(fn, device, real=real, **kw):   # a regression fails here instead of hanging
+            counts.append(kw["iters"])
+            return real(fn, device, **{**kw, "iters": min(kw["iters"], 3)})
+        monkeypatch.setattr(module, "time_calls", timed)
+    monkeypatch.setattr(runner, "POINT_BUDGET_S", 1e-9)       # every call "slow": the minimum
+    out = run_sweep(huge, torch.device("cpu"), log=None)
+    assert counts == [3] * (3 + 2)                             # three ceilings, two points
+    assert len(out["points"]) == 2 and not [p for p in out["points"] if "error" in p]
