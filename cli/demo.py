@@ -38,6 +38,9 @@ def run(args) -> int:
     if args.moved_pages > args.pages:
         raise UsageError(f"--moved-pages={args.moved_pages}: at most --pages={args.pages}")
     check_environment()
+    device, platform = _best_device()
+    kv_bytes = 2 * args.layers * args.pages * args.page_size * args.heads * args.head_dim * 2   # K, V in bf16
+    check_fits(" ".join(f"--{f.replace('_', '-')}={getattr(args, f)}" for f in SIZES), device, kv_bytes, kv_bytes)
     import shutil
     import tempfile
     import torch
@@ -49,17 +52,14 @@ def run(args) -> int:
     except KvtierError as e:
         raise UsageError(f"--store={args.store!r}: {e}") from None
     try:
-        return _run(args, store, torch)
+        return _run(args, store, torch, device, platform)
     finally:
         store.close()
         if scratch:
             shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _run(args, store, torch) -> int:
-    device, platform = _best_device()
-    kv_bytes = 2 * args.layers * args.pages * args.page_size * args.heads * args.head_dim * 2   # K, V in bf16
-    check_fits(" ".join(f"--{f.replace('_', '-')}={getattr(args, f)}" for f in SIZES), device, kv_bytes, kv_bytes)
+def _run(args, store, torch, device, platform) -> int:
     if platform == "cpu":
         # Triton runs CPU tensors only in its interpreter, chosen before Triton is imported.
         os.environ.setdefault("TRITON_INTERPRET", "1")
