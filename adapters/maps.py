@@ -28,13 +28,13 @@ import torch
 
 import kvtier.platforms as platforms
 from kvtier.kernels.config import CopyConfig
-from kvtier.kernels.copy_rows import _dummy, _runner, interpreter_active, run, triton_available
+from kvtier.kernels.copy_rows import _dummy, _runner, interpreter_active, run, run_one, triton_available
 from kvtier.kernels.errors import KvtierError, fail
-from kvtier.kernels.index_check import Checks, checks_on
+from kvtier.kernels.index_check import _OFF, Checks, _env_value, checks_on
 from kvtier.kernels.ops import BACKUP, LOAD, Op
 from kvtier.kernels.rowmap import RowMap
 from kvtier.kernels.staging import on_device
-from kvtier.kernels.validate import check_copy, check_dense, check_index, compute_device, index_ok
+from kvtier.kernels.validate import INDEX_DTYPES, check_copy, check_dense, check_index, compute_device, index_ok
 from kvtier.autotune.key import rows_bucket
 from kvtier.pool.launch import DEBUG, bind_launch, log, log_launch, lookup, lookup_state
 
@@ -241,6 +241,7 @@ class Source(NamedTuple):
     comp_stride: int = 0
     layers: tuple = ()
     entry_offset: int = 0       # a table side: bytes added to every entry
+    translate: bool = False     # a stacked side in host memory a device kernel reads (by its kernel address)
 
 
 def _flat(args) -> list:
@@ -332,6 +333,14 @@ def _source(m: RowMap, flat: list) -> Optional[Source]:
     return Source("stacked", first, off, second, off1)
 
 
+def _translated(src: Optional[Source], flat: list, device: torch.device) -> Optional[Source]:
+    """``src``, marked where its stacked base is host memory a device kernel reads (its
+    address is then the one the platform gives kernels, checked per call)."""
+    if src is None or src.kind != "stacked" or device.type == "cpu" or flat[src.base].device.type != "cpu":
+        return src
+    return src._replace(translate=True)
+
+
 def _one_storage(m: RowMap) -> bool:
     try:
         return len({t.untyped_storage().data_ptr() for t, _ in m.segments}) == 1
@@ -374,8 +383,19 @@ class CallShape:
         self.op, self.by_page, self.config, self.skip_negative = op, by_page, config, bool(skip_negative)
         self.index_names = index_names
         flat = _flat(args)
-        self.sources = [(_source(p[0], flat), _source(p[1], flat)) for p in plans]
+        self.flat_args = not any(isinstance(a, (list, tuple)) for a in args)     # no list among the arguments
+        self.sources = [(_translated(_source(p[0], flat), flat, self.device),
+                         _translated(_source(p[1], flat), flat, self.device)) for p in plans]
         self.keepable = all(s is not None and d is not None for s, d in self.sources)
+        # Both sides of every launch stacked in the call's own tensors, no address to
+        # translate: each side's (position, offset, second position, its offset, stride).
+        self.stacked = [(s.base, s.base_offset, s.second, s.second_offset, s.comp_stride,
+                         d.base, d.base_offset, d.second, d.second_offset, d.comp_stride)
+                        for s, d in self.sources] if self.keepable and all(
+            x.kind == "stacked" and not x.translate for pair in self.sources for x in pair) else None
+        # The one launch of such a call, read off arguments that are all tensors (`run`'s
+        # fewest steps), else None.
+        self.single = self.stacked[0] if self.stacked is not None and len(plans) == 1 and self.flat_args else None
         # The bytes each argument the addresses come from must own from its first byte
         # (a storage freed, shrunk or moved in place under the same shape is refused).
         names = _flat_names(args, arg_names)
@@ -418,33 +438,76 @@ class CallShape:
         self.last = (n, state, found)
         return found
 
-    def run(self, args: tuple, src_indices, dst_indices, check: Optional[bool], rebuild: Callable) -> None:
+    def run(self, args: tuple, src_indices, dst_indices, check: Optional[bool], rebuild: Callable,
+            ptrs: Optional[list] = None) -> None:
         """One call: the lists checked for shape and put where the copy runs, each launch's
-        addresses read off ``args``, every launch enqueued with the value checks (or
-        none, with checks off). ``rebuild()``: the call's jobs, for the torch reference."""
+        addresses read off ``args`` (``ptrs``: their tensors' first bytes, flattened,
+        where the caller read them already), every launch enqueued with the value checks
+        (or none, with checks off). ``rebuild()``: the call's jobs, for the torch
+        reference. A layer loop's next call (one launch, both sides in the call's own
+        tensors, the lists where the copy runs) takes the fewest steps; `_run` does the
+        rest."""
+        si, di, last, device = src_indices, dst_indices, self.last, self.device
+        # (`index_ok` of both, and the kept bound copy of this count: `bound`, inline)
+        if (ptrs is None or self.single is None or last is None or type(si) is not _TENSOR
+                or type(di) is not _TENSOR or si.device != device or di.device != device
+                or si.dtype not in INDEX_DTYPES or di.dtype not in INDEX_DTYPES or si.dim() != 1 or di.dim() != 1
+                or si.layout is not _STRIDED or di.layout is not _STRIDED or last[0] != si.numel()
+                or last[0] != di.numel() or last[1] != lookup_state() or log.isEnabledFor(DEBUG)
+                or not (check if check is not None else _env_value() != _OFF)):
+            return self._run(args, si, di, check, rebuild, ptrs)
+        b = last[2][0]
+        for p, span, name in self.spans:
+            st = args[p].untyped_storage()
+            first, start = ptrs[p], st.data_ptr()
+            if first < start or first + span > start + st.nbytes() or not first:
+                _owns(args[p], span, name)        # (names what is wrong)
+        sp, so, sp2, so2, sc, dp, do, dp2, do2, dc = self.single
+        u, dummy, sb, db = b.unit, b.dummy, ptrs[sp] + so, ptrs[dp] + do
+        side = (sb, dummy, dummy, (ptrs[sp2] + so2 - sb) // u if sp2 >= 0 else sc // u,
+                db, dummy, dummy, (ptrs[dp2] + do2 - db) // u if dp2 >= 0 else dc // u)
         try:
-            si, di = indices(src_indices, dst_indices, self.device)
+            run_one(b, side, si, di, last[0], self.checks, device)
         except KvtierError as e:
             raise _renamed(e, self.index_names) from None
+
+    def _run(self, args: tuple, si, di, check: Optional[bool], rebuild: Callable, ptrs: Optional[list]) -> None:
+        """`run`, every case."""
+        device = self.device
+        if not (index_ok(si, device) and index_ok(di, device) and si.numel() == di.numel()):
+            try:
+                si, di = indices(si, di, device)
+            except KvtierError as e:
+                raise _renamed(e, self.index_names) from None
         n = si.numel()
-        bounds = self.bound(n) if n else ()
-        if not bounds:
+        if not n:
             return
+        bounds = self.bound(n)
         if bounds[0].runner != "kernel":
             sides = [()] * len(bounds)
         elif self.keepable:         # every address from the call's own arguments
-            flat = _flat(args)
+            flat = args if self.flat_args else _flat(args)
+            if ptrs is None:
+                ptrs = [t.data_ptr() if isinstance(t, _TENSOR) else 0 for t in flat]
             for p, span, name in self.spans:
                 _owns(flat[p], span, name)
-            sides = [(*_side(b, src, flat, 0), *_side(b, dst, flat, 1)) for b, (src, dst) in zip(bounds, self.sources)]
+            if self.stacked is not None:    # both sides stacked, in the call's own tensors (SGLang's buffers)
+                sides = []
+                for b, (sp, so, sp2, so2, sc, dp, do, dp2, do2, dc) in zip(bounds, self.stacked):
+                    u, dummy, sb, db = b.unit, b.dummy, ptrs[sp] + so, ptrs[dp] + do
+                    sides.append((sb, dummy, dummy, (ptrs[sp2] + so2 - sb) // u if sp2 >= 0 else sc // u,
+                                  db, dummy, dummy, (ptrs[dp2] + do2 - db) // u if dp2 >= 0 else dc // u))
+            else:
+                sides = [(*_side(b, src, flat, ptrs), *_side(b, dst, flat, ptrs))
+                         for b, (src, dst) in zip(bounds, self.sources)]
         else:                       # a shape made for this call alone: its own maps'
             sides = [b.sides(p[0], p[1]) for b, p in zip(bounds, self.plans)]
         if log.isEnabledFor(DEBUG):
             for b in bounds:
                 log_launch(self.op, b.config.strategy, b.config, n, n * b.op_bytes)
         try:
-            run(bounds, sides, si, di, self.checks if checks_on(check) else None, self.device,
-                lambda: [_stacked_pairs(rebuild())[i] for i in range(len(bounds))])
+            run(bounds, sides, si, di, self.checks if checks_on(check) else None, device,
+                None if bounds[0].runner == "kernel" else _stacked_pairs(rebuild()))
         except KvtierError as e:
             raise _renamed(e, self.index_names) from None
 
@@ -464,8 +527,9 @@ def _span(t: torch.Tensor) -> int:
 
 
 def _owns(t: torch.Tensor, span: int, name: str) -> None:
-    """``t``'s storage holds the ``span`` bytes from its first (one storage read: a
-    tensor whose storage was freed, shrunk or moved in place keeps its shape)."""
+    """``t``'s storage holds the ``span`` bytes from its first, or `KvtierError` names it
+    (one storage read: a tensor whose storage was freed, shrunk or moved in place keeps
+    its shape)."""
     st = t.untyped_storage()
     first, start = t.data_ptr(), st.data_ptr()
     if first < start or first + span > start + st.nbytes() or not first:
@@ -477,21 +541,19 @@ def _stacked_pairs(jobs) -> List[Pair]:
     return [pair for pairs, *_ in jobs for pair in _stacked(list(pairs))]
 
 
-def _side(bound, src: Source, flat: list, which: int) -> tuple:
+def _side(bound, src: Source, flat: list, ptrs: list) -> tuple:
     """One side's launch arguments (`kvtier.kernels.copy_rows.Side`) from the call's
-    arguments."""
-    unit = bound.unit
+    arguments (``ptrs``: their first bytes)."""
     kind = src.kind
     if kind == "stacked":
-        a = flat[src.base]
-        base = a.data_ptr() + src.base_offset
+        base = ptrs[src.base] + src.base_offset
         if src.second >= 0:
-            comp = (flat[src.second].data_ptr() + src.second_offset - base) // unit
+            comp = (ptrs[src.second] + src.second_offset - base) // bound.unit
         else:
-            comp = src.comp_stride // unit
-        dummy = _dummy(bound.device)
-        plat_base = _kernel_address(bound, a, base)
-        return plat_base, dummy, dummy, comp
+            comp = src.comp_stride // bound.unit
+        if src.translate:
+            base = _kernel_address(bound, flat[src.base], base)
+        return base, bound.dummy, bound.dummy, comp
     if kind == "table":
         t = flat[src.base]
         if src.base_offset:
@@ -499,10 +561,10 @@ def _side(bound, src: Source, flat: list, which: int) -> tuple:
         t2 = flat[src.second] if src.second >= 0 else t
         if src.second_offset:
             t2 = t2[src.second_offset:]
-        return src.entry_offset, t, t2, src.comp_stride // unit
+        return src.entry_offset, t, t2, src.comp_stride // bound.unit
     # kvtier's table of per-layer tensors' bases, made for these addresses (kept by them)
-    addrs = tuple(flat[p].data_ptr() + off for p, off in src.layers)
-    return 0, _table_of(addrs, bound.device), _dummy(bound.device), src.comp_stride // unit
+    addrs = tuple(ptrs[p] + off for p, off in src.layers)
+    return 0, _table_of(addrs, bound.device), bound.dummy, src.comp_stride // bound.unit
 
 
 def _kernel_address(bound, t: torch.Tensor, addr: int) -> int:
@@ -563,20 +625,44 @@ _SHAPES: "OrderedDict[tuple, CallShape]" = OrderedDict()
 _SHAPES_LOCK = threading.Lock()
 KEEP_SHAPES = 1024      # call shapes kept for the process (least recently made dropped)
 _TENSOR = torch.Tensor
+_STRIDED = torch.strided
 
 
-def layout_keys(tensors: tuple) -> tuple:
+def dense_keys(tensors: tuple, ptrs: list) -> tuple:
+    """`layout_keys` of tensors the call addresses by byte offsets, which must be
+    contiguous (their strides follow from their shapes; a strided one is named by the
+    full path and never kept): each one's shape, contiguity, dtype, device (index, and
+    whether it is the CPU's: cheaper to read and hash than a torch.device) and first
+    byte's alignment. ``ptrs`` receives each one's first byte."""
+    key = ()
+    try:
+        for t in tensors:
+            if type(t) is not _TENSOR and not isinstance(t, _TENSOR):
+                return (UNCACHED,)
+            p = t.data_ptr()
+            key += (t.shape, t.is_contiguous(), t.dtype, t.get_device(), t.is_cpu, p & 15)
+            ptrs.append(p)
+    except RuntimeError:        # no storage (sparse and such): the full path names it
+        return (UNCACHED,)
+    return key
+
+
+def layout_keys(tensors: tuple, ptrs: Optional[list] = None) -> tuple:
     """What the maps built from ``tensors`` depend on, as one flat tuple: each one's shape,
     strides, dtype, device and first byte's alignment (its address modulo 16: the copy's
     accesses assume it). Lists of tensors count element by element. ``(UNCACHED,)``
-    where one is not a tensor with storage."""
+    where one is not a tensor with storage. ``ptrs``: a list that receives each tensor's
+    first byte, flattened as `_flat` lays them out (what the call passes `CallShape.run`)."""
     key = ()
     try:
         for t in tensors:       # (one loop of bound calls: cheaper than a map per attribute)
             if type(t) is _TENSOR or isinstance(t, _TENSOR):
-                key += (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15)
+                p = t.data_ptr()
+                key += (t.shape, t.stride(), t.dtype, t.device, p & 15)
+                if ptrs is not None:
+                    ptrs.append(p)
             elif isinstance(t, (list, tuple)):
-                inner = layout_keys(t)
+                inner = layout_keys(t, ptrs)
                 if inner[:1] == (UNCACHED,):
                     return (UNCACHED,)
                 key += (len(t), *inner)
@@ -597,19 +683,19 @@ def plain(*values) -> tuple:
 
 
 def call(key: tuple, args: tuple, src_indices, dst_indices, check: Optional[bool],
-         build: Callable[[], "CallShape"]) -> None:
+         build: Callable[[], "CallShape"], ptrs: Optional[list] = None) -> None:
     """One adapter call whose maps and options depend on nothing but ``key`` (the call's
     kind, its `plain` scalars, the `layout_keys` of ``args``, its tensors): a call whose
     key was seen runs the `CallShape` kept under it, building no map; otherwise
     ``build()`` runs the call through `run_jobs` (with ``args``) and returns its shape,
     kept unless the key holds `UNCACHED` or its addresses cannot be read off the
-    arguments."""
+    arguments. ``ptrs``: the arguments' first bytes as `layout_keys` gave them."""
     try:
         found = _SHAPES.get(key)
     except TypeError:                 # an unhashable argument: the full path names it
         found, key = None, (UNCACHED,)
     if found is not None:
-        found.run(args, src_indices, dst_indices, check, lambda: _rebuild(build))
+        found.run(args, src_indices, dst_indices, check, _rebuild, ptrs)
         return
     shape = build()
     if UNCACHED not in key and shape.keepable and _runner(shape.device.type) == "kernel":
@@ -620,7 +706,7 @@ def call(key: tuple, args: tuple, src_indices, dst_indices, check: Optional[bool
                 _SHAPES.popitem(last=False)
 
 
-def _rebuild(build):
+def _rebuild():
     raise KvtierError("internal: a kept call shape on the torch reference")
 
 

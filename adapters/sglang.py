@@ -36,8 +36,8 @@ import torch
 
 from kvtier.kernels.ops import BACKUP, LOAD, LOAD_LAYER
 
-from .maps import (call, direction, layer_table, layout_keys, lf_buffer, page_count, per_layer_list, pf_buffer,
-                   ph_buffer, plain, run_copy)
+from .maps import (_SHAPES as SHAPES, _rebuild, call, dense_keys, direction, layer_table, lf_buffer, page_count,
+                   per_layer_list, pf_buffer, ph_buffer, plain, run_copy)
 from kvtier.kernels.errors import KvtierError, fail
 from kvtier.kernels.rowmap import RowMap
 from kvtier.kernels.validate import is_int
@@ -76,14 +76,23 @@ def _layer_id(layer_id, m: RowMap, arg: str = "layer_id") -> int:
 # ------------------------------------------------------------------ one layer, per component
 # Each call is keyed by its kind, scalars and its tensors' layouts (`call`): a repeated
 # call (the same kind of buffers, often new views) builds no map.
-def _lf_lf(names, tensors, src_indices, dst_indices, item_size, block_quota, config, check):
+def _lf_lf(kind, names, tensors, src_indices, dst_indices, item_size, block_quota, config, check):
+    ptrs = []
+    if type(item_size) is int and block_quota is None and config is None:      # (`plain`, the usual call)
+        key = (kind, item_size, None, None, *dense_keys(tensors, ptrs))
+    else:
+        key = (kind, *plain(item_size, block_quota, config), *dense_keys(tensors, ptrs))
+    shape = SHAPES.get(key)
+    if shape is not None:               # (`call`, inline: a layer loop's every call)
+        shape.run(tensors, src_indices, dst_indices, check, _rebuild, ptrs)
+        return
+
     def full():
         pairs = [(lf_buffer(sn, s, item_size), lf_buffer(dn, d, item_size)) for sn, s, dn, d in _comps(names, tensors)]
         return run_copy(pairs, src_indices, dst_indices, op=LOAD_LAYER, skip_negative=True,
                         block_quota=block_quota, config=config, check=check, args=tensors,
                         arg_names=sum(names, ()))
-    call(("lf_lf", names, *plain(item_size, block_quota, config), *layout_keys(tensors)), tensors,
-         src_indices, dst_indices, check, full)
+    call(key, tensors, src_indices, dst_indices, check, full, ptrs)
 
 
 def _pf_lf(names, tensors, src_indices, dst_indices, layer_id, item_size, src_layout_dim, block_quota,
@@ -94,15 +103,17 @@ def _pf_lf(names, tensors, src_indices, dst_indices, layer_id, item_size, src_la
         return run_copy(pairs, src_indices, dst_indices, src_layer=_layer_id(layer_id, pairs[0][0]),
                         num_layers=1, op=LOAD_LAYER, skip_negative=True, block_quota=block_quota,
                         config=config, check=check, args=tensors, arg_names=sum(names, ()))
-    call(("pf_lf", names, *plain(layer_id, item_size, src_layout_dim, block_quota, config), *layout_keys(tensors)),
-         tensors, src_indices, dst_indices, check, full)
+    ptrs = []
+    call(("pf_lf", names, *plain(layer_id, item_size, src_layout_dim, block_quota, config),
+          *dense_keys(tensors, ptrs)), tensors, src_indices, dst_indices, check, full, ptrs)
 
 
 def transfer_kv_per_layer(src_k, dst_k, src_v, dst_v, src_indices, dst_indices, item_size: int,
                           block_quota: Optional[int] = None, num_warps_per_block: Optional[int] = None,
                           *, config=None, check: Optional[bool] = None) -> None:
     """K and V of one layer, ``lf`` -> ``lf``: ``dst[d[j]] = src[s[j]]`` for each pair."""
-    _lf_lf(_KV, (src_k, dst_k, src_v, dst_v), src_indices, dst_indices, item_size, block_quota, config, check)
+    _lf_lf("lf_lf", _KV, (src_k, dst_k, src_v, dst_v), src_indices, dst_indices, item_size, block_quota, config,
+           check)
 
 
 def transfer_kv_per_layer_mla(src, dst, src_indices, dst_indices, item_size: int,
@@ -110,7 +121,7 @@ def transfer_kv_per_layer_mla(src, dst, src_indices, dst_indices, item_size: int
                               num_warps_per_block: Optional[int] = None,
                               *, config=None, check: Optional[bool] = None) -> None:
     """The MLA latent of one layer, ``lf`` -> ``lf``."""
-    _lf_lf(_MLA, (src, dst), src_indices, dst_indices, item_size, block_quota, config, check)
+    _lf_lf("lf_lf_mla", _MLA, (src, dst), src_indices, dst_indices, item_size, block_quota, config, check)
 
 
 def transfer_kv_per_layer_pf_lf(src_k, dst_k, src_v, dst_v, src_indices, dst_indices,
@@ -150,8 +161,9 @@ def transfer_kv_per_layer_ph_lf(src_k, dst_k, src_v, dst_v, src_indices, dst_ind
         return run_copy(pairs, src_indices, dst_indices, src_layer=_layer_id(layer_id, pairs[0][0]),
                         num_layers=1, op=LOAD_LAYER, block_quota=block_quota, config=config, check=check,
                         args=tensors, arg_names=sum(_KV, ()))
+    ptrs = []
     call(("ph_lf", *plain(layer_id, item_size, src_layout_dim, page_size, head_num, block_quota, config),
-          *layout_keys(tensors)), tensors, src_indices, dst_indices, check, full)
+          *dense_keys(tensors, ptrs)), tensors, src_indices, dst_indices, check, full, ptrs)
 
 
 # ------------------------------------------------------------------ all layers, tables
@@ -167,8 +179,9 @@ def _all_layer(kind, names, tensors, host_side, src_indices, dst_indices, item_s
                         skip_negative=skip_negative, block_quota=block_quota, config=config, check=check,
                         table_names=_table_names(names, host_side is None), args=tensors,
                         arg_names=sum(names, ()))
-    call((kind, names, *plain(item_size, num_layers, *scalars, block_quota, config), *layout_keys(tensors)),
-         tensors, src_indices, dst_indices, check, full)
+    ptrs = []
+    call((kind, names, *plain(item_size, num_layers, *scalars, block_quota, config), *dense_keys(tensors, ptrs)),
+         tensors, src_indices, dst_indices, check, full, ptrs)
 
 
 def _table_names(names, dst_tables: bool):

@@ -197,13 +197,12 @@ def run(bounds: Sequence["BoundCopy"], sides: Sequence[tuple], si: torch.Tensor,
     at once where the check has run by the time the launches are enqueued (the CPU).
     ``maps``: the (source, destination) maps of each copy, or a function that makes them:
     what the torch reference copies with where Triton cannot run."""
-    faults.raise_pending()
+    record = faults.ready(device)       # (a failure an earlier call left is raised here)
     n = si.numel()
-    if checks is not None and (checks.src_page > 1 or checks.dst_page > 1):     # a count is metadata
-        for name, page in ((checks.src_name, checks.src_page), (checks.dst_name, checks.dst_page)):
-            if n % page:
-                raise fail(f"len({name})", n, f"page-granular copy needs a multiple of page_size={page}")
-    if bounds[0].runner != "kernel":
+    if checks is not None and checks.paged:
+        checks.count(n)
+    b = bounds[0]
+    if b.runner != "kernel":
         return _reference_call(bounds, maps() if callable(maps) else maps, si, di, checks)
     if not n:
         return
@@ -211,15 +210,33 @@ def run(bounds: Sequence["BoundCopy"], sides: Sequence[tuple], si: torch.Tensor,
         for b, s in zip(bounds, sides):
             b(si, di, s, UNCHECKED, si)
         return
-    record = faults.record(device)
-    if len(bounds) == 1 and bounds[0].inline_ok(n):
-        bounds[0](si, di, sides[0], INLINE, record.tensor, checks)
-    else:
-        from .index_check import check_launch
-        words = check_launch(device, checks, si, di, bounds, sides, record)
-        for b, s in zip(bounds, sides):
-            b(si, di, s, BY_VERDICT, words)
-    if record.view is not None and record.view[0] and device.type == "cpu":
+    if len(bounds) == 1:
+        grid = b.grid(n)
+        if grid <= b.inline_programs:
+            b(si, di, sides[0], INLINE, record.tensor, checks, grid)
+            if device.type == "cpu" and record.view[0]:       # the check has run already
+                faults.raise_pending(this_call=True)
+            return
+    from .index_check import check_launch
+    words = check_launch(device, checks, si, di, bounds, sides, record)
+    for b, s in zip(bounds, sides):
+        b(si, di, s, BY_VERDICT, words)
+    if device.type == "cpu" and record.view[0]:
+        faults.raise_pending(this_call=True)
+
+
+def run_one(b: "BoundCopy", side: tuple, si: torch.Tensor, di: torch.Tensor, n: int, checks: "Checks",
+            device: torch.device) -> None:
+    """`run` of one bound copy that runs the kernel, ``n`` indices (not 0), with checks
+    (the adapters' usual call, in fewer steps)."""
+    record = faults.ready(device)
+    if checks.paged:
+        checks.count(n)
+    grid = b.grid(n)
+    if grid > b.inline_programs:
+            return run((b,), (side,), si, di, checks, device)
+    b(si, di, side, INLINE, record.tensor, checks, grid)
+    if b.on_cpu and record.view[0]:       # the check has run already
         faults.raise_pending(this_call=True)
 
 
@@ -343,12 +360,15 @@ class BoundCopy:
 
     __slots__ = ("config", "num_layers", "skip_negative", "page", "runner", "constants", "rest", "items",
                  "layers", "direct", "rows", "unit", "device", "op_bytes", "inline_programs", "whole",
-                 "layouts", "check_tables")
+                 "layouts", "check_tables", "dummy", "last_grid", "on_cpu")
 
     def __init__(self, src: RowMap, dst: RowMap, src_layer: int, dst_layer: int, num_layers: int,
                  by_page: bool, config: CopyConfig, device: torch.device, n_bucket: int, skip_negative: bool,
                  whole: tuple, tables: tuple):
         self.config, self.num_layers, self.device = config, num_layers, device
+        self.dummy = _dummy(device)     # what stands in for a stacked side's tables
+        self.last_grid = (0, 1)         # (index count, its grid) of the last launch (a layer loop's next)
+        self.on_cpu = device.type == "cpu"
         self.skip_negative, self.layers, self.whole = skip_negative, (src_layer, dst_layer), whole
         self.op_bytes = src.row_bytes * src.num_components * num_layers     # per index pair, for logs
         self.page = 0
@@ -410,24 +430,32 @@ class BoundCopy:
         return self.grid(n) <= self.inline_programs
 
     def grid(self, n: int) -> int:
+        """The programs of a launch for ``n`` indices: the configuration's cap, or fewer
+        where there are fewer work items."""
+        last = self.last_grid
+        if last[0] == n:
+            return last[1]
         rows = n // self.page if self.page else n
-        return max(1, min(self.config.num_programs, self.items * -(-rows // self.rows)))
+        grid = max(1, min(self.config.num_programs, self.items * -(-rows // self.rows)))
+        self.last_grid = (n, grid)
+        return grid
 
     # -- the launch
     def __call__(self, si: torch.Tensor, di: torch.Tensor, sides: tuple, mode: int, word: torch.Tensor,
-                 checks: Optional["object"] = None) -> None:
+                 checks: Optional["object"] = None, grid: int = 0) -> None:
         """Enqueue the copy at index lists ``si``, ``di`` (1-D, any strides) with the
         call's ``sides``; ``mode`` UNCHECKED (``word`` any tensor), BY_VERDICT (``word``:
         the verdict the call's check launch writes) or INLINE (``word``: this thread's
-        failure record; ``checks``: the lists' limits and names). One frame from here to
-        the launch: every pool and adapter call passes it."""
+        failure record; ``checks``: the lists' limits and names); ``grid``: the programs,
+        where the caller worked them out. One frame from here to the launch: every pool
+        and adapter call passes it."""
         n = si.numel()
         if mode == INLINE:
-            args = (si, di, n, si.stride(0), di.stride(0), checks.src_limit, checks.dst_limit, checks.src_arg,
-                    checks.dst_arg, checks.src_targ, checks.dst_targ, word, word, *sides, *self.rest[2])
+            args = (si, di, n, si.stride(0), di.stride(0), *checks.launch_args, word, word, *sides, *self.rest[2])
         else:
             args = (si, di, n, si.stride(0), di.stride(0), 0, 0, 0, 0, 0, 0, word, word, *sides, *self.rest[mode])
-        grid = self.grid(n)
+        if not grid:
+            grid = self.grid(n)
         direct = self.direct
         if direct is not None:      # a compiled kernel: kept and launched directly once checked
             direct.launch(_kernel(), grid, args, direct_launch.copy_spec(args))

@@ -96,10 +96,23 @@ def record(device: torch.device) -> Record:
     r = d.get(device)
     if r is None:
         r = d[device] = Record(device)
+        if r.view is not None:
+            _local.visible = getattr(_local, "visible", ()) + (r,)
         if device.type != "cpu":
             with _KEEP_LOCK:
                 _KEEP.append(r)
     return r
+
+
+def ready(device: torch.device) -> Record:
+    """This thread's record on ``device``, after raising the failure any of this thread's
+    records holds (`raise_pending`): what every launching call asks first."""
+    for r in getattr(_local, "visible", ()):
+        if r.view[0]:
+            _raise(r, tuple(r.view[:6]), False)
+    d = getattr(_local, "records", None)
+    r = d.get(device) if d is not None else None
+    return r if r is not None else record(device)
 
 
 def verdict_words(device: torch.device) -> torch.Tensor:
@@ -119,12 +132,9 @@ def raise_pending(this_call: bool = False) -> None:
     """Raise the failure a check of this thread's calls has recorded in host-visible
     memory (no sync), if any. ``this_call``: the check of the call just enqueued has run
     (the message says nothing moved)."""
-    d = getattr(_local, "records", None)
-    if d:
-        for r in d.values():
-            v = r.view
-            if v is not None and v[0]:
-                _raise(r, tuple(v[:6]), this_call)
+    for r in getattr(_local, "visible", ()):       # (one read per record: every call asks)
+        if r.view[0]:
+            _raise(r, tuple(r.view[:6]), this_call)
 
 
 def synchronize(device=None) -> None:

@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import NamedTuple, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 
 from . import direct_launch, faults
+from .errors import fail
 from .validate import check_pages_in_range
 
 CHECK_ENV = "KVTIER_CHECK"
@@ -57,31 +58,37 @@ def _environ_reader():
 _env_value, _OFF = _environ_reader()
 
 
-class Checks(NamedTuple):
+class Checks:
     """What a call's two index lists must satisfy: each side's argument name (as the
     caller named it) and its id in failure records, its exclusive limit and the page size
-    its list comes in whole runs of (1: none), and whether negative pairs are skipped.
-    Made once per call shape (`of`)."""
+    its list comes in whole runs of (1: none), whether negative pairs are skipped, and
+    the argument ids of each side's engine tables. Made once per call shape (`of`)."""
 
-    src_name: str
-    dst_name: str
-    src_arg: int
-    dst_arg: int
-    src_limit: int
-    dst_limit: int
-    src_page: int
-    dst_page: int
-    skip_negative: bool
-    src_targ: int       # the argument ids of each side's tables (engine tables only)
-    dst_targ: int
+    __slots__ = ("src_name", "dst_name", "src_arg", "dst_arg", "src_limit", "dst_limit", "src_page", "dst_page",
+                 "skip_negative", "src_targ", "dst_targ", "launch_args", "paged")
+
+    def __init__(self, src: tuple, dst: tuple, skip_negative: bool, tables: tuple):
+        self.src_name, self.src_limit, self.src_page = src
+        self.dst_name, self.dst_limit, self.dst_page = dst
+        self.src_arg, self.dst_arg = faults.arg_id(src[0]), faults.arg_id(dst[0])
+        self.src_targ, self.dst_targ = faults.arg_id(tables[0]), faults.arg_id(tables[1])
+        self.skip_negative = bool(skip_negative)
+        # What an inline-checking launch passes (the row copy's limits and ids, in order).
+        self.launch_args = (self.src_limit, self.dst_limit, self.src_arg, self.dst_arg, self.src_targ, self.dst_targ)
+        self.paged = self.src_page > 1 or self.dst_page > 1
 
     @staticmethod
     @functools.lru_cache(maxsize=1024)
     def of(src: tuple, dst: tuple, skip_negative: bool = False, tables: tuple = ("src table", "dst table")) -> "Checks":
         """The checks of lists ``src`` and ``dst``, each (name, limit, page); ``tables``:
-        how the caller names each side's tables."""
-        return Checks(src[0], dst[0], faults.arg_id(src[0]), faults.arg_id(dst[0]), src[1], dst[1],
-                      src[2], dst[2], bool(skip_negative), faults.arg_id(tables[0]), faults.arg_id(tables[1]))
+        how the caller names each side's tables (a pure function of its arguments)."""
+        return Checks(src, dst, skip_negative, tables)
+
+    def count(self, n: int) -> None:
+        """A page-granular list's count must be whole pages (metadata: checked here)."""
+        for name, page in ((self.src_name, self.src_page), (self.dst_name, self.dst_page)):
+            if n % page:
+                raise fail(f"len({name})", n, f"page-granular copy needs a multiple of page_size={page}")
 
 
 def check_on_host(checks: Checks, si: torch.Tensor, di: torch.Tensor) -> None:

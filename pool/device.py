@@ -100,6 +100,8 @@ class DevicePool:
         # (pool/gather.py: pure functions of the shape and this pool's maps).
         self._gather_layouts: Dict[tuple, object] = {}
         self._gather_shapes: Dict[tuple, list] = {}
+        self._gather_specs: Dict[tuple, list] = {}
+        self._component_names = list(self.components)
 
     # ------------------------------------------------------------------ description
     @property

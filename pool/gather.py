@@ -40,13 +40,15 @@ def contiguous_map(t: torch.Tensor, pool, pages: bool) -> RowMap:
 class _Group(NamedTuple):
     """One group's copy of a `Layout`: the bound copy, the pool side's addresses, the
     buffer side's component stride in the copy's units, the pool's map (for the torch
-    reference) and the word alignment the buffers must have."""
+    reference), the word alignment the buffers must have and the tensor that stands in
+    for a stacked side's unused tables."""
 
     bound: BoundCopy
     pool_side: tuple
     comp_units: int
     pool_map: RowMap
     align: int
+    dummy: torch.Tensor
 
 
 class Layout:
@@ -72,7 +74,10 @@ class Layout:
                                 by_page=pages and not page_indices, config=config)
             sides = bound.sides(src, dst)
             half = sides[:4] if not into_pool else sides[4:]
-            self.groups.append(_Group(bound, half, cmap.comp_stride // bound.unit, pool_side, buf_side.align))
+            self.groups.append(_Group(bound, half, cmap.comp_stride // bound.unit, pool_side, buf_side.align,
+                                      _dummy(pool.device)))
+        self.bounds = [g.bound for g in self.groups]
+        self.rows: Dict[torch.dtype, torch.Tensor] = {}     # the buffer side's rows 0 .. n-1, per index dtype
 
     def fits(self, bufs: List[torch.Tensor]) -> bool:
         """Whether ``bufs`` are contiguous in the layout's shapes and aligned as it assumes
@@ -82,38 +87,41 @@ class Layout:
                 return False
         return True
 
-    def run(self, pool, bufs: List[torch.Tensor], idx: torch.Tensor, buffer_rows: torch.Tensor, checks,
+    def run(self, pool, bufs: List[torch.Tensor], idx: torch.Tensor, checks,
             verdict: Optional[torch.Tensor] = None) -> None:
-        """The call: every group's copy between the pool at ``idx`` and its buffer, the
-        lists checked by ``checks``, or gated by the ``verdict`` words of a check launch
-        this call made already (a call of several steps: `kvtier.pool.cpu_copy`)."""
-        bounds, sides = [], []
+        """The call: every group's copy between the pool at ``idx`` and its buffer (rows
+        0 .. n-1 of it), the lists checked by ``checks``, or gated by the ``verdict`` words
+        of a check launch this call made already (a call of several steps:
+        `kvtier.pool.cpu_copy`)."""
+        bounds, sides = self.bounds, []
         for g, b in zip(self.groups, bufs):
-            dummy = _dummy(b.device)
-            buf = (b.data_ptr(), dummy, dummy, g.comp_units)
+            buf = (b.data_ptr(), g.dummy, g.dummy, g.comp_units)
             sides.append((*buf, *g.pool_side) if self.into_pool else (*g.pool_side, *buf))
-            bounds.append(g.bound)
         if log.isEnabledFor(DEBUG):
-            for g in self.groups:
-                log_launch(self.op, g.bound.config.strategy, g.bound.config, idx.numel(),
-                           idx.numel() * g.bound.op_bytes)
-
-        def maps():     # what the torch reference copies between
-            out = []
-            for g, b in zip(self.groups, bufs):
-                cmap = contiguous_map(b, pool, self.pages)
-                cmap = cmap.pages_as_rows() if self.page_indices else cmap
-                out.append((cmap, g.pool_map) if self.into_pool else (g.pool_map, cmap))
-            return out
-        si, di = (buffer_rows, idx) if self.into_pool else (idx, buffer_rows)
+            for b in bounds:
+                log_launch(self.op, b.config.strategy, b.config, idx.numel(), idx.numel() * b.op_bytes)
+        rows = self.rows.get(idx.dtype)
+        if rows is None:
+            rows = self.rows[idx.dtype] = iota(idx.numel(), idx.dtype, idx.device)
+        si, di = (rows, idx) if self.into_pool else (idx, rows)
         if verdict is None:
-            run(bounds, sides, si, di, checks, pool.device, maps)
-            return
-        if bounds[0].runner != "kernel":
-            run(bounds, sides, si, di, None, pool.device, maps)
-            return
-        for b, sd in zip(bounds, sides):
-            b(si, di, sd, BY_VERDICT, verdict)
+            run(bounds, sides, si, di, checks, pool.device, None if bounds[0].runner == "kernel" else
+                self.maps(pool, bufs))
+        elif bounds[0].runner != "kernel":
+            run(bounds, sides, si, di, None, pool.device, self.maps(pool, bufs))
+        else:
+            for b, sd in zip(bounds, sides):
+                b(si, di, sd, BY_VERDICT, verdict)
+
+    def maps(self, pool, bufs: List[torch.Tensor]) -> list:
+        """(source, destination) maps of each group's copy with ``bufs``: what the torch
+        reference copies between."""
+        out = []
+        for g, b in zip(self.groups, bufs):
+            cmap = contiguous_map(b, pool, self.pages)
+            cmap = cmap.pages_as_rows() if self.page_indices else cmap
+            out.append((cmap, g.pool_map) if self.into_pool else (g.pool_map, cmap))
+        return out
 
 
 def _layout(pool, op: Op, bufs, pages: bool, page_indices: bool, n_slots: int, into_pool: bool) -> Layout:
@@ -188,7 +196,7 @@ def gather_groups(pool, indices: torch.Tensor, bufs: List[torch.Tensor], pages: 
         return
     n_slots = n * (pool.page_size if page_indices else 1)
     laid = _layout(pool, op, bufs, pages, page_indices, n_slots, False)
-    laid.run(pool, bufs, idx, iota(n, idx.dtype, idx.device), _checks(pool, pages, page_indices, n, False), verdict)
+    laid.run(pool, bufs, idx, _checks(pool, pages, page_indices, n, False), verdict)
 
 
 def scatter(pool, indices: torch.Tensor, data: Dict[str, torch.Tensor], *, pages: bool = False) -> None:
@@ -208,12 +216,52 @@ def scatter_groups(pool, indices: torch.Tensor, bufs: List[torch.Tensor], pages:
         return
     n_slots = n * (pool.page_size if page_indices else 1)
     laid = _layout(pool, op, bufs, pages, page_indices, n_slots, True)
-    laid.run(pool, bufs, idx, iota(n, idx.dtype, idx.device), _checks(pool, pages, page_indices, n, True), verdict)
+    laid.run(pool, bufs, idx, _checks(pool, pages, page_indices, n, True), verdict)
 
 
 def _out_buffers(pool, out, n_slots: int, pages: bool) -> List[torch.Tensor]:
     """The group buffers behind ``out`` (what an earlier gather of this shape returned),
-    every tensor checked on every call."""
+    every tensor checked on every call: the dict holds the pool's components in order,
+    each the slice of its group buffer at its position (a group buffer of the shape,
+    dtype and device a gather of ``n_slots`` makes, contiguous); else `_out_checked`
+    names what is wrong."""
+    specs = _group_specs(pool, n_slots, pages)
+    if type(out) is dict and list(out) == pool._component_names:
+        device, bufs = pool.device, []
+        for names, shape, dtype in specs:
+            base = out[names[0]]._base
+            if (base is None or base.shape != shape or base.dtype is not dtype or base.device != device
+                    or not base.is_contiguous()):
+                break
+            first, step, part = base.data_ptr(), base.stride(0) * base.element_size(), shape[1:]
+            for i, name in enumerate(names):
+                t = out[name]
+                if t._base is not base or t.data_ptr() != first + i * step or t.shape != part:
+                    break
+            else:
+                bufs.append(base)
+                continue
+            break
+        else:
+            return bufs
+    return _out_checked(pool, out, n_slots, pages)
+
+
+def _group_specs(pool, n_slots: int, pages: bool) -> list:
+    """(names, group buffer shape, dtype) of each group for ``n_slots`` slots (kept per
+    pool: a pure function of the count)."""
+    key = (pages, n_slots)
+    specs = pool._gather_specs.get(key)
+    if specs is None:
+        if len(pool._gather_specs) >= 64:
+            pool._gather_specs.clear()
+        specs = pool._gather_specs[key] = [(names, torch.Size(group_shape(pool, names, n_slots, pages)),
+                                            pool.components[names[0]].dtype) for names, _ in pool.groups]
+    return specs
+
+
+def _out_checked(pool, out, n_slots: int, pages: bool) -> List[torch.Tensor]:
+    """`_out_buffers`, naming the first argument that is wrong."""
     into = _buffers(pool, out, n_slots, pages, "out")
     why = "must be a tensor an earlier gather() of this shape returned (its group buffer)"
     for (names, _), buf in zip(pool.groups, into):
