@@ -61,7 +61,9 @@ def fill_rows(gpu_arg: str, gpu_ids: np.ndarray, cpu_arg: str, cpu_ids: np.ndarr
     """Write each group's GPU rows and CPU sub-block rows into ``out_gpu`` / ``out_cpu``
     (host arrays of at least ``sum(sizes)``); return each group's ``(start, end)`` in them.
     Every id is checked first (against ``gpu_limits[g]`` blocks and ``cpu_limit`` chunks),
-    so a bad spec raises before the outputs are touched."""
+    so a bad spec raises before the outputs are touched; what is checked is a copy of the
+    ids, from which the rows are made (the spec's arrays are not read again)."""
+    gpu_ids, cpu_ids = np.array(gpu_ids, copy=True), np.array(cpu_ids, copy=True)
     chunks = [-(-(s + k) // factor) if s else 0 for s, k in zip(sizes, skips)]
     if sum(chunks) != cpu_ids.size:
         raise fail(f"{cpu_arg}.block_ids", f"{cpu_ids.size} ids",

@@ -108,12 +108,14 @@ def check_list_on_host(name: str, idx: torch.Tensor, limit: int, page: int, skip
 
 def check_launch(device: torch.device, checks: Checks, si: torch.Tensor, di: torch.Tensor,
                  bounds: Sequence = (), sides: Sequence[tuple] = (),
-                 record: Optional[faults.Record] = None) -> torch.Tensor:
+                 record: Optional[faults.Record] = None, words: Optional[torch.Tensor] = None,
+                 two: bool = True) -> torch.Tensor:
     """Launch the check of one call's lists (and of the engine tables its ``bounds`` read
     through ``sides``) on ``device``'s current stream: returns this thread's verdict words
-    there, which the call's copies read (word 0) or, for a copy that must run only when
-    the call is refused, word 1."""
-    words = faults.verdict_words(device)
+    there (or ``words``, int32[2] the caller owns: a plan's), which the call's copies read
+    (word 0) or, for a copy that must run only when the call is refused, word 1.
+    ``two=False``: only ``si`` is checked (against the source side's limit and page)."""
+    words = faults.verdict_words(device) if words is None else words
     record = record or faults.record(device)
     tables = _tables(bounds, sides, (checks.src_targ, checks.dst_targ))
     ta, tb = (tables + [(words, 0, 0), (words, 0, 0)])[:2]
@@ -121,7 +123,7 @@ def check_launch(device: torch.device, checks: Checks, si: torch.Tensor, di: tor
     args = (si, si.numel(), si.stride(0), checks.src_limit, checks.src_arg,
             di, di.numel(), di.stride(0), checks.dst_limit, checks.dst_arg,
             ta[0], ta[1], ta[2], tb[0], tb[1], tb[2], words, record.tensor,
-            checks.src_page, checks.dst_page, True, checks.skip_negative, len(tables), align, 1024)
+            checks.src_page, checks.dst_page, two, checks.skip_negative, len(tables), align, 1024)
     kernel = (_CHECK_MODULE or _check_module())._check_indices_kernel
     if _compiled(device):       # compiled: kept and launched directly once checked
         _CHECK_LAUNCHES.launch(kernel, 1, args, direct_launch.check_spec(args))

@@ -270,21 +270,11 @@ class HostPool:
         if n == 0:
             faults.raise_pending()
             return
-        # The route of the last call's op, pool, count and lookup state, by layer: the
-        # next all-layer call of that shape, or the layer loop's next layer, finds its own.
-        state, last = lookup_state(), self._last_route
-        if not (last is not None and last[0] is op and last[1] is device_pool and last[2] == n
-                and last[3] == state):
-            last = self._last_route = (op, device_pool, n, state, {}, self._checks_for(op, slots))
-        route = last[4].get(local)
-        if route is None:
-            route = last[4][local] = self._route_of(op, device_pool, local, n, slots, state)
-        for step in route:          # every tensor the call rests on, before the first byte moves
-            check_storage(step.watch)
+        route, checks = self._steps(op, device_pool, local, n, slots)
         if capturing and any(step.bound is None for step in route):
             raise fail("strategy", "dma", "cannot be captured in a CUDA graph: it plans its copies from the "
                        "host indices' values on the host, which a replay would not see; use strategy='kernel'")
-        checks = last[5] if checks_on(self.check) else None
+        checks = checks if checks_on(self.check) else None
         h = host_indices if self._cpu_pool else on_device(host_indices, self.device, "host_indices")
         si, di = (device_indices, h) if op.from_device else (h, device_indices)
         if all(step.bound is not None for step in route):
@@ -292,33 +282,67 @@ class HostPool:
             run([step.bound for step in route], [step.sides for step in route], si, di, checks, self.device,
                 lambda: [step.maps for step in route])
             return
-        self._mixed(op, route, host_indices, device_indices, si, di, checks, n)
-
-    def _mixed(self, op: Op, route, host_indices, device_indices, si, di, checks, n: int) -> None:
-        """A call with dma steps: the host list checked on the host (the bulk copies are
-        planned from its values), then one check launch whose verdict every step reads
-        (the dma path's staging copies, and any kernel step), then the steps."""
         faults.raise_pending()
-        hc = host_indices.cpu()
-        # (the bulk copies' runs are planned from the values: checked with them, once per values)
-        run_list = dma.runs(hc, self.page_size if self._layout.paged else 1,
-                            None if checks is None else (self.size, self._index_page))
         verdict = None
         if checks is not None:
+            # (the bulk copies' runs are planned from the values: checked with them, once per values)
+            self._runs(host_indices, True)
             kernel = [step for step in route if step.bound is not None]
             verdict = check_launch(self.device, checks, si, di, [s.bound for s in kernel], [s.sides for s in kernel])
             if self._cpu_pool:
                 faults.raise_pending(this_call=True)
+        self._launch(op, route, host_indices, device_indices, si, di, verdict, n, checks is not None)
+
+    def _steps(self, op: Op, device_pool, local, n: int, slots):
+        """(the steps of this call shape, its lists' checks), every tensor they rest on
+        checked to be where it was (`check_storage`) before the first byte moves. The
+        steps of the last call's op, pool, count and lookup state are kept by layer: the
+        next all-layer call of that shape, or the layer loop's next layer, finds its own."""
+        state, last = lookup_state(), self._last_route
+        if not (last is not None and last[0] is op and last[1] is device_pool and last[2] == n
+                and last[3] == state):
+            last = self._last_route = (op, device_pool, n, state, {}, self._checks_for(op, slots))
+        route = last[4].get(local)
+        if route is None:
+            route = last[4][local] = self._route_of(op, device_pool, local, n, slots, state)
+        for step in route:
+            check_storage(step.watch)
+        return route, last[5]
+
+    def _runs(self, host_indices, checked: bool):
+        """The runs of consecutive host units the dma path plans its bulk copies from (the
+        values checked first: ``checked``), kept by the values (`dma.runs`)."""
+        return dma.runs(host_indices.cpu(), self.page_size if self._layout.paged else 1,
+                        (self.size, self._index_page) if checked else None)
+
+    def _launch(self, op: Op, route, host_indices, device_indices, si, di, verdict, n: int,
+                checked: bool) -> None:
+        """Every step of a call whose lists were checked (``verdict``: the words of the
+        check launch every step reads; None: checked on the host, or checks off): kernel
+        steps at ``si``, ``di``, dma steps at the device list and the host list's runs
+        (``checked``: the runs found with the host list's values checked)."""
         self._log(op, route, n)
+        run_list = None
         for step in route:
             if step.bound is not None:
                 step.bound(si, di, step.sides, BY_VERDICT if verdict is not None else UNCHECKED,
                            verdict if verdict is not None else si)
                 continue
+            if run_list is None:
+                run_list = self._runs(host_indices, checked)
             move = dma.backup if op.from_device else dma.load
             mv = step.move
             move(op, mv.dev_map, device_indices, mv.host_buf, self.layout, self.page_size, step.dev_layer,
                  step.host_layer, step.count, run_list, self._by_page, step.config, verdict, self._host_map(mv))
+
+    # ------------------------------------------------------------------ batch plans
+    def plan(self, device_pool, host_indices: torch.Tensor, device_indices: torch.Tensor) -> "TransferPlan":
+        """One batch's transfers between this pool and ``device_pool`` at these index lists,
+        planned once (flashinfer's plan/run): the lists are copied (later writes to the
+        caller's tensors cannot reach the plan) and checked once, then
+        `TransferPlan.load_layer`, `load` and `backup` only launch. See `TransferPlan`."""
+        from .plan import TransferPlan
+        return TransferPlan(self, device_pool, host_indices, device_indices)
 
     def _log(self, op: Op, route, n: int) -> None:
         """One DEBUG line per kernel step (the dma path's staging copies log their own)."""

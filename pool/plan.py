@@ -1,0 +1,114 @@
+"""Batch plans: one batch's transfers between a `HostPool` and a device pool, planned once.
+
+flashinfer's ``plan()`` / ``run()`` split: the caller says when a batch starts
+(`HostPool.plan`), and each call after that only launches. A plan copies the batch's
+index lists into tensors of its own when it is made, so nothing the caller does to its
+own tensors afterwards (by torch or by any other means) reaches it, and checks them
+once: host-resident lists on the host at once (raising `KvtierError` naming the argument
+and the value), device-resident ones by a check launch whose verdict words belong to the
+plan (every launch of the plan reads them; a bad list makes them all move nothing, and
+its failure is raised at the making thread's next call or `synchronize`). The plan's
+launches then check nothing more: its lists are its own, and so are the words.
+
+A plan is used on the stream it was made on; used on another one, that stream first
+waits for the plan's copies and check. A plan holds its lists, words and the pools
+(whose buffers it moves); drop it when the batch is done.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+import kvtier.platforms as platforms
+from kvtier.kernels import faults
+from kvtier.kernels.index_check import Checks, check_launch, check_list_on_host, checks_on
+from kvtier.kernels.ops import BACKUP, LOAD, LOAD_LAYER, Op
+
+
+class TransferPlan:
+    """One batch between ``host`` (a `HostPool`) and ``device_pool`` at the index lists
+    given (shapes as the pool's calls take them): `load_layer`, `load` and `backup` move
+    it as `HostPool.load_to_device_per_layer`, `load_to_device_all_layer` and
+    `backup_from_device_all_layer` would, without checking or staging anything again."""
+
+    def __init__(self, host, device_pool, host_indices: torch.Tensor, device_indices: torch.Tensor):
+        self.host, self.device_pool = host, device_pool
+        self._slots = {whole: host._resolve(device_pool, whole=whole) for whole in (True, False)}
+        host._check_shapes(self._slots[True], host_indices, device_indices)
+        device = host.device
+        self.n = device_indices.numel()
+        # The lists, the plan's own: a snapshot on the host (the dma path plans its bulk
+        # copies from it) and, where the copy runs on an accelerator, on the device.
+        self.host_indices = host_indices.to("cpu", copy=True) if host_indices.is_cpu else host_indices.clone()
+        self.device_indices = device_indices.clone()
+        if host.device.type == "cpu" or not self.host_indices.is_cpu:
+            self.host_on_device = self.host_indices
+        else:
+            self.host_on_device = self.host_indices.pin_memory().to(device, non_blocking=True)
+        self.checked = False
+        self.words: Optional[torch.Tensor] = None
+        self._check(device)
+        self.stream = None if device.type == "cpu" else platforms.stream_key(device)
+        self._ready = None
+        if device.type != "cpu":
+            self._ready = getattr(torch, device.type).Event()
+            self._ready.record()
+
+    def _check(self, device: torch.device) -> None:
+        """The lists' values, once: host-resident ones here (raising at once), the
+        device-resident ones by one check launch writing the plan's words."""
+        host = self.host
+        if not checks_on(host.check):
+            return
+        page = host._index_page
+        lists = (("host_indices", host.size, page, self.host_indices),
+                 ("device_indices", min(pool.size for _, pool in self._slots[True]), page, self.device_indices))
+        on_device = []
+        for name, limit, page, idx in lists:
+            if idx.is_cpu:
+                check_list_on_host(name, idx, limit, page, False)
+            else:
+                on_device.append((name, limit, page, idx))
+        if on_device:
+            a, b = on_device[0], on_device[-1]
+            self.words = torch.zeros(2, dtype=torch.int32, device=device)
+            check_launch(device, Checks.of(a[:3], b[:3]), a[3], b[3], words=self.words, two=len(on_device) == 2)
+        self.checked = True
+
+    # ------------------------------------------------------------------ the batch's calls
+    def load_layer(self, layer_id: int) -> None:
+        """Host -> device, model layer ``layer_id`` only (the layer loop's call)."""
+        self._run(LOAD_LAYER, layer_id)
+
+    def load(self) -> None:
+        """Host -> device, every layer (target pool: drafts too)."""
+        self._run(LOAD, None)
+
+    def backup(self) -> None:
+        """Device -> host, every layer (target pool: drafts too)."""
+        self._run(BACKUP, None)
+
+    def _run(self, op: Op, layer_id) -> None:
+        host = self.host
+        faults.raise_pending()      # a failure of this plan's check (or another call's) first
+        whole = op.scope == "all"
+        slots = self._slots[whole]
+        local = None if whole else slots[0][1].local_layer(layer_id)
+        if not self.n:
+            return
+        if self.stream is not None and platforms.stream_key(host.device) != self.stream:
+            platforms.current_stream(host.device).wait_event(self._ready)
+        route, _ = host._steps(op, self.device_pool, local, self.n, slots)
+        si, di = ((self.device_indices, self.host_on_device) if op.from_device
+                  else (self.host_on_device, self.device_indices))
+        if route[0].bound is not None and route[0].bound.runner != "kernel":
+            from kvtier.kernels.copy_rows import run
+            run([s.bound for s in route], [s.sides for s in route], si, di, None, host.device,
+                [s.maps for s in route])
+            return
+        # Checked once already (the words gate device-resident lists; host ones passed).
+        host._launch(op, route, self.host_indices, self.device_indices, si, di, self.words, self.n, self.checked)
+
+
+__all__ = ["TransferPlan"]
