@@ -192,7 +192,7 @@ def _compile(target: str, config: CopyConfig, shape: dict):
     # Dense index lists: Triton specializes their stride of 1 to a constant at launch.
     const = dict(const, src_idx_stride=1, dst_idx_stride=1)
     # Counts are i32 as Triton types them at launch; addresses and strides i64 (the widest case).
-    counts = ("n_idx", "src_limit", "dst_limit", "src_arg", "dst_arg", "src_targ", "dst_targ", "n_layers",
+    counts = ("n_idx", "n_rows", "src_limit", "dst_limit", "src_arg", "dst_arg", "src_targ", "dst_targ", "n_layers",
               "src_layer0", "dst_layer0", "src_t_comp", "src_t_layer", "dst_t_comp", "dst_t_layer")
     names = _copy_rows_kernel.arg_names
     sig = {n: ptrs.get(n, "constexpr" if n in const else "i32" if n in counts else "i64") for n in names}

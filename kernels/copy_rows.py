@@ -450,10 +450,13 @@ class BoundCopy:
         where the caller worked them out. One frame from here to the launch: every pool
         and adapter call passes it."""
         n = si.numel()
+        rows = n // self.page if self.page else n
         if mode == INLINE:
-            args = (si, di, n, si.stride(0), di.stride(0), *checks.launch_args, word, word, *sides, *self.rest[2])
+            args = (si, di, n, rows, si.stride(0), di.stride(0), *checks.launch_args, word, word, *sides,
+                    *self.rest[2])
         else:
-            args = (si, di, n, si.stride(0), di.stride(0), 0, 0, 0, 0, 0, 0, word, word, *sides, *self.rest[mode])
+            args = (si, di, n, rows, si.stride(0), di.stride(0), 0, 0, 0, 0, 0, 0, word, word, *sides,
+                    *self.rest[mode])
         if not grid:
             grid = self.grid(n)
         direct = self.direct

@@ -11,7 +11,7 @@ import triton.language as tl
 # Triton would compile a variant for each class of value it first meets (a stall of a
 # second or more in the middle of serving). (Tools that compile the kernel from its
 # source pass this on.)
-NOT_SPECIALIZED = ("n_idx", "src_limit", "dst_limit", "src_arg", "dst_arg", "src_targ", "dst_targ",
+NOT_SPECIALIZED = ("n_idx", "n_rows", "src_limit", "dst_limit", "src_arg", "dst_arg", "src_targ", "dst_targ",
                    "src_base", "dst_base", "src_comp_stride", "dst_comp_stride", "src_layer0", "dst_layer0")
 
 # Check modes (CHECK): what every program does before it moves a byte.
@@ -25,7 +25,7 @@ def _copy_rows_kernel(
     # What changes from call to call first (the lists and their checks, each side's buffer
     # or tables, the layer range), then what a bound copy keeps (passed as one prebuilt
     # tuple), then the compile-time constants.
-    src_idx, dst_idx, n_idx, src_idx_stride, dst_idx_stride,
+    src_idx, dst_idx, n_idx, n_rows, src_idx_stride, dst_idx_stride,
     src_limit, dst_limit, src_arg, dst_arg, src_targ, dst_targ, verdict, record,
     src_base, src_table, src_table2, src_comp_stride, dst_base, dst_table, dst_table2, dst_comp_stride,
     n_layers, src_layer0, dst_layer0,
@@ -41,7 +41,8 @@ def _copy_rows_kernel(
     STAGES: tl.constexpr, SPLIT: tl.constexpr, SRC_I32: tl.constexpr, DST_I32: tl.constexpr,
     IDX_STEP: tl.constexpr,
 ):
-    """Persistent copy of ``[ROWS, BLOCK]`` word tiles.
+    """Persistent copy of ``[ROWS, BLOCK]`` word tiles: ``n_rows`` rows from lists of
+    ``n_idx`` indices (``n_idx / IDX_STEP`` rows).
 
     Check first (CHECK). INLINE: every program reads both index lists whole, through the
     same pointers and strides its copies read them with, and, with CHECK_TABLES, every
@@ -96,7 +97,6 @@ def _copy_rows_kernel(
     """
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
-    n_rows = n_idx // IDX_STEP
     tiles = (n_rows + ROWS - 1) // ROWS
     MAIN: tl.constexpr = (CHUNK_WORDS // BLOCK) * BLOCK
     TAIL: tl.constexpr = CHUNK_WORDS - MAIN

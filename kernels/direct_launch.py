@@ -149,7 +149,7 @@ def _same(theirs: tuple, ours: tuple) -> bool:
     return True
 
 
-COPY_CALL_ARGS = 21     # the row copy's per-call arguments come first (kvtier.kernels.copy_rows)
+COPY_CALL_ARGS = 22     # the row copy's per-call arguments come first (kvtier.kernels.copy_rows)
 CHECK_CALL_ARGS = 18    # the index check's (kvtier.kernels.index_check)
 
 

@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 TARGET = ("npu", "Ascend910B3", 0)
-DATA_ARGS = ("src_ptr", "dst_ptr")
+DATA_ARGS = ()      # every data pointer is cast from an int: a side's base, or a table entry
 INDEX_ARGS = ("src_idx", "dst_idx")
 TABLE_ARGS = ("src_table", "dst_table")
 
@@ -235,7 +235,7 @@ class Copies:
 def copies(low: Lowered) -> Copies:
     text = low.text
     data_roots = {low.arg[n] for n in DATA_ARGS if n in low.arg}
-    data_roots |= set(_PTR_CAST.findall(text))       # table side: int64 -> pointer casts
+    data_roots |= set(_PTR_CAST.findall(text))       # int64 -> pointer casts (bases and table entries)
     loads, stores, elems, bad, scalar = [], [], set(), [], []
     # SSA names repeat across sibling regions (%reinterpret_cast in every loop body), so
     # views are resolved against the definitions visible in the enclosing regions.

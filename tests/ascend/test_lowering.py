@@ -44,8 +44,9 @@ CONFIGS = [default_config("npu"),
            CopyConfig(num_programs=40, rows=4, block_bytes=16384, num_warps=1),
            CopyConfig(num_programs=40, rows=8, block_bytes=512, num_warps=1)]
 LIMITS = npu_launch_limits(props={"name": lowering.TARGET[1], "num_vectorcore": 40})
-# What the launcher applies on an NPU (kvtier.kernels.copy_rows._floors), from the limits.
-NPU_FLOORS = dict(min_rows=LIMITS["min_rows"], min_piece_bytes=LIMITS["min_piece_bytes"])
+# What the launcher applies on an NPU (kvtier.kernels.copy_rows._platform), from the limits;
+# and, as the NPU record says, index lists checked by a check launch, never inline.
+NPU_FLOORS = dict(min_rows=LIMITS["min_rows"], min_piece_bytes=LIMITS["min_piece_bytes"], inline_check_programs=0)
 
 
 def _components(C, make):
@@ -164,7 +165,7 @@ def test_lowers_to_contiguous_row_copies(launch):
     assert len(c.scalar_data) == c.stores.count(-1) == len(small), (c.scalar_data[:3], small)
     assert c.elem_types == {f"i{8 * k['WORD']}"}, c.elem_types
     # No masks in the copy: the only compare/select is the verdict gate (once per program).
-    assert c.masks == (2 if k["CHECKED"] else 0), "integer compares/selects (masks) in the kernel"
+    assert c.masks == (2 if k["CHECK"] == 1 else 0), "integer compares/selects (masks) in the kernel"
     if big:
         assert max(c.tile_bytes) <= LIMITS["max_tile_bytes"], (c.tile_bytes, LIMITS)
         assert max(c.tile_bytes) == k["ROWS"] * max(big) * k["WORD"]
@@ -253,7 +254,9 @@ def _distinct_checks():
 
 
 def test_copies_are_checked_by_default():
-    assert CHECKS and all(p.values[0].constants["CHECKED"] for p in LAUNCHES)
+    """On an NPU every copy reads the verdict of the check launch before it (none checks
+    inline: the compares would lower element by element)."""
+    assert CHECKS and all(p.values[0].constants["CHECK"] == 1 for p in LAUNCHES)
 
 
 @pytest.mark.parametrize("launch", _distinct_checks(), ids=lambda l: "-".join(

@@ -29,7 +29,7 @@ def launched(monkeypatch):
         def __getitem__(self, grid):
             def run(*args, **kw):
                 a = core.launch_arguments(args, kw)
-                seen.append((a["src_idx"], a["dst_idx"], a["IDX_STEP"], a["n_idx"] // a["IDX_STEP"]))
+                seen.append((a["src_idx"], a["dst_idx"], a["IDX_STEP"], a["n_rows"]))
                 return real[grid](*args, **kw)
             return run
     monkeypatch.setattr(core, "_kernel", lambda: Spy())
