@@ -246,6 +246,15 @@ class KvtierStorage(HiCacheStorage):
         out.update({f"engine.{k}": v for k, v in self.engine.stats.items()})
         return out
 
+    @property
+    def tier(self) -> StoreTier:
+        """The store tier over the registered host pool."""
+        return self._need_tier()
+
+    def store_key(self, page_key: str) -> str:
+        """The key ``page_key``'s object is stored under (namespace and page key)."""
+        return self._need_tier().key(page_key)
+
     def close(self) -> None:
         """Close the store's connections (later calls read as misses)."""
         self.engine.close()
