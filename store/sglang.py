@@ -53,6 +53,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter
 from typing import Any, Dict, List, Optional
 
 import torch
@@ -97,6 +98,7 @@ class KvtierStorage(HiCacheStorage):
         self._backup_bw: List[float] = []
         self._tier: Optional[StoreTier] = None
         self._legacy = threading.local()
+        self._stages: List["_LegacyStage"] = []
         self._warned: set = set()
         self._warn_lock = threading.Lock()
         self.engine: Engine = open_store(self.url, timeout_ms=self.timeout_ms)     # reach it now
@@ -122,7 +124,7 @@ class KvtierStorage(HiCacheStorage):
                          timeout_ms=self.timeout_ms)
         super().register_mem_pool_host(mem_pool_host)
         self.host, self._tier = host, tier
-        self._legacy = threading.local()
+        self._legacy, self._stages = threading.local(), []
         log.info("kvtier HiCache storage: %s %s pages (%s) as %s on %s", kind, host.layout,
                  ", ".join(f"{n} {m}" for n, m in modes(tier.plan).items()), tier.namespace, self.url)
 
@@ -239,10 +241,15 @@ class KvtierStorage(HiCacheStorage):
 
     def counters(self) -> Dict[str, int]:
         """The tier's counters (hits, misses, timeouts, corrupt, stored, store_failed,
-        ...) and the engine's (``engine.get.hit``, ...)."""
-        out: Dict[str, int] = {}
+        ...; the legacy calls' included) and the engine's (``engine.get.hit``, ...)."""
+        out: Counter = Counter()
         if self._tier is not None:
             out.update(self._tier.stats)
+        with self._warn_lock:
+            stages = list(self._stages)
+        for stage in stages:
+            out.update(stage.tier.stats)
+        out = dict(out)
         out.update({f"engine.{k}": v for k, v in self.engine.stats.items()})
         return out
 
@@ -293,6 +300,8 @@ class KvtierStorage(HiCacheStorage):
         stage = getattr(self._legacy, "stage", None)
         if stage is None:
             stage = self._legacy.stage = _LegacyStage(self, tier)
+            with self._warn_lock:
+                self._stages.append(stage)
         return stage
 
     def _warn(self, mode: str, message: str, *args) -> None:

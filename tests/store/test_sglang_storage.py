@@ -27,7 +27,7 @@ if mods is None:
 
 from sglang_storage_support import (CASES, KIND_LAYOUTS, P, POISON, all_pages, backend, build,  # noqa: E402
                                     create, host_pool, page, poison, slots, snapshot, storage_config)
-from redis_support import flip_byte, redis_url  # noqa: E402,F401  (fixture: the shared node)
+from redis_support import flip_byte, redis_cluster_url, redis_url  # noqa: E402,F401  (fixtures: shared servers)
 from kvtier.kernels.errors import KvtierError  # noqa: E402
 from kvtier.store.file import object_name  # noqa: E402
 from sglang.srt.mem_cache.utils import get_storage_hash_str  # noqa: E402
@@ -478,37 +478,60 @@ def test_stats_and_clear(file_url, caplog):
 
 # ---------------------------------------------------------------------- SGLang's controller
 class _Controller:
-    """SGLang's HiCacheController over a device pool and its host pool, storage attached
+    """SGLang's cache controller over a device pool and its host pool, storage attached
     through the ``dynamic`` backend as SGLang attaches it (its backup, prefetch,
-    prefetch-I/O and prefetch-sync threads running)."""
+    prefetch-I/O and prefetch-sync threads running). ``hybrid``: the
+    HybridCacheController over the one-entry HostPoolGroup that SGLang's
+    build_kv_only_stack gives a server of a plain MHA/MLA model; else the base
+    HiCacheController (the decode offload manager's)."""
 
-    def __init__(self, dev, host, extra, tp=(0, 1)):
-        import sglang.srt.managers.cache_controller as cc
+    def __init__(self, dev, host, extra, tp=(0, 1), hybrid=True):
         from sglang.srt.runtime_context import get_parallel
-        self.cc, self.host = cc, host
+        self.host, self.hybrid = host, hybrid
         self._scope = get_parallel().override(tp_rank=tp[0], tp_size=tp[1], pp_rank=0, pp_size=1,
                                                attn_dcp_size=1, attn_dcp_rank=0)
         self._scope.__enter__()
         allocator = types.SimpleNamespace(get_kvcache=lambda: dev)
-        self.ctl = cc.HiCacheController(allocator, host, P, None, threading.Event(), io_backend="direct",
-                                        storage_backend="dynamic", model_name="test-org/test-model",
-                                        storage_backend_extra_config=dict(extra))
+        args = dict(io_backend="direct", storage_backend="dynamic", model_name="test-org/test-model",
+                    storage_backend_extra_config=dict(extra))
+        try:
+            if hybrid:
+                from sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller import HybridCacheController
+                from sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler import build_pool_entry
+                from sglang.srt.mem_cache.pool_host.group import HostPoolGroup
+                group = HostPoolGroup([build_pool_entry(
+                    name=mods["hicache_storage"].PoolName.KV, host_pool=host, device_pool=dev,
+                    layer_mapping={i: i for i in range(dev.layer_num)}, transfer_layer_id_max=dev.layer_num,
+                    is_anchor=True)])
+                self.ctl = HybridCacheController(allocator, group, P, None, threading.Event(),
+                                                 transfer_layer_id_max=dev.layer_num, **args)
+                self.pages = group
+            else:
+                import sglang.srt.managers.cache_controller as cc
+                self.ctl = cc.HiCacheController(allocator, host, P, None, threading.Event(), **args)
+                self.pages = host
+        except BaseException:
+            self._scope.__exit__(None, None, None)
+            raise
 
     def backup(self, pages):
         tokens = [random.randrange(1 << 20) for _ in range(len(pages) * P)]
-        hashes = get_storage_hash_str(tokens, None, page_size=P)
-        self.ctl.write_storage(slots(pages), tokens, hash_value=hashes)
+        self.ctl.write_storage(slots(pages), tokens, hash_value=get_storage_hash_str(tokens, None, page_size=P))
         op = self.ctl.ack_backup_queue.get(timeout=30)
         return tokens, op.completed_tokens
 
     def prefetch(self, tokens):
         """The storage hit query, then (as the scheduler does on a hit) host pages and the
         transfer; the acknowledged tokens and the host pages read into."""
-        self.ctl.prefetch("req", tokens)
+        if self.hybrid:
+            from sglang.srt.mem_cache.base_prefix_cache import CacheRequestHandle
+            self.ctl.prefetch(CacheRequestHandle("req", 0), tokens)
+        else:
+            self.ctl.prefetch("req", tokens)
         op = self.ctl.prefetch_hit_queue.get(timeout=30)
         if not op.storage_hit_count:
             return 0, []
-        op.host_indices = self.host.alloc(op.storage_hit_count)
+        op.host_indices = self.pages.alloc(op.storage_hit_count)
         self.ctl.prefetch_buffer.put(op)
         done = 0
         while True:
@@ -529,46 +552,53 @@ class _Controller:
 def controllers():
     made = []
     yield lambda *a, **k: made.append(_Controller(*a, **k)) or made[-1]
-    for c in made:
+    for c in reversed(made):
         c.close()
 
 
-@pytest.mark.parametrize("kind,layout,v1", [("mha", "page_first", 1), ("mha", "layer_first", 0),
-                                           ("mla", "page_first_direct", 1)])
-def test_controller_backup_and_prefetch(file_url, controllers, kind, layout, v1):
+CONTROLLER_CASES = [("hybrid", "mha", "page_first", 1), ("hybrid", "mha", "layer_first", 0),
+                    ("hybrid", "mla", "page_first_direct", 1), ("hicache", "mha", "page_head", 1),
+                    ("hicache", "mla", "layer_first", 0)]
+
+
+@pytest.mark.parametrize("controller,kind,layout,v1", CONTROLLER_CASES, ids=["-".join(map(str, c))
+                                                                            for c in CONTROLLER_CASES])
+def test_controller_backup_and_prefetch(file_url, controllers, controller, kind, layout, v1):
     dev, host = build(kind, layout, seed=11)
     extra = storage_config(file_url, interface_v1=v1).extra_config
-    c = controllers(dev, host, extra)
+    c = controllers(dev, host, extra, hybrid=controller == "hybrid")
     be = c.ctl.storage_backend
     assert type(be).__name__ == "KvtierStorage"
-    zero_copy = c.ctl.page_get_func.__func__ is c.cc.HiCacheController._page_get_zero_copy
-    assert zero_copy == bool(v1)
+    assert (c.ctl.page_get_func.__name__ == "_page_get_zero_copy") == bool(v1)     # v1 calls, else legacy
     src = [int(s) // P for s in host.alloc(4 * P)[::P]]
     want = [page(host, p) for p in src]
     tokens, done = c.backup(src)
     assert done == 4 * P
     # A prefetch of the same tokens and one more page: the 4 stored pages land in new host pages.
     got, pages = c.prefetch(tokens + [1, 2, 3, 4])
-    assert got == 4 * P and len(pages) == 4
+    assert got == 4 * P and len(pages) == 4 and not set(pages) & set(src)
     assert [page(host, p) for p in pages] == want
     # A damaged second page: SGLang keeps the first page only.
-    key = get_storage_hash_str(tokens, None, page_size=P)[1]
-    _damage(file_url, be, key, "flip")
+    _damage(file_url, be, get_storage_hash_str(tokens, None, page_size=P)[1], "flip")
     got, pages = c.prefetch(tokens)
     assert got == P and page(host, pages[0]) == want[0]
+    assert be.counters()["corrupt"] == 1
 
 
-def test_controller_mla_writer_and_readers(file_url, controllers):
+@pytest.mark.parametrize("controller", ["hybrid", "hicache"])
+def test_controller_mla_writer_and_readers(file_url, controllers, controller):
     """MLA: SGLang's controller backs pages up from the storage writer (TP rank 0) only;
     every rank's prefetch reads that one copy."""
     extra = storage_config(file_url, mla=True).extra_config
+    hybrid = controller == "hybrid"
     dev1, host1 = build("mla", "page_first", seed=1)
-    rank1 = controllers(dev1, host1, extra, tp=(1, 2))
+    rank1 = controllers(dev1, host1, extra, tp=(1, 2), hybrid=hybrid)
     assert rank1.ctl.backup_skip
     tokens, done = rank1.backup([1, 2])
-    assert done == 0 and rank1.ctl.storage_backend.counters().get("stored", 0) == 0
+    assert rank1.ctl.storage_backend.counters().get("stored", 0) == 0
+    assert rank1.prefetch(tokens) == (0, [])
     dev0, host0 = build("mla", "layer_first", seed=2)
-    rank0 = controllers(dev0, host0, extra, tp=(0, 2))
+    rank0 = controllers(dev0, host0, extra, tp=(0, 2), hybrid=hybrid)
     want = [page(host0, p) for p in (1, 2)]
     tokens, done = rank0.backup([1, 2])
     assert done == 2 * P
@@ -577,11 +607,28 @@ def test_controller_mla_writer_and_readers(file_url, controllers):
     assert got == 2 * P and [page(host1, p) for p in pages] == want
 
 
-def test_controller_survives_a_closed_store(file_url, controllers):
+@pytest.mark.parametrize("controller", ["hybrid", "hicache"])
+def test_controller_survives_a_closed_store(file_url, controllers, controller):
     dev, host = build("mha", "page_first")
-    c = controllers(dev, host, storage_config(file_url).extra_config)
+    c = controllers(dev, host, storage_config(file_url).extra_config, hybrid=controller == "hybrid")
     c.ctl.storage_backend.close()
     tokens, done = c.backup([1, 2])
     assert done == 0
     assert c.prefetch(tokens) == (0, [])
     assert c.ctl.backup_thread.is_alive() and c.ctl.prefetch_thread.is_alive()
+
+
+@pytest.mark.parametrize("kind,layout", [("mha", "page_head"), ("mla", "layer_first")])
+def test_round_trip_on_a_redis_cluster(request, kind, layout):
+    url = request.getfixturevalue("redis_cluster_url")
+    pool = host_pool(kind, layout, seed=5)
+    be = backend(url, pool)
+    keys = _keys(6)                            # spread over the cluster's slots
+    src, dst = [0, 3, 4, 8, 9, 10], [20, 21, 22, 23, 1, 2]
+    want = [page(pool, p) for p in src]
+    assert be.batch_set_v1(keys, slots(src)) == [True] * 6
+    assert be.batch_exists(keys) == 6
+    poison(pool)
+    assert be.batch_get_v1(keys, slots(dst)) == [True] * 6
+    _assert_only(pool, dst, want)
+    be.close()
