@@ -632,3 +632,19 @@ def test_round_trip_on_a_redis_cluster(request, kind, layout):
     assert be.batch_get_v1(keys, slots(dst)) == [True] * 6
     _assert_only(pool, dst, want)
     be.close()
+
+
+def test_bench_script_one_small_round(tmp_path, capsys):
+    """bench/scripts/sglang_storage.py: one small round prints a line per layout, page
+    size and backend (and checks the pages it read)."""
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[2] / "bench" / "scripts" / "sglang_storage.py"
+    spec = importlib.util.spec_from_file_location("sglang_storage_bench", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    rows = script.run(str(tmp_path), 1, 1)
+    assert [(r[0], r[1], r[2]) for r in rows] == [(lay, kib, name) for kib in (256, 1024)
+                                                   for lay in script.LAYOUTS for name in ("kvtier", "sglang-file")]
+    assert all(r[3] > 0 and r[4] > 0 for r in rows)
+    assert len(capsys.readouterr().out.splitlines()) == len(rows)
