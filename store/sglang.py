@@ -81,6 +81,8 @@ class KvtierStorage(HiCacheStorage):
     """SGLang's `HiCacheStorage` over a kvtier store (module doc)."""
 
     def __init__(self, storage_config, kwargs: Optional[dict] = None):
+        """``storage_config``: SGLang's `HiCacheStorageConfig`; ``kwargs``: what SGLang's
+        factory passes on to dynamic backends (nothing, in 0.5.23)."""
         cfg = _config(storage_config)
         self.storage_config = storage_config
         self.url: str = cfg["url"]
@@ -97,6 +99,7 @@ class KvtierStorage(HiCacheStorage):
         self._prefetch_bw: List[float] = []
         self._backup_bw: List[float] = []
         self._tier: Optional[StoreTier] = None
+        self.host = None                # kvtier's HostPool over SGLang's, at registration
         self._legacy = threading.local()
         self._stages: List["_LegacyStage"] = []
         self._warned: set = set()
@@ -242,16 +245,14 @@ class KvtierStorage(HiCacheStorage):
     def counters(self) -> Dict[str, int]:
         """The tier's counters (hits, misses, timeouts, corrupt, stored, store_failed,
         ...; the legacy calls' included) and the engine's (``engine.get.hit``, ...)."""
-        out: Counter = Counter()
+        total: Counter = Counter()
         if self._tier is not None:
-            out.update(self._tier.stats)
+            total.update(self._tier.stats)
         with self._warn_lock:
             stages = list(self._stages)
         for stage in stages:
-            out.update(stage.tier.stats)
-        out = dict(out)
-        out.update({f"engine.{k}": v for k, v in self.engine.stats.items()})
-        return out
+            total.update(stage.tier.stats)
+        return {**total, **{f"engine.{k}": v for k, v in self.engine.stats.items()}}
 
     @property
     def tier(self) -> StoreTier:
