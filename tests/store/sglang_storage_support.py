@@ -133,16 +133,17 @@ def slots(pages) -> torch.Tensor:
     return (torch.as_tensor(list(pages), dtype=torch.int64)[:, None] * P + torch.arange(P)).flatten()
 
 
-def storage_config(url: str, *, mla: bool = False, tp=(0, 1), pp=(0, 1), model="test-org/test-model",
+def storage_config(url: str, *, mla: bool = False, tp=(0, 1), pp=(0, 1), model_name="test-org/test-model",
                    metrics: bool = True, **extra):
-    """SGLang's HiCacheStorageConfig with the extra config of the issue's example."""
+    """SGLang's HiCacheStorageConfig with the extra config of the issue's example
+    (``extra``: more keys, or None to leave one out)."""
     cfg = {"backend_name": "kvtier", "module_path": "kvtier.store.sglang", "class_name": "KvtierStorage",
            "interface_v1": 1, "url": url, "timeout_ms": 1000}
     cfg.update(extra)
     cfg = {k: v for k, v in cfg.items() if v is not None}
     return _mods()["hicache_storage"].HiCacheStorageConfig(
         tp_rank=tp[0], tp_size=tp[1], pp_rank=pp[0], pp_size=pp[1], attn_cp_rank=0, attn_cp_size=1,
-        is_mla_model=mla, enable_storage_metrics=metrics, is_page_first_layout=False, model_name=model,
+        is_mla_model=mla, enable_storage_metrics=metrics, is_page_first_layout=False, model_name=model_name,
         extra_config=cfg)
 
 

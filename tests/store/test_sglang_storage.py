@@ -4,9 +4,10 @@ that SGLang builds on a CPU; MHA, asymmetric MHA, MLA), built through SGLang's o
 backend factory (the ``dynamic`` backend, the issue's extra config), on the file store
 and on Redis. Every read lands in a poisoned pool and every page is compared with a
 plain indexing of SGLang's buffers: the pages read hold the pages written, every other
-byte still holds the poison. SGLang's HiCacheController drives the backend through its
-own backup and prefetch threads at the end. Skips with one line where SGLang is not
-importable."""
+byte still holds the poison. At the end SGLang's own cache controllers (the
+HybridCacheController a server of a plain model runs, and HiCacheController) drive the
+backend through their backup and prefetch threads. Skips with one line where SGLang is
+not importable."""
 from __future__ import annotations
 
 import logging
@@ -62,7 +63,7 @@ def _assert_only(pool, dst, want):
 # ---------------------------------------------------------------------- round trips
 @pytest.mark.parametrize("kind,layout", CASES, ids=["-".join(c) for c in CASES])
 def test_round_trip(url, kind, layout):
-    pool = host_pool(kind, layout, seed=hash((kind, layout)) % 1000)
+    pool = host_pool(kind, layout, seed=CASES.index((kind, layout)))
     be = backend(url, pool)
     src, dst = [5, 1, 2, 9], [3, 7, 8, 20]
     keys = _keys(4)
@@ -183,7 +184,11 @@ def test_dtypes_and_models_apart(file_url):
         assert be.batch_exists(keys) == 0, dtype
         assert be.batch_get_v1(keys, slots([0, 1])) == [False, False]
         assert all(p == bytes([POISON]) * len(p) for p in all_pages(other))
+    assert backend(file_url, host_pool("mha", "page_first"), model_name="other/model").batch_exists(keys) == 0
     assert backend(file_url, host_pool("mha", "page_first"), model="other/model").batch_exists(keys) == 0
+    # The "model" key stands in for SGLang's model name: the same namespace.
+    assert backend(file_url, host_pool("mha", "page_first"), model_name="x", model="test-org/test-model"
+                   ).batch_exists(keys) == 2
     assert backend(file_url, host_pool("mha", "page_head")).batch_exists(keys) == 2
 
 
@@ -265,7 +270,6 @@ def test_bad_call_arguments_move_nothing(file_url):
     assert be.batch_exists(keys) == 0
 
 
-@pytest.mark.parametrize("url", ["file", "redis"], indirect=True)
 def test_three_threads_at_once(url):
     """The controller's backup, prefetch and prefetch-I/O threads on one instance."""
     pool = host_pool("mha", "page_first_direct", device_tokens=128)     # 65 pages
@@ -325,15 +329,16 @@ def _config_case(tmp_path, case):
         "bool timeout": (storage_config(url, timeout_ms=True), "timeout_ms"),
         "unknown key": (storage_config(url, timeout=5), "'timeout'"),
         "interface_v1": (storage_config(url, interface_v1=2), "interface_v1"),
-        "no model": (storage_config(url, model=None), "model_name"),
-        "empty model": (storage_config(url, **{"model": ""}), "model"),
+        "no model": (storage_config(url, model_name=None), "storage_config.model_name"),
+        "empty model": (storage_config(url, model=""), "extra_config['model']"),
+        "model not str": (storage_config(url, model=7), "extra_config['model']"),
     }
     return cfgs[case]
 
 
 @pytest.mark.parametrize("case", ["no url", "bad scheme", "no scheme", "unreachable", "file under a file",
                                   "zero timeout", "str timeout", "bool timeout", "unknown key", "interface_v1",
-                                  "no model", "empty model"])
+                                  "no model", "empty model", "model not str"])
 def test_bad_config_fails_at_construction(tmp_path, case):
     (tmp_path / "f").write_text("a file, not a directory")
     cfg, named = _config_case(tmp_path, case)
