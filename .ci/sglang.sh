@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # SGLang's own HiCache pool classes moving KV through kvtier, on CPU
-# (tests/adapters/test_sglang_package.py, after kvtier.adapters.sglang_install.install()).
+# (tests/adapters/test_sglang_package.py, after kvtier.adapters.sglang_install.install()),
+# and kvtier's HiCache L3 backend (kvtier.store.sglang) under SGLang's own backend factory
+# and cache controllers (tests/store/test_sglang_storage.py: the file store, and the Redis
+# node of KVTIER_TEST_REDIS_URL or one it starts).
 #
 # sglang==0.5.23 is installed WITHOUT its dependency tree (torch, CUDA kernels, servers):
 # `pip install --no-deps` of it and of the light packages its pool modules import, into a
@@ -32,6 +35,7 @@ fi
 # shellcheck source=.ci/pinned_target.sh
 source .ci/pinned_target.sh
 pinned_target sglang "$PY" "$TARGET" "${PINS[@]}" || exit 0
-echo "sglang: SGLang's pools on kvtier (tests/adapters/test_sglang_package.py)"
+echo "sglang: SGLang's pools on kvtier, kvtier's L3 backend in SGLang (tests/adapters/test_sglang_package.py, tests/store/test_sglang_storage.py)"
 PYTHONPATH="$TARGET${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m pytest -q -p no:cacheprovider \
-  -W ignore::DeprecationWarning -W ignore::UserWarning tests/adapters/test_sglang_package.py "$@"
+  -W ignore::DeprecationWarning -W ignore::UserWarning tests/adapters/test_sglang_package.py \
+  tests/store/test_sglang_storage.py "$@"
