@@ -31,6 +31,7 @@ import kvtier.platforms as platforms
 from . import direct_launch, faults
 from .config import CopyConfig
 from .errors import KvtierError, fail
+from .index_check import Checks, check_launch, check_on_host, checks_on
 from .plan import kernel_constants, plan_copy  # noqa: F401  (plan_copy: tests and tools)
 from .rowmap import RowMap
 from .storage_watch import Watch, check_storage, watch  # noqa: F401  (Watch: callers' type)
@@ -166,7 +167,6 @@ def copy_rows(src: RowMap, src_indices: torch.Tensor, dst: RowMap, dst_indices: 
         raise fail("config", type(config).__name__, "must be a kvtier CopyConfig (or None for the default)")
     if src_indices.numel() == 0 or num_layers == 0:
         return
-    from .index_check import Checks, checks_on
     page = (src.page_size, dst.page_size) if by_page else (1, 1)
     bound = bind(src, dst, src_layer=src_layer, dst_layer=dst_layer, num_layers=num_layers, by_page=by_page,
                  config=config, device=device, n_rows=src_indices.numel(), skip_negative=skip_negative,
@@ -217,8 +217,7 @@ def run(bounds: Sequence["BoundCopy"], sides: Sequence[tuple], si: torch.Tensor,
             if device.type == "cpu" and record.view[0]:       # the check has run already
                 faults.raise_pending(this_call=True)
             return
-    from .index_check import check_launch
-    words = check_launch(device, checks, si, di, bounds, sides, record)
+    words = check_launch(device, checks, si, di, bounds, sides, record, direct=b.direct is not None)
     for b, s in zip(bounds, sides):
         b(si, di, s, BY_VERDICT, words)
     if device.type == "cpu" and record.view[0]:
@@ -244,7 +243,6 @@ def _reference_call(bounds, maps, si, di, checks) -> None:
     """The call on the torch reference (no Triton, or CPU tensors without the
     interpreter): the lists checked on the host first, then every copy."""
     if checks is not None:
-        from .index_check import check_on_host
         check_on_host(checks, si, di)
     for b, (src, dst) in zip(bounds, maps):
         b.reference(si, di, src, dst)
@@ -273,6 +271,12 @@ def _runner(device_type: str) -> str:
             r = "kernel"
         _RUNNERS[device_type] = r
     return r
+
+
+def direct_launches() -> bool:
+    """Whether kernels run compiled here and compiled kernels are kept for direct launches
+    (`kvtier.kernels.direct_launch`): what a check launch asks (`check_launch`'s ``direct``)."""
+    return not interpreter_active() and direct_launch.enabled()
 
 
 def synchronize(device=None) -> None:

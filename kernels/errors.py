@@ -1,15 +1,5 @@
-"""The one exception type kvtier raises for bad input.
+"""`KvtierError` and `fail`, defined in `kvtier.errors` (below every subpackage, so that
+`kvtier.platforms` can raise it too); named here where kernels' users look for it."""
+from kvtier.errors import KvtierError, fail
 
-It is a ValueError (Python's convention for a bad argument) and a RuntimeError (the
-engines' own ops reject bad input with RuntimeError, TORCH_CHECK's type), so engine code
-written ``except RuntimeError`` around an adapter call and code that catches ValueError
-both keep working."""
-
-
-class KvtierError(ValueError, RuntimeError):
-    """Bad argument: the message names the argument and the bad value."""
-
-
-def fail(arg: str, value, why: str) -> "KvtierError":
-    """Build the error for argument `arg` holding `value`; callers `raise fail(...)`."""
-    return KvtierError(f"{arg}={value!r}: {why}")
+__all__ = ["KvtierError", "fail"]

@@ -109,12 +109,14 @@ def check_list_on_host(name: str, idx: torch.Tensor, limit: int, page: int, skip
 def check_launch(device: torch.device, checks: Checks, si: torch.Tensor, di: torch.Tensor,
                  bounds: Sequence = (), sides: Sequence[tuple] = (),
                  record: Optional[faults.Record] = None, words: Optional[torch.Tensor] = None,
-                 two: bool = True) -> torch.Tensor:
+                 two: bool = True, direct: bool = False) -> torch.Tensor:
     """Launch the check of one call's lists (and of the engine tables its ``bounds`` read
     through ``sides``) on ``device``'s current stream: returns this thread's verdict words
     there (or ``words``, int32[2] the caller owns: a plan's), which the call's copies read
     (word 0) or, for a copy that must run only when the call is refused, word 1.
-    ``two=False``: only ``si`` is checked (against the source side's limit and page)."""
+    ``two=False``: only ``si`` is checked (against the source side's limit and page).
+    ``direct``: the check kernel is compiled, and kept for direct launches
+    (`kvtier.kernels.copy_rows.direct_launches`)."""
     words = faults.verdict_words(device) if words is None else words
     record = record or faults.record(device)
     tables = _tables(bounds, sides, (checks.src_targ, checks.dst_targ))
@@ -125,7 +127,7 @@ def check_launch(device: torch.device, checks: Checks, si: torch.Tensor, di: tor
             ta[0], ta[1], ta[2], tb[0], tb[1], tb[2], words, record.tensor,
             checks.src_page, checks.dst_page, two, checks.skip_negative, len(tables), align, 1024)
     kernel = (_CHECK_MODULE or _check_module())._check_indices_kernel
-    if _compiled(device):       # compiled: kept and launched directly once checked
+    if direct:                  # compiled: kept and launched directly once checked
         _CHECK_LAUNCHES.launch(kernel, 1, args, direct_launch.check_spec(args))
     else:
         kernel[(1,)](*args)
@@ -168,9 +170,3 @@ def _check_module():
 
 _CHECK_MODULE = None
 _CHECK_LAUNCHES = direct_launch.Launches()     # the check's compiled kernels (Triton's default warps)
-
-
-def _compiled(device: torch.device) -> bool:
-    """Whether check kernels on ``device`` are compiled ones kept for direct launches."""
-    from .copy_rows import interpreter_active
-    return not interpreter_active() and direct_launch.enabled()

@@ -14,25 +14,16 @@ components with equal rows (K and V) so that one kernel launch moves them all.
 """
 from __future__ import annotations
 
-import math
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
-from functools import reduce
 from typing import Optional, Sequence
 
 import torch
 
+from kvtier.address import pow2_align as _pow2_align
+
 from .errors import KvtierError, fail
 from .layouts import host_layout
-
-
-def _pow2_align(*values: int, cap: int = 16) -> int:
-    """Largest power of two <= cap dividing every value."""
-    g = reduce(math.gcd, (abs(int(v)) for v in values), 0)
-    a = cap
-    while g % a:
-        a //= 2
-    return a
 
 
 def _storage_span(t: torch.Tensor):

@@ -12,7 +12,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from kvtier.kernels.errors import fail
+from kvtier.errors import fail
 
 
 def writable_dir(path, arg: str) -> Path:

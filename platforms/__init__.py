@@ -34,7 +34,7 @@ import torch  # noqa: E402
 from .record import Platform, PlatformUnavailable  # noqa: E402
 from . import ascend, cpu, cuda  # noqa: E402
 from .ascend import (NPU_MIN_PIECE_BYTES, NPU_MIN_ROWS, load_torch_npu, npu_available,  # noqa: E402,F401
-                     npu_launch_limits, npu_status, register_host_memory)
+                     npu_status, register_host_memory)
 
 __all__ = [
     "Platform", "PLATFORMS", "PlatformUnavailable", "get", "of", "platform_of", "detect_platform",
@@ -227,6 +227,12 @@ def device_properties(device=None) -> dict:
             "memory_bytes": int(getattr(p, "total_memory", 0))}
     info.update(get(platform).properties(device, p))
     return info
+
+
+def npu_launch_limits(device=None, props: Optional[dict] = None) -> dict:
+    """An NPU's launch limits (`kvtier.platforms.ascend.npu_launch_limits`), from ``props``
+    or from the device's own figures."""
+    return ascend.npu_launch_limits(props if props is not None else device_properties(device))
 
 
 @lru_cache(maxsize=None)

@@ -29,9 +29,9 @@ from typing import Optional
 
 import torch
 
-from kvtier.kernels.config import CopyConfig, Space
-from kvtier.kernels.errors import KvtierError, fail
-from kvtier.kernels.rowmap import RowMap, _pow2_align
+from kvtier.config import CopyConfig, Space
+from kvtier.errors import KvtierError, fail
+from kvtier.address import pow2_align as _pow2_align
 
 from . import runtime_libs
 from .record import PlatformUnavailable
@@ -118,7 +118,7 @@ def _properties(device: torch.device, p) -> dict:
                 ub_bytes=_NPU_UB_BYTES.get(name, _NPU_UB_DEFAULT))
 
 
-def npu_launch_limits(device=None, *, props: Optional[dict] = None) -> dict:
+def npu_launch_limits(props: dict) -> dict:
     """Launch bounds for the row-copy kernel on an Ascend device.
 
     grid: one program per vector core (the grid is bound to physical cores; each program
@@ -129,11 +129,8 @@ def npu_launch_limits(device=None, *, props: Optional[dict] = None) -> dict:
     min_piece_bytes: the smallest row piece lowered as one contiguous copy (32 bytes, the
     Unified Buffer block); the kernel copies a shorter row tail as one overlapping window of
     this size ending at the chunk's end, where the chunk is at least this long.
-    ``props`` (from device_properties) can be passed to compute without a device.
+    ``props``: the device's figures (`kvtier.platforms.device_properties`, or given).
     """
-    if props is None:
-        from kvtier.platforms import device_properties
-        props = device_properties(device)
     cores = int(props.get("num_vectorcore") or props.get("compute_units") or 1)
     ub = int(props.get("ub_bytes") or _NPU_UB_DEFAULT)
     tile = 1 << ((ub // 2).bit_length() - 1)
@@ -145,7 +142,7 @@ def _fit_space(space: Space, figures: dict) -> Space:
     """Tiles within half the device's Unified Buffer, where the device says how big it is."""
     if not figures.get("ub_bytes"):
         return space
-    limits = npu_launch_limits(props={"ub_bytes": figures["ub_bytes"], "compute_units": figures.get("units", 0)})
+    limits = npu_launch_limits({"ub_bytes": figures["ub_bytes"], "compute_units": figures.get("units", 0)})
     return replace(space, tile_limit=limits["max_tile_bytes"])
 
 
@@ -172,20 +169,36 @@ def registered_device_address(addr: int) -> Optional[int]:
     return None
 
 
-def npu_reachable(m: RowMap) -> bool:
-    """Whether every layer of host map ``m`` lies in registered memory."""
+def npu_reachable(m) -> bool:
+    """Whether every layer of host map ``m`` (a `kvtier.kernels.RowMap`) lies in
+    registered memory."""
     return all(registered_device_address(a) is not None for a in _layer_bases(m))
 
 
-def device_addressed(m: RowMap, device: torch.device) -> RowMap:
-    """``m`` as a kernel on ``device`` addresses it: host maps become tables of their
-    registered device addresses (on ``device``); other maps are returned unchanged."""
+def device_addressed(m, device: torch.device):
+    """Row map ``m`` as a kernel on ``device`` addresses it: a host map lying in one
+    registration is the same map at the registered device address of its base (what a
+    call on such a buffer passes, `kvtier.kernels.copy_rows.Side`); any other host map
+    becomes a table of its layers' device addresses; device maps are returned unchanged."""
     if m.device.type != "cpu" or device.type == "cpu":
         return m
+    if not m.is_table:
+        lo, hi = _extent(m)
+        d_lo, d_last = registered_device_address(lo), registered_device_address(hi - 1)
+        if d_lo is not None and d_last is not None and d_last - d_lo == hi - 1 - lo:
+            base = d_lo + (m.base - lo)
+            return replace(m, base=base, device=device, align=min(m.align, _pow2_align(base)))
     return translate(m, device)
 
 
-def translate(m: RowMap, table_device: torch.device) -> RowMap:
+def _extent(m) -> tuple:
+    """(first, end) host bytes of stacked map ``m``: every component and layer."""
+    spread = (m.num_components - 1) * m.comp_stride
+    return (m.base + min(0, spread),
+            m.base + max(0, spread) + (m.num_layers - 1) * m.layer_stride + m.layer_span())
+
+
+def translate(m, table_device: torch.device):
     """A table map over the device addresses of host map ``m``'s layers; the table lives
     on ``table_device`` (where the kernel reads it)."""
     addrs = []
@@ -199,11 +212,11 @@ def translate(m: RowMap, table_device: torch.device) -> RowMap:
     table = torch.tensor(addrs, dtype=torch.int64).to(table_device)
     align = _pow2_align(m.row_bytes, m.token_stride, m.page_stride, m.chunk_bytes,
                         *([m.chunk_stride] if m.n_chunks > 1 else []), *addrs)
-    return replace(m, table=table, base=0, layer_stride=0, comp_stride=0, device=table_device,
-                   align=min(align, m.align))
+    return replace(m, table=table, table2=None, base=0, layer_stride=0, comp_stride=0, device=table_device,
+                   align=min(align, m.align), table_comp=-1, table_layer=1, table_split=-1)
 
 
-def _layer_bases(m: RowMap):
+def _layer_bases(m):
     """Host address of every (component, layer) base, component-major."""
     if m.is_table:
         return m.table.tolist()

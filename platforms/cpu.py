@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 import time
 
-from kvtier.kernels.config import CopyConfig, Space
+from kvtier.config import CopyConfig, Space
 
 from .record import Platform
 

@@ -14,7 +14,7 @@ from typing import Callable, Optional
 
 import torch
 
-from kvtier.kernels.config import CopyConfig, Space
+from kvtier.config import CopyConfig, Space
 
 from . import runtime_libs
 from .record import Platform

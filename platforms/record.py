@@ -11,7 +11,7 @@ from typing import Callable, Optional, Tuple
 
 import torch
 
-from kvtier.kernels.config import CopyConfig, Space
+from kvtier.config import CopyConfig, Space
 
 # (warmup calls, repeats) -> timer(fn, **_) -> seconds for one call of fn
 TimerFactory = Callable[[int, int], Callable[..., float]]

@@ -46,7 +46,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 import kvtier.platforms as platforms
-from kvtier.autotune import config_for
+from kvtier.autotune.select import config_for
 from kvtier.kernels import RowMap
 from kvtier.kernels.errors import fail
 from kvtier.kernels.iota import iota

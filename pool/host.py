@@ -23,7 +23,7 @@ from kvtier.kernels.errors import fail
 from kvtier.kernels.layouts import host_layout
 from kvtier.kernels.ops import BACKUP, LOAD, LOAD_LAYER, Op
 from kvtier.kernels import faults
-from kvtier.kernels.copy_rows import BY_VERDICT, UNCHECKED, run
+from kvtier.kernels.copy_rows import BY_VERDICT, UNCHECKED, direct_launches, run
 from kvtier.kernels.index_check import Checks, check_launch, checks_on
 from kvtier.kernels.staging import on_device
 from kvtier.kernels.storage_watch import check_storage, watch
@@ -288,7 +288,8 @@ class HostPool:
             # (the bulk copies' runs are planned from the values: checked with them, once per values)
             self._runs(host_indices, True)
             kernel = [step for step in route if step.bound is not None]
-            verdict = check_launch(self.device, checks, si, di, [s.bound for s in kernel], [s.sides for s in kernel])
+            verdict = check_launch(self.device, checks, si, di, [s.bound for s in kernel], [s.sides for s in kernel],
+                                   direct=direct_launches())
             if self._cpu_pool:
                 faults.raise_pending(this_call=True)
         self._launch(op, route, host_indices, device_indices, si, di, verdict, n, checks is not None)

@@ -12,7 +12,7 @@ from typing import Optional
 
 import torch
 
-from kvtier.autotune import config_for
+from kvtier.autotune.select import config_for
 from kvtier.autotune.select import _GENERATION  # generation(), read inline on the hot path
 from kvtier.kernels import CopyConfig, RowMap, faults
 from kvtier.kernels.copy_rows import BY_VERDICT, BoundCopy, bind, run

@@ -22,6 +22,7 @@ import torch
 
 import kvtier.platforms as platforms
 from kvtier.kernels import faults
+from kvtier.kernels.copy_rows import direct_launches
 from kvtier.kernels.index_check import Checks, check_launch, check_list_on_host, checks_on
 from kvtier.kernels.ops import BACKUP, LOAD, LOAD_LAYER, Op
 
@@ -73,7 +74,8 @@ class TransferPlan:
         if on_device:
             a, b = on_device[0], on_device[-1]
             self.words = torch.zeros(2, dtype=torch.int32, device=device)
-            check_launch(device, Checks.of(a[:3], b[:3]), a[3], b[3], words=self.words, two=len(on_device) == 2)
+            check_launch(device, Checks.of(a[:3], b[:3]), a[3], b[3], words=self.words, two=len(on_device) == 2,
+                         direct=direct_launches())
         self.checked = True
 
     # ------------------------------------------------------------------ the batch's calls

@@ -1,6 +1,6 @@
 """No cache keeps a tensor alive that its caller has dropped: every pool and adapter entry
 point is called thousands of times on new buffers the test then drops, and the process's
-resident memory stays flat (a kept buffer of 1 MiB per call would grow it by gigabytes).
+resident memory stays flat (a kept buffer of 1 MiB per call would grow it by 2 GiB).
 
 The calls run inside `LaunchProbe` (launches recorded, not run): what is measured is what
 kvtier keeps around its launches, which is the same whether or not a kernel runs, and
@@ -133,5 +133,6 @@ def test_memory_stays_flat_over_thousands_of_calls_on_new_buffers(name):
             fn()
         grown = rss() - before
     # Each call allocates at least 1 MiB that the test drops: kept, 2000 calls would hold
-    # gigabytes. What the allocator keeps for reuse stays well under this.
-    assert grown < 64 * MB, f"{name}: resident memory grew by {grown / MB:.0f} MiB over {CALLS} calls"
+    # 2 GiB. What the allocator keeps for reuse (it moves by tens of MiB either way between
+    # readings, without a trend) stays well under this.
+    assert grown < 256 * MB, f"{name}: resident memory grew by {grown / MB:.0f} MiB over {CALLS} calls"

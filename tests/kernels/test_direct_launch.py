@@ -266,7 +266,7 @@ def test_the_index_check_is_launched_directly_too(triton_path):
     a, b = torch.tensor([3, 1, 7]), torch.tensor([0, 5, 2])
     cpu = torch.device("cpu")
     for _ in range(4):      # every call checks (and launches) again
-        words = check_launch(cpu, CHECKS, a, b)
+        words = check_launch(cpu, CHECKS, a, b, direct=True)
     assert words is not None
     assert len(passes) == 2 and len(launches) == 4
     assert all(same_launch(launches[0], launch_) for launch_ in launches[1:])
@@ -275,7 +275,7 @@ def test_the_index_check_is_launched_directly_too(triton_path):
     # A limit of another class (not a multiple of 16) is another specialization to the kept
     # kernels (Triton itself does not specialize on it): two launches through Triton again.
     for _ in range(3):
-        check_launch(cpu, Checks.of(("src_indices", 65, 1), ("dst_indices", 64, 1)), a, b)
+        check_launch(cpu, Checks.of(("src_indices", 65, 1), ("dst_indices", 64, 1)), a, b, direct=True)
     assert len(passes) == 4 and len(launches) == 7
 
 

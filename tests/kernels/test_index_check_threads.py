@@ -23,7 +23,6 @@ from kvtier.kernels import KvtierError, copy_rows
 import kvtier.platforms as platforms
 
 core = importlib.import_module("kvtier.kernels.copy_rows")
-index_check = importlib.import_module("kvtier.kernels.index_check")
 
 
 @pytest.fixture
@@ -46,7 +45,7 @@ def _sides(seed):
 def test_two_threads_interleaving_check_and_copy_each_get_their_own_verdict(check_launches, monkeypatch,
                                                                             bad_first):
     a_checked, b_checked = threading.Event(), threading.Event()
-    real = index_check.check_launch
+    real = core.check_launch
 
     def seam(*args, **kw):          # A's copies wait until B's check has run after A's
         words = real(*args, **kw)
@@ -56,7 +55,7 @@ def test_two_threads_interleaving_check_and_copy_each_get_their_own_verdict(chec
         else:
             b_checked.set()
         return words
-    monkeypatch.setattr(index_check, "check_launch", seam)
+    monkeypatch.setattr(core, "check_launch", seam)
     (src_a, dst_a), (src_b, dst_b) = _sides(1), _sides(3)
     si, di = make_indices("perm", 16, 16, seed=5)
     bad = di.clone()
