@@ -17,6 +17,7 @@ from kvtier.kernels.copy_rows import BY_VERDICT, BoundCopy, _dummy, run
 from kvtier.kernels.errors import fail
 from kvtier.kernels.index_check import Checks, checks_on
 from kvtier.kernels.iota import iota
+from kvtier.kernels.storage_watch import Watch, check_storage, watch
 from kvtier.kernels.validate import check_index, index_ok
 
 from kvtier.kernels.ops import GATHER, SCATTER, Op
@@ -62,7 +63,7 @@ class Layout:
         self.shapes = [(group_shape(pool, names, n_slots, pages), pool.components[names[0]].dtype)
                        for names, _ in pool.groups]
         self.into_pool, self.op, self.pages, self.page_indices = into_pool, op, pages, page_indices
-        self.groups = []
+        self.groups, self.watch = [], Watch((), (), ())
         for (names, m), buf in zip(pool.groups, bufs):
             layers = pool.components[names[0]].num_layers
             cmap = contiguous_map(buf, pool, pages)
@@ -76,6 +77,7 @@ class Layout:
             half = sides[:4] if not into_pool else sides[4:]
             self.groups.append(_Group(bound, half, cmap.comp_stride // bound.unit, pool_side, buf_side.align,
                                       _dummy(pool.device)))
+            self.watch = self.watch + watch(m, 0, layers)      # the pool's tensors its maps rest on
         self.bounds = [g.bound for g in self.groups]
         self.rows: Dict[torch.dtype, torch.Tensor] = {}     # the buffer side's rows 0 .. n-1, per index dtype
 
@@ -93,6 +95,7 @@ class Layout:
         0 .. n-1 of it), the lists checked by ``checks``, or gated by the ``verdict`` words
         of a check launch this call made already (a call of several steps:
         `kvtier.pool.cpu_copy`)."""
+        check_storage(self.watch)       # the pool's own tensors, where its maps were built
         bounds, sides = self.bounds, []
         for g, b in zip(self.groups, bufs):
             buf = (b.data_ptr(), g.dummy, g.dummy, g.comp_units)

@@ -139,17 +139,33 @@ def test_a_map_is_not_built_on_a_tensor_its_storage_no_longer_holds(keep_bytes):
     buf.check()
 
 
-@BREAKS
-def test_a_kept_map_whose_tensor_moved_is_built_again(brk):
-    """A kept map's key names an address; a tensor whose storage changed in place gives its
-    old memory up, and a new buffer there would find the map by that key: the map is built
-    again from the buffer passed now (its addresses, its watch) instead."""
-    from kvtier.kernels.rowmap import kept
-    old = torch.zeros(2, ROWS, *ROW, dtype=DT)
-    key = ("test-kept-moved", brk.__name__)        # a key of its own per case
-    first = kept(key, lambda: RowMap.from_stacked(old))
-    assert kept(key, lambda: RowMap.from_stacked(old)) is first      # intact: kept
-    brk(old)
-    new = torch.ones(2, ROWS, *ROW, dtype=DT)
-    again = kept(key, lambda: RowMap.from_stacked(new))
-    assert again is not first and again.segments[0][0] is new and again.born == (new.data_ptr(),)
+@pytest.mark.parametrize("change", ["shrunk", "regrown", "freed"])
+@pytest.mark.parametrize("which", ["host buffer", "stacked device buffer"])
+def test_a_pools_stacked_buffer_whose_storage_changed_in_place_is_named(which, change):
+    """A stacked buffer (a host pool's, or a stacked device pool's) whose storage is
+    shrunk, regrown or freed in place after the pool's maps were built: every call names
+    it with a `KvtierError` before any byte moves (torch gives the storage new memory, or
+    none, under the same shape), and no byte of the other side changes."""
+    dp = MHADevicePool(16, 4, 2, 2, 4, dtype=DT, device="cpu", storage="stacked")
+    hp = HostPool(dp, layout="page_first_direct", size_tokens=16, pin_memory=False, strategy="kernel")
+    for t in (dp.buffers["k"], dp.buffers["v"]):
+        t.copy_(torch.randn(t.shape).to(DT))
+    hi, di = torch.arange(4, 8), torch.arange(8, 12)
+    hp.backup_from_device_all_layer(dp, hi, di)
+    out = dp.gather(torch.arange(0, 4))             # a gather's result, made before the change
+    buf = hp.groups[0][2] if which == "host buffer" else dp.buffers["k"]
+    other = ([t.view(torch.uint8).clone() for t in (dp.buffers["k"], dp.buffers["v"])] if which == "host buffer"
+             else [b.view(torch.uint8).clone() for b in hp.buffers.values()])
+    st = buf.untyped_storage()
+    st.resize_({"shrunk": st.nbytes() // 2, "regrown": 2 * st.nbytes(), "freed": 0}[change])
+    named = "component 0 buffer" if which == "host buffer" else "buffers\\['k'\\]|component 0 buffer"
+    calls = [lambda: hp.backup_from_device_all_layer(dp, hi, di), lambda: hp.load_to_device_per_layer(dp, hi, di, 1)]
+    if which != "host buffer":
+        calls += [lambda: dp.gather(torch.arange(0, 4)), lambda: dp.gather(torch.arange(4, 8), out=out),
+                  lambda: dp.scatter(torch.arange(0, 4), out)]
+    for call in calls:
+        with pytest.raises(KvtierError, match=f"({named}).*no longer has the storage"):
+            call()
+    after = ([t.view(torch.uint8) for t in (dp.buffers["k"], dp.buffers["v"])] if which == "host buffer"
+             else [b.view(torch.uint8) for b in hp.buffers.values()])
+    assert all(torch.equal(a, b) for a, b in zip(after, other)), "bytes moved for a buffer that changed"
