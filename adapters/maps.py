@@ -19,16 +19,15 @@ no tensor, so nothing an engine drops stays alive.
 from __future__ import annotations
 
 import re
-import threading
-from collections import OrderedDict
 from dataclasses import replace
 from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
 import kvtier.platforms as platforms
+from kvtier.bounded import Bounded
 from kvtier.kernels.config import CopyConfig
-from kvtier.kernels.copy_rows import _dummy, _runner, interpreter_active, run, run_one, triton_available
+from kvtier.kernels.copy_rows import _runner, interpreter_active, run, run_one, triton_available
 from kvtier.kernels.errors import KvtierError, fail
 from kvtier.kernels.index_check import _OFF, Checks, _env_value, checks_on
 from kvtier.kernels.ops import BACKUP, LOAD, Op
@@ -404,9 +403,8 @@ class CallShape:
         self.spans = tuple((p, _span(flat[p]), names[p] if p < len(names) else f"argument {p}") for p in used)
         self.plans = plans          # (maps: dropped by `forget_maps` once the shape is kept)
         self.layouts = [(p[0].layout_key(), p[1].layout_key()) for p in plans]
-        self.bounds = {}
+        self.bounds = Bounded(64)   # bound copies by rows bucket and lookup state
         self.last = None        # (n, lookup state, bound copies) of the last call
-        self.lock = threading.Lock()
 
     def forget_maps(self) -> None:
         """Drop the maps the shape was built from (and the tensors they hold): a kept shape
@@ -431,10 +429,7 @@ class CallShape:
                 found.append(bind_launch(self.op, s, d, src_layer=sl, dst_layer=dl, num_layers=nl, n_rows=n,
                                          by_page=self.by_page, config=cfg, skip_negative=self.skip_negative,
                                          whole=self.whole, tables=(not s.table_trusted, not d.table_trusted)))
-            with self.lock:
-                if len(self.bounds) >= 64:
-                    self.bounds.clear()
-                self.bounds[key] = found
+            self.bounds.put(key, found)
         self.last = (n, state, found)
         return found
 
@@ -579,23 +574,19 @@ def _kernel_address(bound, t: torch.Tensor, addr: int) -> int:
     return addr
 
 
-_TABLES: "OrderedDict[tuple, torch.Tensor]" = OrderedDict()
-_TABLES_LOCK = threading.Lock()
+_TABLES = Bounded(256)      # int64 tables by their addresses (docs/design.md, "Caches")
 
 
 def _table_of(addrs: tuple, device: torch.device) -> torch.Tensor:
     """An int64 table of ``addrs`` on ``device``: made once per addresses (a pure function
-    of them; the least recently used of 256 dropped)."""
+    of them)."""
     key = (addrs, device)
     t = _TABLES.get(key)
     if t is None:
         t = torch.tensor(addrs, dtype=torch.int64)
         if device.type != "cpu":
             t = t.pin_memory().to(device, non_blocking=True)
-        with _TABLES_LOCK:
-            _TABLES[key] = t
-            if len(_TABLES) > 256:
-                _TABLES.popitem(last=False)
+        _TABLES.put(key, t)
     return t
 
 
@@ -621,9 +612,7 @@ def _renamed(e: KvtierError, names: Tuple[str, str]) -> KvtierError:
 # repeated call builds no map and looks none up.
 UNCACHED = object()     # in a key: an argument that cannot be keyed; the call takes the slow path
 _PLAIN = (int, type(None), CopyConfig)
-_SHAPES: "OrderedDict[tuple, CallShape]" = OrderedDict()
-_SHAPES_LOCK = threading.Lock()
-KEEP_SHAPES = 1024      # call shapes kept for the process (least recently made dropped)
+_SHAPES = Bounded(1024)     # call shapes by their arguments' layouts (docs/design.md, "Caches")
 _TENSOR = torch.Tensor
 _STRIDED = torch.strided
 
@@ -700,10 +689,7 @@ def call(key: tuple, args: tuple, src_indices, dst_indices, check: Optional[bool
     shape = build()
     if UNCACHED not in key and shape.keepable and _runner(shape.device.type) == "kernel":
         shape.forget_maps()
-        with _SHAPES_LOCK:
-            _SHAPES[key] = shape
-            if len(_SHAPES) > KEEP_SHAPES:
-                _SHAPES.popitem(last=False)
+        _SHAPES.put(key, shape)
 
 
 def _rebuild():

@@ -92,7 +92,7 @@ class _Done:
 _DONE = _Done()
 
 
-class _HostLane:
+class _HostQueue:
     """A direction's queue on the CPU: no stream, copies finish when launched."""
 
     stream = None
@@ -110,7 +110,7 @@ class _HostLane:
         return None
 
 
-class _StreamLane:
+class _StreamQueue:
     """A direction's queue on an accelerator: its own stream, events from a pool."""
 
     def __init__(self, device: torch.device):
@@ -125,7 +125,7 @@ class _StreamLane:
         self._events.extend(events)
 
     def enter(self):
-        """Order the lane after what the current stream has queued, then make it current."""
+        """Order the queue after what the current stream has queued, then make it current."""
         self.stream.wait_stream(self.mod.current_stream(self.device))
         return self.mod.stream(self.stream)
 
@@ -133,8 +133,8 @@ class _StreamLane:
         return start.elapsed_time(end) * 1e-3
 
 
-def _lane(device: torch.device):
-    return _HostLane() if device.type == "cpu" else _StreamLane(device)
+def _queue(device: torch.device):
+    return _HostQueue() if device.type == "cpu" else _StreamQueue(device)
 
 
 class _Rows:
@@ -209,7 +209,7 @@ class KvtierOffloadingHandler:
         self.device = compute_device(*maps)
         _check_reach(maps, self.device)
         self._op = BACKUP if gpu_to_cpu else LOAD
-        self._lane = _lane(self.device)
+        self._queue = _queue(self.device)
         self._jobs: deque = deque()
         self._pending: dict = {}          # job_id -> end event
         self._free: List[_Rows] = []      # index buffers of finished jobs
@@ -245,10 +245,10 @@ class KvtierOffloadingHandler:
         except KvtierError:
             self._free.append(rows)
             raise
-        lane = self._lane
-        start, end = lane.event(), lane.event()
-        with lane.enter():
-            start.record(lane.stream)
+        queue = self._queue
+        start, end = queue.event(), queue.event()
+        with queue.enter():
+            start.record(queue.stream)
             if n and rows.dev is not rows.host:
                 rows.dev[:2 * n].copy_(rows.host[:2 * n], non_blocking=True)
             for group, (a, b) in zip(self._groups, spans):
@@ -260,7 +260,7 @@ class KvtierOffloadingHandler:
                         launch(self._op, gmap, gi, cmap, ci, num_layers=gmap.num_layers)
                     else:
                         launch(self._op, cmap, ci, gmap, gi, num_layers=gmap.num_layers)
-            end.record(lane.stream)
+            end.record(queue.stream)
         nbytes = sum(s * g.block_bytes for s, g in zip(sizes, self._groups))
         self._jobs.append(_Job(int(job_id), start, end, nbytes, rows))
         self._pending[int(job_id)] = end
@@ -274,11 +274,11 @@ class KvtierOffloadingHandler:
         while self._jobs and self._jobs[0].end.query():
             job = self._jobs.popleft()
             kw = dict(job_id=job.job_id, success=True, transfer_size=job.nbytes,
-                      transfer_time=self._lane.seconds(job.start, job.end))
+                      transfer_time=self._queue.seconds(job.start, job.end))
             if self._typed:
                 kw["transfer_type"] = self.transfer_type
             done.append(self._result(**kw))
-            self._lane.release(job.start, job.end)
+            self._queue.release(job.start, job.end)
             self._free.append(job.rows)
             del self._pending[job.job_id]
         return done
@@ -332,7 +332,8 @@ def _check_tensors(gpu_tensors, cpu_tensors, factor: int):
         for arg, t in ((f"gpu_tensors[{i}]", g), (f"cpu_tensors[{i}]", c)):
             if (not isinstance(t, torch.Tensor) or t.dim() != 2 or t.element_size() != 1
                     or t.numel() == 0 or t.stride(1) != 1):
-                raise fail(arg, _describe(t), "must be a non-empty 2-D 1-byte tensor (blocks, page bytes), pages contiguous")
+                raise fail(arg, _describe(t),
+                           "must be a non-empty 2-D 1-byte tensor (blocks, page bytes), pages contiguous")
         if c.device.type != "cpu":
             raise fail(f"cpu_tensors[{i}].device", str(c.device), "must be host memory")
         if c.shape[1] != g.shape[1] * factor:

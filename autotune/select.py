@@ -13,6 +13,7 @@ import functools
 import math
 from typing import Dict, Optional, Tuple
 
+from kvtier.bounded import Bounded
 from kvtier.kernels.config import CopyConfig
 from kvtier.platforms import default_config
 from kvtier.kernels.ops import Op
@@ -20,9 +21,10 @@ from kvtier.kernels.ops import Op
 from . import cache
 from .key import DeviceId, TuneKey, device_identity, rows_bucket
 
-_RESOLVED: Dict[tuple, CopyConfig] = {}
-_BY_DEVICE: Dict[tuple, CopyConfig] = {}       # config_for's answers, by op and torch device
-_TABLES: Dict[DeviceId, "Table"] = {}
+# Answers by their arguments, dropped by `invalidate` (docs/design.md, "Caches").
+_RESOLVED = Bounded(4096)
+_BY_DEVICE = Bounded(4096)      # config_for's answers, by op and torch device
+_TABLES = Bounded(64)           # each device's tuned results, read once
 _GENERATION = [0]
 
 
@@ -75,9 +77,9 @@ def config_for(op, device, *, row_bytes: int, page_size: int, num_rows: int,
     if cfg is None:
         op = Op.parse(op)
         platform, name = _identity(device)
-        cfg = _BY_DEVICE[key] = select_config(
+        cfg = _BY_DEVICE.put(key, select_config(
             op.name, platform, row_bytes=row_bytes, page_size=page_size, num_rows=num_rows,
-            num_layers=num_layers, crosses_link=op.crosses_link, device_name=name)
+            num_layers=num_layers, crosses_link=op.crosses_link, device_name=name))
     return cfg
 
 
@@ -95,9 +97,9 @@ def select_config(op: str, platform: str, *, row_bytes: int, page_size: int, num
     q = (op, platform, device_name, row_bytes, page_size, rows_bucket(num_rows), num_layers, crosses_link)
     cfg = _RESOLVED.get(q)
     if cfg is None:
-        cfg = _RESOLVED[q] = resolve(op, platform, row_bytes=row_bytes, page_size=page_size,
-                                     num_rows=num_rows, num_layers=num_layers,
-                                     crosses_link=crosses_link, device_name=device_name)[0]
+        cfg = _RESOLVED.put(q, resolve(op, platform, row_bytes=row_bytes, page_size=page_size,
+                                       num_rows=num_rows, num_layers=num_layers,
+                                       crosses_link=crosses_link, device_name=device_name)[0])
     return cfg
 
 
@@ -118,7 +120,7 @@ def table(device: DeviceId) -> Table:
     """The device's results, read from its cache file once per process."""
     t = _TABLES.get(device)
     if t is None:
-        t = _TABLES[device] = Table(cache.load(device))
+        t = _TABLES.put(device, Table(cache.load(device)))
     return t
 
 

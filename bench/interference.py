@@ -16,7 +16,7 @@ GEMM is its loop's bytes over its loop's time; ``overlap`` is the share of the G
 during which the transfer loop ran.
 
 CUDA (and ROCm through torch.cuda) only: `measure` returns ``{"skipped": ...}`` elsewhere.
-With ``allow_cpu`` (tests) the two lanes run one after the other on the CPU, which gives
+With ``allow_cpu`` (tests) the two streams run one after the other on the CPU, which gives
 the structure of the result and no interference figure.
 """
 from __future__ import annotations
@@ -77,8 +77,8 @@ def default_caps(device: torch.device) -> tuple:
     return tuple(program_counts(platforms.of(device).max_programs(units, True)))
 
 
-class _Lanes:
-    """Two streams on CUDA; on the CPU one lane runs after the other."""
+class _Streams:
+    """Two streams on CUDA; on the CPU one stream runs after the other."""
 
     def __init__(self, device: torch.device):
         self.device = device
@@ -86,8 +86,8 @@ class _Lanes:
         self.compute = torch.cuda.Stream(device) if self.cuda else None
         self.copy = torch.cuda.Stream(device) if self.cuda else None
 
-    def on(self, lane):
-        return torch.cuda.stream(lane) if self.cuda else contextlib.nullcontext()
+    def on(self, stream):
+        return torch.cuda.stream(stream) if self.cuda else contextlib.nullcontext()
 
     def together(self, gemm: Callable, gemms: int, fn: Callable, calls: int, host_s: float) -> dict:
         """Seconds per GEMM and per transfer with both loops running, the share of the
@@ -149,13 +149,13 @@ def measure(device, setup: Setup = Setup(), *, allow_cpu: bool = False,
     if device.type != "cuda" and not (allow_cpu and device.type == "cpu"):
         return {"skipped": SKIP.format(platforms.platform_of(device))}
     start = time.monotonic()
-    lanes = _Lanes(device)
+    streams = _Streams(device)
     dtype = getattr(torch, setup.dtype)
     a = torch.randn(setup.gemm_n, setup.gemm_n, device=device).to(dtype)
     b = torch.randn(setup.gemm_n, setup.gemm_n, device=device).to(dtype)
     c = torch.empty(setup.gemm_n, setup.gemm_n, device=device, dtype=dtype)
     gemm = lambda: torch.matmul(a, b, out=c)   # noqa: E731
-    with lanes.on(lanes.compute):
+    with streams.on(streams.compute):
         g_alone = time_calls(gemm, device, warmup=max(setup.warmup, 1), iters=setup.iters)
     flop = 2 * setup.gemm_n ** 3
     log(f"GEMM {setup.gemm_n}^3 {setup.dtype} alone: {g_alone.device_s * 1e6:.1f} us "
@@ -167,7 +167,7 @@ def measure(device, setup: Setup = Setup(), *, allow_cpu: bool = False,
         for series, cap, prepare in _engines(device, setup):
             rec = {"op": op, "series": series, "cap": cap, "bytes": w.copy(op).nbytes}
             try:
-                rec.update(_measure_engine(w, op, prepare, lanes, gemm, g_alone, setup))
+                rec.update(_measure_engine(w, op, prepare, streams, gemm, g_alone, setup))
             except WrongBytes as e:
                 rec["error"] = str(e)
             except Exception as e:      # one failing engine must not end the run
@@ -179,21 +179,22 @@ def measure(device, setup: Setup = Setup(), *, allow_cpu: bool = False,
                      "layers": shape.layers, "components": shape.components},
            "gemm": {"n": setup.gemm_n, "dtype": setup.dtype, **timing_fields(g_alone),
                     "tflops": flop / g_alone.device_s / 1e12},
-           "rows": rows, "goal": goal(rows, graded=device.type != "cpu"), "elapsed_s": round(time.monotonic() - start, 1)}
+           "rows": rows, "goal": goal(rows, graded=device.type != "cpu"),
+           "elapsed_s": round(time.monotonic() - start, 1)}
     if device.type == "cpu":
-        out["note"] = ("CPU: the two lanes run one after the other; these figures show the "
+        out["note"] = ("CPU: the two streams run one after the other; these figures show the "
                        "structure only, NOT interference")
     return out
 
 
-def _measure_engine(w: Workload, op: str, prepare, lanes: _Lanes, gemm, g_alone, setup: Setup) -> dict:
+def _measure_engine(w: Workload, op: str, prepare, streams: _Streams, gemm, g_alone, setup: Setup) -> dict:
     p = prepare(w, op)
-    with lanes.on(lanes.copy):
+    with streams.on(streams.copy):
         verified_run(w, op, p)
         t_alone = time_calls(p.fn, w.device, warmup=setup.warmup, iters=setup.iters)
     calls = max(1, min(MAX_CALLS, math.ceil(setup.gemms * g_alone.device_s / max(t_alone.device_s, 1e-9))))
     host_s = setup.gemms * g_alone.host_s + calls * t_alone.host_s
-    both = lanes.together(gemm, setup.gemms, p.fn, calls, host_s)
+    both = streams.together(gemm, setup.gemms, p.fn, calls, host_s)
     nbytes = w.copy(op).nbytes
     return {"programs": p.programs, "alone": timing_fields(t_alone),
             "gbps_alone": gbps(nbytes, t_alone.device_s), "gbps_concurrent": gbps(nbytes, both["transfer_s"]),

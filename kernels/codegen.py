@@ -164,7 +164,7 @@ def _report(target: str, config: CopyConfig, shape: dict) -> KernelReport:
 
 def kernel_constants(config: CopyConfig, shape: dict) -> dict:
     """The compile-time constants the launcher would pass for this shape and config."""
-    from .plan import Geometry, kernel_constants as constants
+    from .tiling import Geometry, kernel_constants as constants
     side = dict(page_size=shape["page_size"], num_components=shape["num_components"],
                 n_chunks=shape["n_chunks"], chunk_bytes=shape["row_bytes"] // shape["n_chunks"],
                 align=shape["align"], span=1 << (30 if shape.get("offset_bits", 64) == 32 else 34))

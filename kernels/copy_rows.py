@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import warnings
-from collections import OrderedDict
 from dataclasses import replace
 from typing import NamedTuple, Optional, Sequence
 
@@ -29,15 +27,16 @@ import torch
 import kvtier.platforms as platforms
 
 from . import direct_launch, faults
+from kvtier.bounded import Bounded
 from .config import CopyConfig
 from .errors import KvtierError, fail
 from .index_check import Checks, check_launch, check_on_host, checks_on
-from .plan import kernel_constants, plan_copy  # noqa: F401  (plan_copy: tests and tools)
+from .tiling import kernel_constants, tile_copy  # noqa: F401  (tile_copy: tests and tools)
 from .rowmap import RowMap
 from .storage_watch import Watch, check_storage, watch  # noqa: F401  (Watch: callers' type)
 from .validate import check_copy
 
-__all__ = ["copy_rows", "synchronize", "KvtierError", "interpreter_active", "triton_available", "plan_copy",
+__all__ = ["copy_rows", "synchronize", "KvtierError", "interpreter_active", "triton_available", "tile_copy",
            "BoundCopy", "Side", "Checks", "bind", "run"]
 
 # What every program of a launch does before it moves a byte (the kernel's CHECK).
@@ -233,7 +232,7 @@ def run_one(b: "BoundCopy", side: tuple, si: torch.Tensor, di: torch.Tensor, n: 
         checks.count(n)
     grid = b.grid(n)
     if grid > b.inline_programs:
-            return run((b,), (side,), si, di, checks, device)
+        return run((b,), (side,), si, di, checks, device)
     b(si, di, side, INLINE, record.tensor, checks, grid)
     if b.on_cpu and record.view[0]:       # the check has run already
         faults.raise_pending(this_call=True)
@@ -325,9 +324,7 @@ class Side(NamedTuple):
     comp_stride: int
 
 
-_BOUND: "OrderedDict[tuple, BoundCopy]" = OrderedDict()
-_BOUND_LOCK = threading.Lock()
-KEEP_BOUND = 1024       # bound copies kept for the process (least recently bound dropped)
+_BOUND = Bounded(1024)      # bound copies by their layouts (docs/design.md, "Caches")
 
 
 def bind(src: RowMap, dst: RowMap, *, src_layer: int, dst_layer: int, num_layers: int, by_page: bool,
@@ -338,19 +335,15 @@ def bind(src: RowMap, dst: RowMap, *, src_layer: int, dst_layer: int, num_layers
     page size each side's list must come in whole runs of (1: none); ``tables``: whether
     each side's tables are checked for null or misaligned entries (tables an engine made;
     kvtier's own are right by construction). A pure function of its arguments' layouts,
-    kept for the process in a bounded table (`KEEP_BOUND`); it holds no tensor."""
+    kept for the process in a bounded table (`_BOUND`); it holds no tensor."""
     if config is None:
         config = platforms.of(device).default_config(crosses_link=src.device.type != dst.device.type)
     key = (src.layout_key(), dst.layout_key(), src_layer, dst_layer, num_layers, by_page, config, device,
            1 << (max(n_rows, 1) - 1).bit_length(), bool(skip_negative), whole, tables, _runner(device.type))
     b = _BOUND.get(key)
     if b is None:
-        b = BoundCopy(src, dst, src_layer, dst_layer, num_layers, by_page, config, device, key[8],
-                      bool(skip_negative), whole, tables)
-        with _BOUND_LOCK:
-            _BOUND[key] = b
-            if len(_BOUND) > KEEP_BOUND:
-                _BOUND.popitem(last=False)
+        b = _BOUND.put(key, BoundCopy(src, dst, src_layer, dst_layer, num_layers, by_page, config, device, key[8],
+                                      bool(skip_negative), whole, tables))
     return b
 
 
@@ -487,7 +480,7 @@ class BoundCopy:
 def layout_of(m: RowMap) -> RowMap:
     """``m`` without its tensors: the geometry a bound copy keeps (a table map keeps a
     placeholder table, so it still reads as one)."""
-    return replace(m, segments=(), born=(), table=_PLACEHOLDER if m.is_table else None, table2=None,
+    return replace(m, segments=(), built_ptrs=(), table=_PLACEHOLDER if m.is_table else None, table2=None,
                    table_comp=m.entry_comp, table_split=m.entry_split)
 
 

@@ -14,7 +14,6 @@ components with equal rows (K and V) so that one kernel launch moves them all.
 """
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import Optional, Sequence
 
@@ -108,7 +107,7 @@ class RowMap:
     segments: tuple = field(repr=False, default=())
     # data_ptr() of each segment's tensor when the map was first built (kept by the maps
     # derived from it): a launch compares it with the tensor's own (`watch`).
-    born: Optional[tuple] = field(repr=False, default=None)
+    built_ptrs: Optional[tuple] = field(repr=False, default=None)
     # Table maps: component c's layer l base is entry ``c * entry_comp + l * table_layer``
     # of ``table`` (components below ``entry_split``) or of ``table2`` (the rest, counted
     # from 0), plus ``base + c * comp_stride`` (LMCache's K and V planes behind one
@@ -125,8 +124,8 @@ class RowMap:
 
     def __post_init__(self):
         object.__setattr__(self, "derived", Derived())
-        if self.born is None:
-            object.__setattr__(self, "born", tuple(t.data_ptr() for t, _ in self.segments))
+        if self.built_ptrs is None:
+            object.__setattr__(self, "built_ptrs", tuple(t.data_ptr() for t, _ in self.segments))
 
     # ------------------------------------------------------------------ properties
     @property
@@ -227,7 +226,7 @@ class RowMap:
                     if i < len(self.segments)]
             return replace(self, num_layers=count, table=torch.cat(rows),
                            segments=tuple(self.segments[i] for i in keep),
-                           born=tuple(self.born[i] for i in keep))
+                           built_ptrs=tuple(self.built_ptrs[i] for i in keep))
         return replace(self, num_layers=count, base=self.base + start * self.layer_stride)
 
     def watch(self, start: int, count: int) -> tuple:
@@ -243,7 +242,7 @@ class RowMap:
         else:
             picked = range(len(self.segments))
             name = "layers[{}]" if self.is_table else "component {} buffer"
-        return tuple((self.segments[i][0], self.born[i], name.format(i)) for i in picked)
+        return tuple((self.segments[i][0], self.built_ptrs[i], name.format(i)) for i in picked)
 
     # ------------------------------------------------------------ constructors
     @classmethod
@@ -430,18 +429,18 @@ class RowMap:
         if any(geometry(m) != geometry(m0) or m.num_components != 1 for m in maps):
             return None
         segs = tuple(s for m in maps for s in m.segments)
-        born = tuple(b for m in maps for b in m.born)
+        built_ptrs = tuple(b for m in maps for b in m.built_ptrs)
         if m0.is_table:
             if any(m.table2 is not None or m.entry_comp != m.num_layers or m.table_layer != 1 for m in maps):
                 return None
             if all(m.table_trusted for m in maps):      # kvtier's own tables: joined in one
                 return replace(m0, num_components=len(maps), table=torch.cat([m.table for m in maps]),
-                               segments=segs, born=born, align=min(m.align for m in maps), table_split=-1)
+                               segments=segs, built_ptrs=built_ptrs, align=min(m.align for m in maps), table_split=-1)
             if len(maps) != 2 or any(m.num_components != 1 for m in maps):
                 return None     # an engine's tables are read as they are: two per launch at most
             step = maps[1].base - maps[0].base      # (each entry's offset, per component)
             return replace(m0, num_components=2, table=maps[0].table, table2=maps[1].table, table_split=1,
-                           comp_stride=step, segments=segs, born=born, table_trusted=False,
+                           comp_stride=step, segments=segs, built_ptrs=built_ptrs, table_trusted=False,
                            align=min(_pow2_align(step), *(m.align for m in maps)))
         # Stacked: equal distance between consecutive bases inside one allocation.
         storages = {_storage_span(m.segments[0][0]) for m in maps}
@@ -449,7 +448,7 @@ class RowMap:
         if len(storages) != 1 or len(steps) != 1 or next(iter(steps)) <= 0:
             return None
         step = steps.pop()
-        out = replace(m0, num_components=len(maps), comp_stride=step, segments=segs, born=born,
+        out = replace(m0, num_components=len(maps), comp_stride=step, segments=segs, built_ptrs=built_ptrs,
                       align=min(_pow2_align(step), *(m.align for m in maps)))
         out._check_bounds()
         return out
@@ -474,7 +473,8 @@ class RowMap:
             return None
         step = steps.pop()
         out = replace(m0, num_components=len(maps), comp_stride=step,
-                      segments=tuple(s for m in maps for s in m.segments), born=tuple(b for m in maps for b in m.born),
+                      segments=tuple(s for m in maps for s in m.segments),
+                      built_ptrs=tuple(b for m in maps for b in m.built_ptrs),
                       align=min(_pow2_align(step), *(m.align for m in maps)))
         out._check_bounds()
         return out
@@ -496,9 +496,9 @@ class RowMap:
         addrs = [m.base + layer * m.layer_stride for m in maps for layer in range(m.num_layers)]
         segments = tuple((m.segments[0][0], a) for m, a in
                          zip((m for m in maps for _ in range(m.num_layers)), addrs))
-        born = tuple(m.born[0] for m in maps for _ in range(m.num_layers))
+        built_ptrs = tuple(m.built_ptrs[0] for m in maps for _ in range(m.num_layers))
         out = replace(m0, num_components=len(maps), table=torch.tensor(addrs, dtype=torch.int64, device=m0.device),
-                      base=0, layer_stride=0, comp_stride=0, segments=segments, born=born,
+                      base=0, layer_stride=0, comp_stride=0, segments=segments, built_ptrs=built_ptrs,
                       align=min(_pow2_align(*addrs), *(m.align for m in maps)))
         out._check_bounds()
         return out
@@ -537,52 +537,6 @@ class RowMap:
 
 
 # ---------------------------------------------------------------- maps kept across calls
-# Engines pass the same buffers on every call (often as new views of them). Maps built for
-# them are kept, keyed by what they were built from, so a call finds its maps, and with
-# them its launch plans, instead of building them again. A kept map holds its tensors, so
-# their memory cannot be handed to another buffer while it is kept, unless a tensor's
-# storage is changed in place (``resize_``, ``set_``, freed): its old memory may then go
-# to a new buffer with the same key, so a hit whose maps no longer rest where they were
-# built is built again. The table is bounded.
-_KEPT: "OrderedDict[tuple, object]" = OrderedDict()
-_KEEP = 512
-
-
-def kept(key: tuple, build):
-    """The value kept under ``key``, made by ``build()`` on a miss or where the kept
-    value's maps no longer rest on their tensors as built (`intact`)."""
-    hit = _KEPT.get(key)
-    if hit is None or not intact(hit):
-        hit = keep(key, build())
-    return hit
-
-
-def intact(value) -> bool:
-    """Whether every map in ``value`` (a map, or lists and tuples holding maps) still rests
-    on tensors at the addresses it was built on (as the storage watch compares them: a
-    tensor whose storage was freed starts at 0)."""
-    if isinstance(value, RowMap):
-        return all(t.data_ptr() == born for (t, _), born in zip(value.segments, value.born))
-    if isinstance(value, (list, tuple)):
-        return all(map(intact, value))
-    return True
-
-
-def keep(key: tuple, value):
-    """Keep ``value`` under ``key`` (replacing what was there); returns it."""
-    _KEPT[key] = value
-    if len(_KEPT) > _KEEP:
-        _KEPT.popitem(last=False)
-    return value
-
-
-def tensor_key(t) -> tuple:
-    """What a map built from ``t`` depends on: its first byte, shape, strides, dtype, device."""
-    if not isinstance(t, torch.Tensor):
-        return (id(t),)
-    return (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t.device)
-
-
 _WORD_DTYPES = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 # Address tables: int64, or uint64 as engines build them (torch.uint64 needs torch >= 2.3).
 _ADDRESS_DTYPES = tuple(d for d in (torch.int64, getattr(torch, "uint64", None)) if d is not None)

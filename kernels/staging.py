@@ -16,18 +16,14 @@ refused, naming the argument.
 """
 from __future__ import annotations
 
-import threading
-from typing import Dict, Tuple
-
 import torch
 
 import kvtier.platforms as platforms
 
+from kvtier.bounded import Bounded
 from .errors import fail
 
-_LAST: Dict[tuple, Tuple[torch.Tensor, torch.Tensor]] = {}    # (device, stream) -> (snapshot, on device)
-_LOCK = threading.Lock()
-_KEEP = 64
+_LAST = Bounded(64)     # (device, stream) -> (snapshot, on device); docs/design.md, "Caches"
 
 
 def on_device(idx: torch.Tensor, device: torch.device, arg: str = "indices") -> torch.Tensor:
@@ -47,14 +43,10 @@ def on_device(idx: torch.Tensor, device: torch.device, arg: str = "indices") -> 
     snapshot = torch.empty(idx.shape, dtype=idx.dtype, pin_memory=device.type != "cpu")
     snapshot.copy_(idx)
     staged = snapshot.to(device, non_blocking=True)
-    with _LOCK:
-        if len(_LAST) >= _KEEP:         # streams come and go: their entries go with them
-            _LAST.clear()
-        _LAST[key] = (snapshot, staged)
+    _LAST.put(key, (snapshot, staged))
     return staged
 
 
 def forget() -> None:
     """Drop the kept lists (their memory goes back to torch's allocators)."""
-    with _LOCK:
-        _LAST.clear()
+    _LAST.clear()

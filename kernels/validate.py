@@ -107,20 +107,11 @@ def check_pages_in_range(arg: str, idx: torch.Tensor, limit: int, page_size: int
         first = rows.narrow(1, 0, 1)
         # (a power of two rounds down with one AND, negative slots included)
         start = first & -page_size if not page_size & (page_size - 1) else first - first.remainder(page_size)
-        if torch.equal(rows, start + _page_offsets(page_size, idx.dtype, idx.device)):
+        if torch.equal(rows, start + iota(page_size, idx.dtype, idx.device)):
             return
     check_page_aligned(arg, idx, page_size)
 
 
-_PAGE_OFFSETS = {}
-
-
-def _page_offsets(page_size: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    key = (page_size, dtype, device)
-    offsets = _PAGE_OFFSETS.get(key)
-    if offsets is None:
-        offsets = _PAGE_OFFSETS[key] = iota(page_size, dtype, device)
-    return offsets
 
 
 def is_int(v) -> bool:

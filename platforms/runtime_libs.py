@@ -73,23 +73,23 @@ class Runtime:
     # batch instead, and must be ordered with the legacy stream both ways.
     batch_default_stream: Optional[int] = None
 
-    def issue(self, plan, host, stage, to_host: bool) -> None:
+    def issue(self, copies, host, stage, to_host: bool) -> None:
         stream = self.stream_of(stage.device)
         h0, s0 = host.data_ptr(), stage.data_ptr()
         batch_stream = stream or self.batch_default_stream
-        if self.batch is not None and batch_stream and self._batched(plan):
-            return self._issue_batch(plan, h0, s0, to_host, batch_stream)
+        if self.batch is not None and batch_stream and self._batched(copies):
+            return self._issue_batch(copies, h0, s0, to_host, batch_stream)
         kind = D2H if to_host else H2D
-        for h, s, w, n in plan.rows():
-            for hh, ss, m, (hp, sp) in self._pieces(plan, h, s, w, n):
+        for h, s, w, n in copies.rows():
+            for hh, ss, m, (hp, sp) in self._pieces(copies, h, s, w, n):
                 args = (h0 + hh, hp, s0 + ss, sp) if to_host else (s0 + ss, sp, h0 + hh, hp)
                 rc = self.copy_2d(*args, w, m, kind, stream)
                 if rc != 0:
                     raise RuntimeError(f"kvtier dma: {self.name} 2-D copy of {m} x {w} bytes failed: "
                                        f"{self.error(rc)} ({rc})")
 
-    def _batched(self, plan) -> bool:
-        """Whether the batch call should move ``plan``: when asked to, or ("auto") when its
+    def _batched(self, copies) -> bool:
+        """Whether the batch call should move ``copies``: when asked to, or ("auto") when its
         2-D copies are short. On an H200 (CUDA 13, driver 580) a batch costs about 0.6 us
         per piece device->host and 4 us host->device, a 2-D call 4-7 us whatever its
         height, and the batch won wherever copies averaged under 4 rows
@@ -97,19 +97,19 @@ class Runtime:
         mode = dma_mode()
         if mode != "auto":
             return mode == "batch"
-        return plan.mean_height < BATCH_BELOW_MEAN_HEIGHT
+        return copies.mean_height < BATCH_BELOW_MEAN_HEIGHT
 
-    def _issue_batch(self, plan, h0: int, s0: int, to_host: bool, stream) -> None:
-        # The three address arrays are kept with the plan (the call reads them before it returns).
-        dst, src, w = plan.addresses(h0, s0, to_host)
+    def _issue_batch(self, copies, h0: int, s0: int, to_host: bool, stream) -> None:
+        # The three address arrays are kept with the copies (the call reads them before it returns).
+        dst, src, w = copies.addresses(h0, s0, to_host)
         rc = self.batch(dst.data_ptr(), src.data_ptr(), w.data_ptr(), w.numel(), stream)
         if rc != 0:
             raise RuntimeError(f"kvtier dma: {self.name} batch of {w.numel()} copies failed: "
                                f"{self.error(rc)} ({rc})")
 
-    def _pieces(self, plan, h: int, s: int, w: int, n: int):
+    def _pieces(self, copies, h: int, s: int, w: int, n: int):
         """(host offset, staging offset, rows, (host pitch, staging pitch)) within the limits."""
-        hp, sp = plan.host_pitch, plan.stage_pitch
+        hp, sp = copies.host_pitch, copies.stage_pitch
         step = 1 if max(hp, sp) > self.max_pitch else self.max_height
         for i in range(0, n, step):
             m = min(step, n - i)

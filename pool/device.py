@@ -20,6 +20,7 @@ import torch
 from kvtier.kernels import RowMap
 from kvtier.kernels.errors import KvtierError, fail
 from kvtier.kernels import faults
+from kvtier.bounded import Bounded
 from kvtier.kernels.validate import is_int
 
 from .gather import gather as _gather, scatter as _scatter
@@ -96,11 +97,10 @@ class DevicePool:
         self.page_runs = self.page_size > 1 and all(m.page_contiguous for _, m in self.groups)
         # Index value checks of gather/scatter/CPU copies: None follows KVTIER_CHECK (on).
         self.check: Optional[bool] = None
-        # Gathers' and scatters' copies per call shape, and new result buffers' shapes
-        # (pool/gather.py: pure functions of the shape and this pool's maps).
-        self._gather_layouts: Dict[tuple, object] = {}
-        self._gather_shapes: Dict[tuple, list] = {}
-        self._gather_specs: Dict[tuple, list] = {}
+        # Gathers' and scatters' copies per call shape, and group buffers' shapes per
+        # slot count (pool/gather.py: pure functions of the shape and this pool's maps).
+        self._gather_layouts = Bounded(16)
+        self._gather_specs = Bounded(64)
         self._component_names = list(self.components)
 
     # ------------------------------------------------------------------ description

@@ -5,7 +5,7 @@ each contiguous run between staging and host memory (loads run it in reverse).
 Staging has the host buffer's layout with only the moved slots (or pages) and layers,
 so a run of consecutive host slots is a run of consecutive staging slots. A run's
 pieces (one per layer and component in layer_first) repeat at one stride in both
-buffers, so each run is one or a few 2-D copies (`dma_plan`), issued by the runtime's
+buffers, so each run is one or a few 2-D copies (`dma_copies`), issued by the runtime's
 2-D copy (`link_copy`).
 
 Overlap. A transfer moves in chunks of at most `DmaConfig.chunk_bytes` through a ring of
@@ -17,10 +17,10 @@ run while chunk k+1 is gathered (loads: chunk k's upload while chunk k-1 scatter
 The call ends with the caller's stream waiting for the side stream, so every rule of
 docs/pools.md ("Ordering rules") holds as if all work ran on the caller's stream.
 
-Reuse. One `Lane` per (device, caller stream) keeps the staging ring (grown when a
+Reuse. One `StreamStaging` per (device, caller stream) keeps the staging ring (grown when a
 transfer needs larger slots, never per call), its row maps (and with them the kernel's
-launch plans), the side stream and the events. Runs and chunk plans are kept by the
-values of the host indices (`dma_plan.runs_of`, `dma_plan.chunk_plans`); device indices
+launch plans), the side stream and the events. Runs and chunks are kept by the
+values of the host indices (`dma_copies.runs_of`, `dma_copies.chunks_of`); device indices
 are never read on the host.
 
 Bad device indices. A backup whose device-side index check fails must change no host
@@ -38,7 +38,6 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 from math import prod
 from typing import Dict, List, Optional, Tuple
@@ -48,14 +47,14 @@ import torch
 import kvtier.platforms as platforms
 from kvtier.autotune.select import config_for
 from kvtier.kernels import RowMap
+from kvtier.bounded import Bounded
 from kvtier.kernels.errors import fail
 from kvtier.kernels.iota import iota
 from kvtier.kernels.layouts import host_layout
 from kvtier.kernels.ops import Op
-from kvtier.kernels.rowmap import tensor_key
 
 from . import link_copy
-from .dma_plan import Chunk, chunk_plans, runs_of, shape_2d
+from .dma_copies import Chunk, chunks_of, runs_of, shape_2d
 from .launch import launch
 
 Runs = Tuple[torch.Tensor, torch.Tensor, torch.Tensor]
@@ -111,7 +110,7 @@ def configure(cfg: Optional[DmaConfig]) -> Optional[DmaConfig]:
     return old
 
 
-# ------------------------------------------------------------------ lanes
+# ------------------------------------------------------------------ per-stream staging
 @dataclass
 class Slot:
     """One staging slot as a ``(C, *layout dims)`` tensor and its row map."""
@@ -120,10 +119,10 @@ class Slot:
     map: RowMap
 
 
-class Lane:
+class StreamStaging:
     """The staging ring, side stream and events of one (device, caller stream).
 
-    Every transfer on the lane orders its work against the previous one through the
+    Every transfer through it orders its work against the previous one through the
     caller's stream (see `_backup` and `_load`), so transfers share one ring safely."""
 
     def __init__(self, device: torch.device):
@@ -137,7 +136,7 @@ class Lane:
         # One transfer enqueues at a time: two threads on one stream would otherwise
         # interleave their chunks in one ring and wait on each other's events.
         self.lock = threading.Lock()
-        self.host_slots: "OrderedDict[int, Tuple[Chunk, torch.Tensor]]" = OrderedDict()
+        self.host_slots = Bounded(64)       # id(chunk) -> (chunk, its host slots on the device)
 
     # -- staging
     def ring(self, host_buf: torch.Tensor, layout: str, page_size: int, layers: int, cap: int,
@@ -196,45 +195,41 @@ class Lane:
 
     def host_slots_of(self, chunk: Chunk, unit: int) -> torch.Tensor:
         """The host slots of ``chunk`` in staging order, on the device (uploaded once per
-        kept chunk plan on this lane's stream, so only this lane reads them)."""
+        kept chunk on this stream, so only transfers on it read them)."""
         hit = self.host_slots.get(id(chunk))
-        if hit is not None and hit[0] is chunk:
-            self.host_slots.move_to_end(id(chunk))
+        if hit is not None and hit[0] is chunk:      # the entry holds the chunk: its id is not reused
             return hit[1]
         u = chunk.host_units
         slots = (u[:, None] * unit + torch.arange(unit)).reshape(-1) if unit > 1 else u
         if self.device.type != "cpu":
             slots = slots.pin_memory().to(self.device, non_blocking=True)
-        self.host_slots[id(chunk)] = (chunk, slots)
-        while len(self.host_slots) > 64:
-            self.host_slots.popitem(last=False)
+        self.host_slots.put(id(chunk), (chunk, slots))
         return slots
 
 
 ALIGN = 256                     # bytes: staging slots start at this alignment
-_LANES: "OrderedDict[tuple, Lane]" = OrderedDict()
-_MAX_LANES = 16
+# Per (device, caller stream); an evicted one's ring stays allocated until its streams
+# finish (the allocator knows its streams), and is made again on the next call.
+_STREAM_STAGING = Bounded(16)
 
 
-def lane(device: torch.device) -> Lane:
-    """The lane of ``device`` and its current stream."""
+def stream_staging(device: torch.device) -> StreamStaging:
+    """The staging of ``device`` and its current stream."""
     stream = platforms.current_stream(device) if device.type != "cpu" else None
     key = (device, stream)
-    ln = _LANES.get(key)
-    if ln is None:
-        ln = _LANES[key] = Lane(device)
-        while len(_LANES) > _MAX_LANES:         # the allocator keeps an evicted ring until its streams finish
-            _LANES.popitem(last=False)
-    return ln
+    st = _STREAM_STAGING.get(key)
+    if st is None:
+        st = _STREAM_STAGING.put(key, StreamStaging(device))
+    return st
 
 
 # ------------------------------------------------------------------ transfers
 def runs(host_indices: torch.Tensor, unit: int, check=None) -> Runs:
-    """`dma_plan.runs` of the host units of ``host_indices`` (CPU slots; ``unit`` slots per
+    """`dma_copies.runs` of the host units of ``host_indices`` (CPU slots; ``unit`` slots per
     unit: a page in page-major layouts), kept by value: a call with the indices of an
-    earlier one (HiCache's per-layer loads) finds its runs, and with them its chunk plans,
+    earlier one (HiCache's per-layer loads) finds its runs, and with them its chunks,
     without working out its units again. ``check``: (limit, page) the values must pass
-    first (checked once per values: `dma_plan.runs_of`)."""
+    first (checked once per values: `dma_copies.runs_of`)."""
     return runs_of(host_indices, unit, check)
 
 
@@ -246,7 +241,7 @@ def backup(op, dev_map, didx, host_buf, layout, page_size, dev_layer, host_layer
     t = _Transfer(op, dev_map, didx, host_buf, layout, page_size, dev_layer, host_layer, num_layers,
                   run_list, by_page, config, verdict, host_map)
     if t.chunks:
-        with t.lane.lock:
+        with t.staging.lock:
             t.backup()
 
 
@@ -256,7 +251,7 @@ def load(op, dev_map, didx, host_buf, layout, page_size, dev_layer, host_layer, 
     t = _Transfer(op, dev_map, didx, host_buf, layout, page_size, dev_layer, host_layer, num_layers,
                   run_list, by_page, config, verdict, host_map)
     if t.chunks:
-        with t.lane.lock:
+        with t.staging.lock:
             t.load()
 
 
@@ -271,7 +266,7 @@ def verdict_now(verdict: Optional[torch.Tensor]) -> Optional[int]:
 
 
 class _Transfer:
-    """One backup or load of one host component group through a lane."""
+    """One backup or load of one host component group through its stream's staging."""
 
     def __init__(self, op, dev_map, didx, host_buf, layout, page_size, dev_layer, host_layer, num_layers,
                  run_list, by_page, config, verdict, host_map):
@@ -291,12 +286,12 @@ class _Transfer:
         unit_bytes = (host_buf.element_size() * host_buf.shape[0] * num_layers
                       * prod(lay.row_shape(host_buf.shape[1:])) * self.unit)
         self.cap = max(1, cfg.chunk_bytes // unit_bytes)
-        self.lane = lane(didx.device)
-        self.ring = self.lane.ring(host_buf, layout, page_size, num_layers, self.cap, cfg.slots)
+        self.staging = stream_staging(didx.device)
+        self.ring = self.staging.ring(host_buf, layout, page_size, num_layers, self.cap, cfg.slots)
         ld, ud = 1 + lay.layer_dim, 1 + lay.unit_dim
         shape = _shape(host_buf, layout, host_layer, num_layers, self.ring[0].tensor, ld, ud)
-        self.chunks = chunk_plans(run_list, shape, self.cap)
-        # The plans' host offsets are from the layer range's first byte: its bytes from there.
+        self.chunks = chunks_of(run_list, shape, self.cap)
+        # The chunks' host offsets are from the layer range's first byte: its bytes from there.
         self.host_range = link_copy.bytes_from(host_buf, host_layer * host_buf.stride(ld) * host_buf.element_size())
         self.stage_op = Op("gather" if op.from_device else "scatter", op.scope)
         self.stream = platforms.current_stream(didx.device) if didx.device.type != "cpu" else None
@@ -328,8 +323,8 @@ class _Transfer:
                    verdict=self.verdict)
 
     def _copies(self, ch: Chunk, slot: Slot, to_host: bool) -> None:
-        with self.lane.on_side():
-            link_copy.issue(ch.plan, self.host_range, slot.tensor, to_host)
+        with self.staging.on_side():
+            link_copy.issue(ch.copies, self.host_range, slot.tensor, to_host)
 
     # -- the bad-verdict fill (see the module doc)
     def _fill_mode(self) -> Optional[str]:
@@ -343,65 +338,65 @@ class _Transfer:
 
     def _fill_from_host(self, ch: Chunk, slot: Slot, inverted: torch.Tensor) -> None:
         """Staging slot <- the chunk's host rows, only where the verdict is bad."""
-        hs = self.lane.host_slots_of(ch, self.unit)
+        hs = self.staging.host_slots_of(ch, self.unit)
         launch(self.op, self._host_map(), hs, slot.map, iota(hs.numel(), hs.dtype, hs.device),
                src_layer=self.host_layer, dst_layer=0, num_layers=self.num_layers, by_page=self.by_page,
                config=self.config, strategy="dma", verdict=inverted)
 
     # -- the pipelines
     def backup(self) -> None:
-        ln, S, side = self.lane, self.stream, self.lane.side
+        st, S, side = self.staging, self.stream, self.staging.side
         n = len(self.ring)
         mode = self._fill_mode()
         inverted = self.verdict[1:] if mode == "kernel" else None       # 0 exactly for a bad call
         if mode == "copies":
-            ln.signal("started", S)
-            ln.wait(side, "started")                # fills after the caller's earlier work
+            st.signal("started", S)
+            st.wait(side, "started")                # fills after the caller's earlier work
         for k, ch in enumerate(self.chunks):
             s = k % n
             slot = self._slot(k)
             if k >= n:
-                ln.wait(S, f"drained{s}")           # chunk k - n's copies have left this slot
+                st.wait(S, f"drained{s}")           # chunk k - n's copies have left this slot
             if mode == "kernel":
                 self._fill_from_host(ch, slot, inverted)
             elif mode == "copies":
                 self._copies(ch, slot, to_host=False)
-                ln.signal(f"filled{s}", side)
-                ln.wait(S, f"filled{s}")
+                st.signal(f"filled{s}", side)
+                st.wait(S, f"filled{s}")
             self._stage_launch(ch, slot, to_stage=True)
-            ln.signal(f"gathered{s}", S)
-            ln.wait(side, f"gathered{s}")
+            st.signal(f"gathered{s}", S)
+            st.wait(side, f"gathered{s}")
             self._copies(ch, slot, to_host=True)
-            ln.signal(f"drained{s}", side)
-        ln.signal("joined", side)
-        ln.wait(S, "joined")                        # the caller's stream after every copy
+            st.signal(f"drained{s}", side)
+        st.signal("joined", side)
+        st.wait(S, "joined")                        # the caller's stream after every copy
 
     def load(self) -> None:
-        ln, S, side = self.lane, self.stream, self.lane.side
+        st, S, side = self.staging, self.stream, self.staging.side
         n = len(self.ring)
-        ln.signal("started", S)
-        ln.wait(side, "started")                    # uploads after the caller's earlier work
+        st.signal("started", S)
+        st.wait(side, "started")                    # uploads after the caller's earlier work
         for k, ch in enumerate(self.chunks):
             s = k % n
             slot = self._slot(k)
             if k >= n:
-                ln.wait(side, f"drained{s}")        # chunk k - n's scatter has left this slot
+                st.wait(side, f"drained{s}")        # chunk k - n's scatter has left this slot
             self._copies(ch, slot, to_host=False)
-            ln.signal(f"uploaded{s}", side)
-            ln.wait(S, f"uploaded{s}")
+            st.signal(f"uploaded{s}", side)
+            st.wait(S, f"uploaded{s}")
             self._stage_launch(ch, slot, to_stage=False)
-            ln.signal(f"drained{s}", S)
+            st.signal(f"drained{s}", S)
 
 
-_SHAPES: "OrderedDict[tuple, object]" = OrderedDict()
+_SHAPES = Bounded(256)      # copy shapes by the views' shapes and strides (docs/design.md, "Caches")
 
 
 def _shape(host_buf, layout, host_layer, num_layers, stage, ld, ud):
-    """`shape_2d` of the host layer range against a staging slot (kept per buffers)."""
-    key = (tensor_key(host_buf), layout, host_layer, num_layers, tuple(stage.shape), stage.stride())
+    """`shape_2d` of the host layer range against a staging slot: a function of both
+    views' shapes, strides and element size only, so kept by those."""
+    key = (tuple(host_buf.shape), host_buf.stride(), host_buf.element_size(), layout, host_layer, num_layers,
+           tuple(stage.shape), stage.stride(), ld, ud)
     hit = _SHAPES.get(key)
     if hit is None:
-        hit = _SHAPES[key] = shape_2d(host_buf.narrow(ld, host_layer, num_layers), stage, ud)
-        while len(_SHAPES) > 256:
-            _SHAPES.popitem(last=False)
+        hit = _SHAPES.put(key, shape_2d(host_buf.narrow(ld, host_layer, num_layers), stage, ud))
     return hit

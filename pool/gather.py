@@ -134,9 +134,7 @@ def _layout(pool, op: Op, bufs, pages: bool, page_indices: bool, n_slots: int, i
     if laid is None or not laid.fits(bufs):
         laid = Layout(pool, op, bufs, pages, page_indices, n_slots, into_pool)
         if laid.fits(bufs):
-            if len(pool._gather_layouts) >= 16:
-                pool._gather_layouts.clear()
-            pool._gather_layouts[key] = laid
+            pool._gather_layouts.put(key, laid)
     return laid
 
 
@@ -171,15 +169,9 @@ def gather(pool, indices: torch.Tensor, *, pages: bool = False,
     if out is not None:
         bufs = _out_buffers(pool, out, n_slots, pages)
     else:
-        key = (GATHER, pages, n_slots)
-        shapes = pool._gather_shapes.get(key)
-        if shapes is None:
-            if len(pool._gather_shapes) >= 64:
-                pool._gather_shapes.clear()
-            shapes = pool._gather_shapes[key] = [(group_shape(pool, names, n_slots, pages),
-                                                  pool.components[names[0]].dtype) for names, _ in pool.groups]
         # (the shape as separate arguments: torch parses them faster than one tuple)
-        bufs = [torch.empty(*shape, dtype=dtype, device=pool.device) for shape, dtype in shapes]
+        bufs = [torch.empty(*shape, dtype=dtype, device=pool.device)
+                for _, shape, dtype in _group_specs(pool, n_slots, pages)]
     gather_groups(pool, indices, bufs, pages)
     if out is not None:
         return out
@@ -256,10 +248,8 @@ def _group_specs(pool, n_slots: int, pages: bool) -> list:
     key = (pages, n_slots)
     specs = pool._gather_specs.get(key)
     if specs is None:
-        if len(pool._gather_specs) >= 64:
-            pool._gather_specs.clear()
-        specs = pool._gather_specs[key] = [(names, torch.Size(group_shape(pool, names, n_slots, pages)),
-                                            pool.components[names[0]].dtype) for names, _ in pool.groups]
+        specs = pool._gather_specs.put(key, [(names, torch.Size(group_shape(pool, names, n_slots, pages)),
+                                              pool.components[names[0]].dtype) for names, _ in pool.groups])
     return specs
 
 

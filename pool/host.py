@@ -11,7 +11,7 @@ import math
 import os
 import weakref
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -23,6 +23,7 @@ from kvtier.kernels.errors import fail
 from kvtier.kernels.layouts import host_layout
 from kvtier.kernels.ops import BACKUP, LOAD, LOAD_LAYER, Op
 from kvtier.kernels import faults
+from kvtier.bounded import Bounded
 from kvtier.kernels.copy_rows import BY_VERDICT, UNCHECKED, direct_launches, run
 from kvtier.kernels.index_check import Checks, check_launch, checks_on
 from kvtier.kernels.staging import on_device
@@ -35,6 +36,9 @@ from .device import DevicePool
 from . import launch as launcher
 from .launch import DEBUG, bind_launch, lookup, lookup_state
 from .spec import Component
+
+if TYPE_CHECKING:
+    from .plan import TransferPlan
 
 _CPU = torch.device("cpu")
 
@@ -55,8 +59,9 @@ class Move:
 
 @dataclass(frozen=True)
 class Step:
-    """One launch of a kept route: a move over a layer range, with its configuration and
-    strategy; ``bound`` is the kernel strategy's bound copy (None for dma)."""
+    """One launch of a call shape's steps: a move over a layer range, with its
+    configuration and strategy; ``bound`` is the kernel strategy's bound copy (None for
+    dma)."""
 
     move: Move
     dev_layer: int
@@ -70,7 +75,20 @@ class Step:
     maps: tuple         # (source, destination) maps, for the torch reference
 
 
-_ROUTES = 256       # call shapes kept per pool (cleared, not evicted one by one, past it)
+_SHAPES_PER_POOL = 256      # call shapes whose steps a host pool keeps per device pool
+
+
+class _LastCall(NamedTuple):
+    """The last call's shape (op, device pool, row count, lookup state), the steps of
+    that shape found so far by layer, and its lists' checks: a layer loop's next layer
+    and the next all-layer call of that shape find theirs here in one comparison."""
+
+    op: Op
+    pool: object
+    n: int
+    state: tuple
+    steps_by_layer: dict
+    checks: Checks
 
 
 class HostPool:
@@ -157,12 +175,11 @@ class HostPool:
         self._kernel_reaches = all(m.reachable_by(self._platform) for _, m, _ in self.groups)
         self.allocator = PageAllocator(self.size, self.page_size)
         self._moves: Dict[int, List[Move]] = {}
-        # Steps per call shape (see _route_of): for the packed pools, and per other pool
+        # Steps per call shape (see _steps_of): for the packed pools, and per other pool
         # that stands in for the target (dropped with that pool).
-        self._routes: Dict[tuple, tuple] = {}
-        self._other_routes: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-        # (op, device pool, rows, lookup state, {layer: steps}, checks) of the last call
-        self._last_route = None
+        self._shape_steps = Bounded(_SHAPES_PER_POOL)
+        self._other_shape_steps: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+        self._last_call: Optional[_LastCall] = None
         self._dma_host_maps: Dict[tuple, RowMap] = {}
         self._cpu_pool = self.device.type == "cpu"
         self._by_page = self._layout.paged and self.page_size > 1   # page layouts move whole pages
@@ -270,45 +287,45 @@ class HostPool:
         if n == 0:
             faults.raise_pending()
             return
-        route, checks = self._steps(op, device_pool, local, n, slots)
-        if capturing and any(step.bound is None for step in route):
+        steps, checks = self._steps(op, device_pool, local, n, slots)
+        if capturing and any(step.bound is None for step in steps):
             raise fail("strategy", "dma", "cannot be captured in a CUDA graph: it plans its copies from the "
                        "host indices' values on the host, which a replay would not see; use strategy='kernel'")
         checks = checks if checks_on(self.check) else None
         h = host_indices if self._cpu_pool else on_device(host_indices, self.device, "host_indices")
         si, di = (device_indices, h) if op.from_device else (h, device_indices)
-        if all(step.bound is not None for step in route):
-            self._log(op, route, n)
-            run([step.bound for step in route], [step.sides for step in route], si, di, checks, self.device,
-                lambda: [step.maps for step in route])
+        if all(step.bound is not None for step in steps):
+            self._log(op, steps, n)
+            run([step.bound for step in steps], [step.sides for step in steps], si, di, checks, self.device,
+                lambda: [step.maps for step in steps])
             return
         faults.raise_pending()
         verdict = None
         if checks is not None:
             # (the bulk copies' runs are planned from the values: checked with them, once per values)
             self._runs(host_indices, True)
-            kernel = [step for step in route if step.bound is not None]
+            kernel = [step for step in steps if step.bound is not None]
             verdict = check_launch(self.device, checks, si, di, [s.bound for s in kernel], [s.sides for s in kernel],
                                    direct=direct_launches())
             if self._cpu_pool:
                 faults.raise_pending(this_call=True)
-        self._launch(op, route, host_indices, device_indices, si, di, verdict, n, checks is not None)
+        self._launch(op, steps, host_indices, device_indices, si, di, verdict, n, checks is not None)
 
     def _steps(self, op: Op, device_pool, local, n: int, slots):
         """(the steps of this call shape, its lists' checks), every tensor they rest on
         checked to be where it was (`check_storage`) before the first byte moves. The
         steps of the last call's op, pool, count and lookup state are kept by layer: the
         next all-layer call of that shape, or the layer loop's next layer, finds its own."""
-        state, last = lookup_state(), self._last_route
-        if not (last is not None and last[0] is op and last[1] is device_pool and last[2] == n
-                and last[3] == state):
-            last = self._last_route = (op, device_pool, n, state, {}, self._checks_for(op, slots))
-        route = last[4].get(local)
-        if route is None:
-            route = last[4][local] = self._route_of(op, device_pool, local, n, slots, state)
-        for step in route:
+        state, last = lookup_state(), self._last_call
+        if not (last is not None and last.op is op and last.pool is device_pool and last.n == n
+                and last.state == state):
+            last = self._last_call = _LastCall(op, device_pool, n, state, {}, self._checks_for(op, slots))
+        steps = last.steps_by_layer.get(local)
+        if steps is None:
+            steps = last.steps_by_layer[local] = self._steps_of(op, device_pool, local, n, slots, state)
+        for step in steps:
             check_storage(step.watch)
-        return route, last[5]
+        return steps, last.checks
 
     def _runs(self, host_indices, checked: bool):
         """The runs of consecutive host units the dma path plans its bulk copies from (the
@@ -316,15 +333,15 @@ class HostPool:
         return dma.runs(host_indices.cpu(), self.page_size if self._layout.paged else 1,
                         (self.size, self._index_page) if checked else None)
 
-    def _launch(self, op: Op, route, host_indices, device_indices, si, di, verdict, n: int,
+    def _launch(self, op: Op, steps, host_indices, device_indices, si, di, verdict, n: int,
                 checked: bool) -> None:
         """Every step of a call whose lists were checked (``verdict``: the words of the
         check launch every step reads; None: checked on the host, or checks off): kernel
         steps at ``si``, ``di``, dma steps at the device list and the host list's runs
         (``checked``: the runs found with the host list's values checked)."""
-        self._log(op, route, n)
+        self._log(op, steps, n)
         run_list = None
-        for step in route:
+        for step in steps:
             if step.bound is not None:
                 step.bound(si, di, step.sides, BY_VERDICT if verdict is not None else UNCHECKED,
                            verdict if verdict is not None else si)
@@ -345,10 +362,10 @@ class HostPool:
         from .plan import TransferPlan
         return TransferPlan(self, device_pool, host_indices, device_indices)
 
-    def _log(self, op: Op, route, n: int) -> None:
+    def _log(self, op: Op, steps, n: int) -> None:
         """One DEBUG line per kernel step (the dma path's staging copies log their own)."""
         if launcher.log.isEnabledFor(DEBUG):
-            for step in route:
+            for step in steps:
                 if step.bound is not None:
                     launcher.log_launch(op, step.strategy, step.config, n, n * step.bound.op_bytes)
 
@@ -370,27 +387,23 @@ class HostPool:
             check_index("host_indices", host_indices, _CPU)
         return on_device(host_indices, self.device, "host_indices")
 
-    def _route_of(self, op: Op, device_pool, local, n: int, slots, state) -> List["Step"]:
-        """The steps of one call shape (op, device pool, layer, rows bucket) under lookup
-        ``state``: kept by the host pool for its packed pools, by the device pool's weak
-        reference for any other (nothing here keeps a device pool alive)."""
-        key = (op, local, rows_bucket(n))
-        routes = self._routes if any(device_pool is p for p in self.pools) else self._other_routes.setdefault(
-            device_pool, {})
-        kept = routes.get(key)
-        if kept is not None and kept[0] == state:
-            return kept[1]
-        route = self._route(op, local, n, slots)
-        if len(routes) >= _ROUTES:
-            routes.clear()
-        routes[key] = (state, route)
-        return route
+    def _steps_of(self, op: Op, device_pool, local, n: int, slots, state) -> List["Step"]:
+        """The steps of one call shape (op, device pool, layer, rows bucket, lookup
+        ``state``): kept by the host pool for its packed pools, under the device pool's
+        weak reference for any other (nothing here keeps a device pool alive)."""
+        if any(device_pool is p for p in self.pools):
+            by_shape = self._shape_steps
+        else:
+            by_shape = self._other_shape_steps.get(device_pool)
+            if by_shape is None:
+                by_shape = self._other_shape_steps[device_pool] = Bounded(_SHAPES_PER_POOL)
+        return by_shape.get_or_make((op, local, rows_bucket(n), state), lambda: self._make_steps(op, local, n, slots))
 
-    def _route(self, op: Op, local, n: int, slots) -> List["Step"]:
+    def _make_steps(self, op: Op, local, n: int, slots) -> List["Step"]:
         """The launches of one call shape, worked out once: each move's layer range, tuned
         configuration and strategy, and for the kernel strategy its bound copy and the
         addresses each call passes it."""
-        route = []
+        steps = []
         whole = (self._index_page, self._index_page)
         for slot, pool in slots:
             for mv in self._moves_for(slot, pool):
@@ -411,9 +424,9 @@ class HostPool:
                                         by_page=self._by_page, config=config, whole=whole)
                     sides = bound.sides(src, dst)
                 watched = watch(mv.dev_map, dev_layer, count) + watch(mv.host_map, host_layer, count)
-                route.append(Step(mv, dev_layer, host_layer, count, config, strategy, bound, watched, sides,
+                steps.append(Step(mv, dev_layer, host_layer, count, config, strategy, bound, watched, sides,
                                   (src, dst)))
-        return route
+        return steps
 
     def _strategy(self, config) -> str:
         if self.strategy != "auto":

@@ -1,4 +1,4 @@
-"""Issue a `CopyPlan` between a host buffer and a device staging buffer on the current
+"""Issue a `Copies2D` between a host buffer and a device staging buffer on the current
 stream: through the platform runtime's own bulk copy calls where the platform has them
 (`kvtier.platforms`: its record's ``dma_runtime``, e.g. cudaMemcpy2DAsync or one
 cudaMemcpyBatchAsync, aclrtMemcpy2dAsync), else as torch copies, one per contiguous piece
@@ -15,26 +15,26 @@ import torch
 import kvtier.platforms as platforms
 from kvtier.platforms.runtime_libs import Runtime, dma_mode
 
-from .dma_plan import CopyPlan
+from .dma_copies import Copies2D
 
 log = logging.getLogger("kvtier")
 
 
-def issue(plan: CopyPlan, host: torch.Tensor, stage: torch.Tensor, to_host: bool) -> None:
-    """Move the plan's bytes: staging -> host (``to_host``) or host -> staging."""
-    if len(plan) == 0:
+def issue(copies: Copies2D, host: torch.Tensor, stage: torch.Tensor, to_host: bool) -> None:
+    """Move the copies' bytes: staging -> host (``to_host``) or host -> staging."""
+    if len(copies) == 0:
         return
     rt = runtime_for(stage.device, host)
     if rt is not None:
-        rt.issue(plan, host, stage, to_host)
+        rt.issue(copies, host, stage, to_host)
     else:
-        torch_copies(plan, host, stage, to_host)
+        torch_copies(copies, host, stage, to_host)
 
 
-def torch_copies(plan: CopyPlan, host: torch.Tensor, stage: torch.Tensor, to_host: bool) -> None:
-    """The plan as contiguous torch copies, one per piece (any devices, any memory)."""
+def torch_copies(copies: Copies2D, host: torch.Tensor, stage: torch.Tensor, to_host: bool) -> None:
+    """The copies as contiguous torch copies, one per piece (any devices, any memory)."""
     hb, sb = _bytes(host), _bytes(stage)
-    for hh, ss, w in zip(*(t.tolist() for t in plan.pieces())):
+    for hh, ss, w in zip(*(t.tolist() for t in copies.pieces())):
         dst, src = (hb[hh:hh + w], sb[ss:ss + w]) if to_host else (sb[ss:ss + w], hb[hh:hh + w])
         dst.copy_(src, non_blocking=True)
 
@@ -46,8 +46,8 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
 
 
 def bytes_from(t: torch.Tensor, offset: int) -> torch.Tensor:
-    """The bytes of contiguous ``t`` from byte ``offset`` on, as a flat uint8 view (a plan
-    made from a layer range's first byte is issued against it)."""
+    """The bytes of contiguous ``t`` from byte ``offset`` on, as a flat uint8 view (the copies
+    made from a layer range's first byte are issued against it)."""
     return _bytes(t)[offset:]
 
 

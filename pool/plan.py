@@ -101,16 +101,16 @@ class TransferPlan:
             return
         if self.stream is not None and platforms.stream_key(host.device) != self.stream:
             platforms.current_stream(host.device).wait_event(self._ready)
-        route, _ = host._steps(op, self.device_pool, local, self.n, slots)
+        steps, _ = host._steps(op, self.device_pool, local, self.n, slots)
         si, di = ((self.device_indices, self.host_on_device) if op.from_device
                   else (self.host_on_device, self.device_indices))
-        if route[0].bound is not None and route[0].bound.runner != "kernel":
+        if steps[0].bound is not None and steps[0].bound.runner != "kernel":
             from kvtier.kernels.copy_rows import run
-            run([s.bound for s in route], [s.sides for s in route], si, di, None, host.device,
-                [s.maps for s in route])
+            run([s.bound for s in steps], [s.sides for s in steps], si, di, None, host.device,
+                [s.maps for s in steps])
             return
         # Checked once already (the words gate device-resident lists; host ones passed).
-        host._launch(op, route, self.host_indices, self.device_indices, si, di, self.words, self.n, self.checked)
+        host._launch(op, steps, self.host_indices, self.device_indices, si, di, self.words, self.n, self.checked)
 
 
 __all__ = ["TransferPlan"]

@@ -13,7 +13,7 @@ from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple
 from . import resp
 from .engine import Status
 
-WINDOW_BYTES = 512 << 10   # payload bytes a window carries: little in flight stays in cache (docs/store_redis.md)
+WINDOW_BYTES = 512 << 10   # payload bytes a window carries: little in flight stays in cache (docs/store-redis.md)
 WINDOW_KEYS = 256           # and at most this many keys
 
 

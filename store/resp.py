@@ -3,7 +3,7 @@
 The Redis engine speaks the protocol itself rather than through a client library: a
 library parses each bulk reply into a new bytes object that must then be copied into
 the page buffer, and that copy (plus the object churn) held every Python client
-measured to a fraction of ``redis-benchmark``'s GET throughput (docs/store_redis.md). Here a
+measured to a fraction of ``redis-benchmark``'s GET throughput (docs/store-redis.md). Here a
 GET reply's payload lands by ``recv_into`` in the target buffers themselves, and a SET
 sends the page's buffers by ``sendmsg`` (a gather write) without joining them.
 

@@ -59,7 +59,7 @@ def main(argv) -> int:
 
     with LaunchProbe():
         hp.backup_from_device_all_layer(dp, hi, di)
-        step = hp._last_route[4][None][0]      # the call's one launch (K and V together)
+        step = hp._last_call.steps_by_layer[None][0]      # the call's one launch (K and V together)
         out = dp.gather(di[::SHAPE["page_size"]] // SHAPE["page_size"], pages=True)
         buf = next(iter(out.values()))._base
         pieces = {

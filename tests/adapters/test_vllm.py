@@ -403,8 +403,8 @@ class FakeEvent:
         self.done = True
 
 
-class FakeLane:
-    """A stream lane whose events finish when the test says so."""
+class FakeQueue:
+    """A stream queue whose events finish when the test says so."""
 
     stream = "side-stream"
 
@@ -428,8 +428,8 @@ class FakeLane:
 
 
 def test_get_finished_polls_in_order_and_wait_waits_for_the_named_jobs(monkeypatch):
-    lane = FakeLane()
-    monkeypatch.setattr(kv_vllm, "_lane", lambda device: lane)
+    queue = FakeQueue()
+    monkeypatch.setattr(kv_vllm, "_queue", lambda device: queue)
     built = []
     real_rows = kv_vllm._Rows
     monkeypatch.setattr(kv_vllm, "_Rows", lambda cap, device: built.append(cap) or real_rows(cap, device))
@@ -437,15 +437,15 @@ def test_get_finished_polls_in_order_and_wait_waits_for_the_named_jobs(monkeypat
     h = KvtierOffloadingHandler(rig.gpu, rig.cpu, 1, None, True)
     for job in (1, 2, 3):
         assert h.transfer_async(job, (GPUSpec([job], [1], [0]), CPUSpec([job])))
-    assert lane.log[:2] == [("wait_stream", "current"), ("record", 0, "side-stream")]
+    assert queue.log[:2] == [("wait_stream", "current"), ("record", 0, "side-stream")]
     with pytest.raises(KvtierError, match="job_id=2"):
         h.transfer_async(2, (GPUSpec([0], [1], [0]), CPUSpec([0])))
-    lane.events[3].done = True                       # job 2 ends before job 1: not reported yet
+    queue.events[3].done = True                       # job 2 ends before job 1: not reported yet
     assert h.get_finished() == []
-    lane.events[1].done = True
+    queue.events[1].done = True
     assert [(r.job_id, r.transfer_time) for r in h.get_finished()] == [(1, 0.25), (2, 0.25)]
     h.wait({3, 99})
-    assert [e for e in lane.log if e[0] == "synchronize"] == [("synchronize", 5)]
+    assert [e for e in queue.log if e[0] == "synchronize"] == [("synchronize", 5)]
     assert [r.job_id for r in h.get_finished()] == [3]
     assert built == [1, 1, 1]
     h.transfer_async(4, (GPUSpec([0], [1], [0]), CPUSpec([0])))  # a finished job's buffer
@@ -516,7 +516,7 @@ def test_with_vllms_own_classes():
 @pytest.mark.parametrize("factor", [1, 2])
 def test_cuda_streams(factor):
     """On a GPU: stores wait for the model's queued writes (a busy current stream),
-    jobs finish in order on the lane, get_finished polls, and a shared pinned region
+    jobs finish in order on the queue, get_finished polls, and a shared pinned region
     round-trips byte-exact."""
     dev, page, n, chunks = "cuda", 4096, 3, 16
     gpu = [Guarded((64, page), torch.int8, device=dev, fill="zeros") for _ in range(n)]

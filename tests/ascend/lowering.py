@@ -82,7 +82,7 @@ class _Recorder:
 @contextmanager
 def recorded_launches(floors: dict, checks: list = None):
     """Within the block, `copy_rows` records its kernel launches instead of running them,
-    planning them with ``floors`` (plan_copy's min_rows / min_piece_bytes) as on an NPU.
+    planning them with ``floors`` (tile_copy's min_rows / min_piece_bytes) as on an NPU.
     The index-check kernel's launches are recorded into ``checks`` (a list) and not run
     either: running any kernel under triton-ascend's interpreter would stop this process
     from compiling."""

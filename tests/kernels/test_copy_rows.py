@@ -264,7 +264,7 @@ def test_configs(case):
     src = Side("table", L=3, N=26, row=row, dtype=dtype, seed=32)
     dst = Side("page_first", L=3, N=26, P=2, row=row, dtype=dtype, fill="poison", seed=33)
     si, di = make_indices("perm", 26, 26, seed=34)          # 13 rows: a partial last tile
-    plan = copy_rows_module.plan_copy(src.map, dst.map, si.numel(), cfg)
+    plan = copy_rows_module.tile_copy(src.map, dst.map, si.numel(), cfg)
     if cfg.block_bytes < src.row_bytes:
         assert plan["chunk_words"] % plan["block"], "case must exercise the tail pieces"
     run_and_check(src, si, dst, di, config=cfg)
@@ -288,7 +288,7 @@ def test_shipped_default_configs(platform, crosses_link):
 def test_word_is_widest_the_rows_allow(dtype, row, word, modes):
     src = Side(modes[0], L=1, N=4, row=row, dtype=dtype)
     dst = Side(modes[1], L=1, N=4, row=row, dtype=dtype)
-    plan = copy_rows_module.plan_copy(src.map, dst.map, 4, CopyConfig())
+    plan = copy_rows_module.tile_copy(src.map, dst.map, 4, CopyConfig())
     assert plan["word"] == word
     if src.row_bytes % 16 == 0:
         assert plan["word"] * plan["align"] == 16     # strides in 16-byte units
@@ -304,7 +304,7 @@ def test_unaligned_base_copies_bytes():
     dst = Side("table", L=L, N=N, row=(1, R), dtype=torch.uint8, fill="poison", seed=35)
     si, di = make_indices("perm", N, N, seed=36)
     before = g.snapshot()
-    assert copy_rows_module.plan_copy(m, dst.map, si.numel(), CopyConfig())["word"] == 1
+    assert copy_rows_module.tile_copy(m, dst.map, si.numel(), CopyConfig())["word"] == 1
     copy_rows(m, si, dst.map, di)
     want = torch.full((1, L, N, R), POISON, dtype=torch.uint8)
     want[0, :, di] = g.t[1:].view(L, N, R)[:, si]

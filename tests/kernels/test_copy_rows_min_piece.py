@@ -130,14 +130,14 @@ PLANS = [
 def test_plan_min_piece(chunk, align, block_bytes, word, block, min_piece):
     cfg = CopyConfig(num_programs=1, rows=2, block_bytes=block_bytes, num_warps=1)
     s = _side(chunk, align)
-    npu = copy_rows_module.plan_copy(s, s, 16, cfg, min_rows=2, min_piece_bytes=32)
+    npu = copy_rows_module.tile_copy(s, s, 16, cfg, min_rows=2, min_piece_bytes=32)
     assert (npu["word"], npu["block"], npu["min_piece"]) == (word, block, min_piece)
     if min_piece > 1:   # the window fits in the chunk and covers the tail part under 32 bytes
         tail = npu["chunk_words"] % npu["block"]
         assert min_piece * word == 32 <= chunk and 0 < tail % min_piece < min_piece
     # Every other platform: no window; masked column blocks (split) instead of pieces,
     # and otherwise the plan as with the NPU floor.
-    other = copy_rows_module.plan_copy(s, s, 16, cfg, min_rows=2)
+    other = copy_rows_module.tile_copy(s, s, 16, cfg, min_rows=2)
     assert other["min_piece"] == 1 and other["split"] and not npu["split"]
     same = ("word", "align", "chunk_words", "rows", "stages", "src_i32", "dst_i32")
     assert {k: other[k] for k in same} == {k: npu[k] for k in same}

@@ -15,7 +15,7 @@ from helpers import assert_bytes_equal
 from kvtier.kernels import CopyConfig
 
 copy_rows_module = importlib.import_module("kvtier.kernels.copy_rows")
-plan_module = importlib.import_module("kvtier.kernels.plan")
+plan_module = importlib.import_module("kvtier.kernels.tiling")
 copy_rows = copy_rows_module.copy_rows
 
 ROWS = [  # (id, dtype, (H, D)): rows no power-of-two block divides, and narrow ones
@@ -49,7 +49,7 @@ def test_stages_tiles_and_offsets_bit_exact(cfg, rid, dtype, row, src_form, dst_
     dst = Side(dst_form, L=3, N=16, P=P, row=row, dtype=dtype, C=src.C, fill="poison", seed=12)
     si, di = make_indices("perm", 24, 16, seed=13)
     run_and_check(src, si, dst, di, config=cfg, src_layer=1, dst_layer=0, num_layers=2)
-    plan = copy_rows_module.plan_copy(src.map, dst.map, si.numel(), cfg)
+    plan = copy_rows_module.tile_copy(src.map, dst.map, si.numel(), cfg)
     assert (plan["src_i32"], plan["dst_i32"], plan["stages"]) == (offsets, offsets, cfg.stages)
 
 
@@ -73,26 +73,26 @@ def test_negative_indices_skipped_in_masked_blocks(cfg):
 
 
 def test_plan_offsets_32_bits_only_under_2_gib():
-    from kvtier.kernels.plan import Geometry, plan_copy
+    from kvtier.kernels.tiling import Geometry, tile_copy
     cfg = CopyConfig()
     small, big = Geometry(True, span=(1 << 31) - 1), Geometry(False, span=1 << 31)
-    p = plan_copy(small, big, 64, cfg)
+    p = tile_copy(small, big, 64, cfg)
     assert p["src_i32"] and not p["dst_i32"]
     src = Side("page_first", L=2, N=8, row=(1, 8), seed=1)
-    assert copy_rows_module.plan_copy(src.map, src.map, 8, cfg)["src_i32"]
+    assert copy_rows_module.tile_copy(src.map, src.map, 8, cfg)["src_i32"]
 
 
 def test_plan_tiles_in_bytes_and_masked_blocks():
-    from kvtier.kernels.plan import Geometry, plan_copy
+    from kvtier.kernels.tiling import Geometry, tile_copy
     cfg = CopyConfig(rows=1, block_bytes=1024, num_warps=8, tile_bytes=65536)
     g = lambda chunk: Geometry(True, chunk_bytes=chunk)
-    p = plan_copy(g(128), g(128), 1 << 20, cfg)
+    p = tile_copy(g(128), g(128), 1 << 20, cfg)
     assert (p["block"] * p["word"], p["rows"], p["split"]) == (128, 512, True)
-    p = plan_copy(g(656), g(656), 1 << 20, cfg)        # one masked 1 KiB block per row
+    p = tile_copy(g(656), g(656), 1 << 20, cfg)        # one masked 1 KiB block per row
     assert (p["block"] * p["word"], p["rows"], p["min_piece"]) == (1024, 64, 1)
-    p = plan_copy(g(656), g(656), 1 << 20, cfg, min_rows=2, min_piece_bytes=32)   # Ascend: pieces
+    p = tile_copy(g(656), g(656), 1 << 20, cfg, min_rows=2, min_piece_bytes=32)   # Ascend: pieces
     assert (p["split"], p["block"] * p["word"], p["min_piece"]) == (False, 512, 4)
-    assert plan_copy(g(4096), g(4096), 40, cfg)["rows"] == 64   # at most the rows there are
+    assert tile_copy(g(4096), g(4096), 40, cfg)["rows"] == 64   # at most the rows there are
 
 
 def test_config_checks_new_fields():

@@ -14,12 +14,12 @@ import importlib
 import threading
 
 import pytest
-import torch
 
 from copy_rows_support import Side, make_indices, oracle
 from copy_rows_support import kernel_really_runs  # noqa: F401  (autouse fixture: the kernel runs)
 from helpers import assert_bytes_equal
 from kvtier.kernels import KvtierError, copy_rows
+from kvtier.bounded import Bounded
 import kvtier.platforms as platforms
 
 core = importlib.import_module("kvtier.kernels.copy_rows")
@@ -31,7 +31,7 @@ def check_launches(monkeypatch):
     several launches or Ascend do)."""
     no_inline = dataclasses.replace(platforms.get("cpu"), inline_check_programs=0)
     monkeypatch.setattr(core, "_platform", lambda device: no_inline)
-    monkeypatch.setattr(core, "_BOUND", type(core._BOUND)())
+    monkeypatch.setattr(core, "_BOUND", Bounded(core._BOUND.bound))
     yield
 
 

@@ -1,9 +1,9 @@
 """The dma strategy's bulk copies: runs of host units <-> staging as 2-D copies
-(pool/dma_plan.py) and their issue through a runtime's 2-D copy (pool/link_copy.py).
+(pool/dma_copies.py) and their issue through a runtime's 2-D copy (pool/link_copy.py).
 
 The plans are executed into poisoned, guarded buffers and compared with plain torch
 ``narrow`` copies of each run; the number of copies is checked too, since one copy per run
-(not per layer and component) is the point of the plan.
+(not per layer and component) is the point of the 2-D copies.
 """
 import ctypes
 import random
@@ -15,7 +15,7 @@ from helpers import POISON, Guarded, assert_bytes_equal
 from kvtier.kernels import LAYOUTS
 from kvtier.kernels.layouts import host_layout
 from kvtier.pool import link_copy
-from kvtier.pool.dma_plan import CopyPlan, plan, runs, shape_2d
+from kvtier.pool.dma_copies import Copies2D, copies_2d, runs, shape_2d
 
 L, SLOTS, P, ROW = 4, 16, 4, (2, 3)      # layers, host slots, page size, row (heads, dim)
 
@@ -79,7 +79,7 @@ def test_plan_moves_exactly_the_runs(layout, C, layers, to_host):
     host_before = host.snapshot()
 
     shape = shape_2d(view, stage.t, ud)
-    p = plan(shape, *runs(units), host_base=first * host.t.stride(ld) * host.t.element_size())
+    p = copies_2d(shape, *runs(units), host_base=first * host.t.stride(ld) * host.t.element_size())
     link_copy.torch_copies(p, host.t, stage.t, to_host)
 
     got = view if to_host else stage.t
@@ -107,12 +107,12 @@ def test_one_copy_per_run_for_whole_layer_ranges():
     for layout in ("layer_first", "page_first"):
         host, stage = buffers(layout, 2, units.numel(), L, gen)
         shape = shape_2d(host.t, stage.t, 1 + host_layout(layout).unit_dim)
-        assert len(plan(shape, *runs(units))) == n_runs(units), layout
+        assert len(copies_2d(shape, *runs(units))) == n_runs(units), layout
     # page_first_direct (pages, L, P, row): a run of pages is one block per component.
     pages = fragmented_units(SLOTS // P, gen)
     host, stage = buffers("page_first_direct", 2, pages.numel(), L, gen)
     shape = shape_2d(host.t, stage.t, 1 + host_layout("page_first_direct").unit_dim)
-    p = plan(shape, *runs(pages))
+    p = copies_2d(shape, *runs(pages))
     assert len(p) == n_runs(pages) and p.height.tolist() == [2] * len(p)
 
 
@@ -121,7 +121,7 @@ def test_per_layer_copies_are_one_per_run_and_component():
     units = fragmented_units(SLOTS, gen)
     host, stage = buffers("page_first", 2, units.numel(), 1, gen)
     view = host.t.narrow(2, 1, 1)
-    p = plan(shape_2d(view, stage.t, 1), *runs(units))
+    p = copies_2d(shape_2d(view, stage.t, 1), *runs(units))
     assert len(p) == 2 * n_runs(units)                   # rows of a run: one 2-D copy each
 
 
@@ -163,7 +163,7 @@ def test_runtime_issue_splits_within_limits(layout, C, limits, to_host):
         host, stage = buffers(layout, C, units.numel(), L, g)
         (stage if to_host else host).bytes().copy_(
             torch.randint(0, 256, ((stage if to_host else host).nbytes,), dtype=torch.uint8, generator=g))
-        p = plan(shape_2d(host.t, stage.t, 1 + host_layout(layout).unit_dim), *runs(units))
+        p = copies_2d(shape_2d(host.t, stage.t, 1 + host_layout(layout).unit_dim), *runs(units))
         issue(p, host.t, stage.t, to_host)
         host.check()
         stage.check()
@@ -213,7 +213,7 @@ def test_runtime_batch_moves_every_piece(layout, to_host, monkeypatch):
             torch.randint(0, 256, ((stage if to_host else host).nbytes,), dtype=torch.uint8, generator=g))
         ld = 1 + host_layout(layout).layer_dim
         view = host.t.narrow(ld, 1, 2)
-        p = plan(shape_2d(view, stage.t, 1 + host_layout(layout).unit_dim), *runs(units),
+        p = copies_2d(shape_2d(view, stage.t, 1 + host_layout(layout).unit_dim), *runs(units),
                  host_base=host.t.stride(ld) * host.t.element_size())
         used.clear()
         if stream is None:
@@ -237,8 +237,8 @@ def test_auto_batches_short_copies_only(monkeypatch):
     monkeypatch.setenv("KVTIER_DMA_COPY", "auto")
     rt = link_copy.Runtime("fake", None, lambda d: 7, 1 << 40, 1 << 40, batch=lambda *a: 0)
     t = lambda *v: torch.tensor(v, dtype=torch.int64)
-    short = CopyPlan(t(0, 9), t(0, 9), t(8, 8), t(3, 4), host_pitch=100, stage_pitch=8)
-    tall = CopyPlan(t(0, 9), t(0, 9), t(8, 8), t(4, 4), host_pitch=100, stage_pitch=8)
+    short = Copies2D(t(0, 9), t(0, 9), t(8, 8), t(3, 4), host_pitch=100, stage_pitch=8)
+    tall = Copies2D(t(0, 9), t(0, 9), t(8, 8), t(4, 4), host_pitch=100, stage_pitch=8)
     assert rt._batched(short) and not rt._batched(tall)
     monkeypatch.setenv("KVTIER_DMA_COPY", "batch")
     assert rt._batched(tall)
@@ -248,7 +248,7 @@ def test_auto_batches_short_copies_only(monkeypatch):
 
 def test_pieces_expand_every_row():
     t = lambda *v: torch.tensor(v, dtype=torch.int64)
-    plan_ = CopyPlan(t(0, 100), t(0, 10), t(4, 2), t(3, 1), host_pitch=20, stage_pitch=5)
+    plan_ = Copies2D(t(0, 100), t(0, 10), t(4, 2), t(3, 1), host_pitch=20, stage_pitch=5)
     h, s, w = plan_.pieces()
     assert (h.tolist(), s.tolist(), w.tolist()) == ([0, 20, 40, 100], [0, 5, 10, 10], [4, 4, 4, 2])
 
@@ -264,7 +264,7 @@ def test_dma_copy_mode_is_checked(monkeypatch):
 def test_runtime_error_names_the_copy():
     rt = link_copy.Runtime("fake", lambda *a: 11, lambda d: 0, 1 << 40, 1 << 40, error=lambda rc: "bad")
     host, stage = buffers("layer_first", 1, 2, L, torch.Generator().manual_seed(1))
-    p = plan(shape_2d(host.t, stage.t, 2), *runs(torch.tensor([3, 4])))
+    p = copies_2d(shape_2d(host.t, stage.t, 2), *runs(torch.tensor([3, 4])))
     with pytest.raises(RuntimeError, match=r"fake 2-D copy of 4 x 24 bytes failed: bad \(11\)"):
         rt.issue(p, host.t, stage.t, True)
 
@@ -291,7 +291,7 @@ def test_cuda_runtime_moves_plans(mode, side_stream, monkeypatch):
     stream = torch.cuda.Stream() if side_stream else torch.cuda.current_stream()
     with torch.cuda.stream(stream):
         stage = torch.empty((2, L, units.numel(), 48), dtype=torch.uint8, device="cuda")
-        p = plan(shape_2d(host, stage, 2), *runs(units))
+        p = copies_2d(shape_2d(host, stage, 2), *runs(units))
         torch.cuda._sleep(20_000_000)          # a late writer: the upload must wait for it
         stage.fill_(POISON)
         rt.issue(p, host, stage, to_host=False)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kvtier.bounded import Bounded
+
 from copy_rows_support import kernel_really_runs  # noqa: F401  (autouse fixture: the kernel runs)
 from hot_path_support import device_work_only, on_device
 from pool_support import DeviceCase, HostCase
@@ -21,7 +23,7 @@ P, SIZE, HOST = 4, 32, 48
 @pytest.fixture(autouse=True)
 def small_chunks(monkeypatch):
     """Chunks of two pages of both components and layers: several chunks per call."""
-    monkeypatch.setattr(dma, "_LANES", type(dma._LANES)())
+    monkeypatch.setattr(dma, "_STREAM_STAGING", Bounded(16))
     old = dma.configure(dma.DmaConfig(chunk_bytes=2 * P * 2 * 2 * 32))
     yield
     dma.configure(old)
@@ -80,7 +82,7 @@ def test_bad_device_indices_change_nothing_when_reported_late(monkeypatch, case,
     # triton-ascend's interpreter copies every kernel argument with .cpu().
     good_hi, good_di = slots(0, 1), slots(2, 3)
     CALLS["backup"](dev, host, good_hi, good_di)      # the host holds real rows; the ring exists
-    dma.lane(torch.device("cpu")).buffer.fill_(0xA5)  # stale staging bytes would show
+    dma.stream_staging(torch.device("cpu")).buffer.fill_(0xA5)  # stale staging bytes would show
     with monkeypatch.context() as late:
         late.setattr(faults, "raise_pending", lambda this_call=False: None)
         if verdict == "device":

@@ -4,17 +4,17 @@ host and device buffers, one staging ring reused across calls of different sizes
 kept by host index values, and a backup whose device-side verdict is bad changing no
 host byte. GPU cases carry the ``cuda`` marker."""
 import random
-from collections import OrderedDict
 
 import pytest
 import torch
 
 from helpers import POISON
+from kvtier.bounded import Bounded
 from kvtier.kernels import KvtierError, LAYOUTS, RowMap
 from kvtier.kernels.layouts import host_layout
 from kvtier.kernels.ops import BACKUP
 from kvtier.pool import HostPool, MHADevicePool, dma
-from kvtier.pool.dma_plan import chunk_plans, runs, runs_of, split_runs
+from kvtier.pool.dma_copies import chunks_of, runs, runs_of, split_runs
 from pool_support import DeviceCase, HostCase, assert_same, backup_then_load_all, expected_backup, pages_to_slots
 
 
@@ -22,7 +22,7 @@ from pool_support import DeviceCase, HostCase, assert_same, backup_then_load_all
 def chunks(monkeypatch):
     """``chunks(chunk_bytes, slots)`` sets the dma configuration for the test; the test
     starts with no staging ring."""
-    monkeypatch.setattr(dma, "_LANES", OrderedDict())
+    monkeypatch.setattr(dma, "_STREAM_STAGING", Bounded(16))
     old = dma.configure(None)
     yield lambda chunk_bytes, slots=2: dma.configure(dma.DmaConfig(chunk_bytes=chunk_bytes, slots=slots))
     dma.configure(old)
@@ -97,7 +97,7 @@ def test_one_ring_serves_calls_of_any_size(chunks):
         before = hc.snapshot()
         host.backup_from_device_all_layer(dev.pool, hidx, didx)
         assert_same(host.buffers, expected_backup(hc, dev, before, hidx, didx), f"{n_pages} pages")
-        ln = dma.lane(torch.device("cpu"))
+        ln = dma.stream_staging(torch.device("cpu"))
         if ptr is None:
             ptr, rings = ln.buffer.data_ptr(), {k: [s.map for s in v] for k, v in ln.slots.items()}
         assert ln.buffer.data_ptr() == ptr, "the staging ring was reallocated"
@@ -112,7 +112,7 @@ def test_ring_grows_only_for_larger_slots(chunks):
     host = hc.host
     idx = torch.arange(8)
     host.backup_from_device_all_layer(dev.pool, idx, idx)
-    ln = dma.lane(torch.device("cpu"))
+    ln = dma.stream_staging(torch.device("cpu"))
     small = ln.buffer.numel()
     host.backup_from_device_all_layer(dev.pool, idx + 8, idx)
     assert ln.buffer.numel() == small
@@ -132,11 +132,11 @@ def test_runs_and_plans_are_kept_by_value():
     assert r2 is not r and r2[0].tolist() == [3, 0] and r2[2].tolist() == [1, 1]
     host = torch.empty(2, 4, 16, 8)
     stage = torch.empty(2, 4, 4, 8)
-    from kvtier.pool.dma_plan import shape_2d
+    from kvtier.pool.dma_copies import shape_2d
     shape = shape_2d(host, stage, 2)
-    c = chunk_plans(r2, shape, 2)
-    assert chunk_plans(tuple(t.clone() for t in r2), shape, 2) is c
-    assert chunk_plans(r, shape, 2) is not c
+    c = chunks_of(r2, shape, 2)
+    assert chunks_of(tuple(t.clone() for t in r2), shape, 2) is c
+    assert chunks_of(r, shape, 2) is not c
 
 
 def test_per_layer_loads_reuse_one_plan(chunks, monkeypatch):
@@ -145,7 +145,7 @@ def test_per_layer_loads_reuse_one_plan(chunks, monkeypatch):
     chunks(256)
     dev, hc = _ring_pool()
     host, calls = hc.host, []
-    import kvtier.pool.dma_plan as plan_mod
+    import kvtier.pool.dma_copies as plan_mod
     real = plan_mod.runs
     monkeypatch.setattr(plan_mod, "runs", lambda units: calls.append(units.numel()) or real(units))
     hidx, didx = pages_to_slots([3, 4, 9, 13], 4), pages_to_slots([0, 5, 6, 2], 4)
@@ -194,7 +194,7 @@ def test_bad_device_verdict_changes_no_host_byte(chunks, monkeypatch, layout, fi
     want = expected_backup(hc, dev, before, hidx, didx)
     assert_same(host.buffers, want, "host after a good backup")
 
-    dma.lane(torch.device("cpu")).buffer.fill_(POISON)
+    dma.stream_staging(torch.device("cpu")).buffer.fill_(POISON)
     bad = _words(2)
     wild = torch.full_like(didx, 10 ** 9)            # the gather must not read these
     _direct_backup(host, dev.pool, pages_to_slots([5, 6, 7, 8], 4), wild, bad)
@@ -213,7 +213,7 @@ def test_without_the_fill_a_bad_verdict_writes_stale_bytes(chunks, monkeypatch):
     dev, hc = _ring_pool()
     host = hc.host
     _direct_backup(host, dev.pool, pages_to_slots([1], 4), pages_to_slots([2], 4), _words(0))
-    dma.lane(torch.device("cpu")).buffer.fill_(POISON)
+    dma.stream_staging(torch.device("cpu")).buffer.fill_(POISON)
     before = hc.snapshot()
     _direct_backup(host, dev.pool, pages_to_slots([5, 6], 4), pages_to_slots([1, 2], 4), _words(1))
     changed = [n for n in before if not torch.equal(before[n], host.buffers[n])]

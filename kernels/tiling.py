@@ -1,6 +1,6 @@
-"""Planning one launch: from the two sides' geometry and a configuration to the row-copy
-kernel's compile-time constants. The launcher plans from row maps; `kvtier codegen`
-plans from a `Geometry` (no tensors), through the same function."""
+"""Tiling one launch: from the two sides' geometry and a configuration to the row-copy
+kernel's compile-time constants. The launcher tiles from row maps; `kvtier codegen`
+tiles from a `Geometry` (no tensors), through the same function."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -28,7 +28,7 @@ def _pow2_floor(x: int) -> int:
     return 1 << (max(int(x), 1).bit_length() - 1)
 
 
-def plan_copy(src, dst, n_rows: int, config: CopyConfig, threads: int = 0,
+def tile_copy(src, dst, n_rows: int, config: CopyConfig, threads: int = 0,
               min_rows: int = 1, min_piece_bytes: int = 1) -> dict:
     """Compile-time constants for one copy (no tensors touched).
 
@@ -97,10 +97,10 @@ def kernel_constants(src, dst, n_rows: int, config: CopyConfig, *, threads: int 
                      min_rows: int = 1, min_piece_bytes: int = 1) -> dict:
     """The kernel's constexpr arguments for copying ``n_rows`` rows from ``src`` to ``dst``
     (row maps or `Geometry`; chunks already unified) under ``config``."""
-    plan = plan_copy(src, dst, n_rows, config, threads, min_rows, min_piece_bytes)
-    return dict(SRC_TABLE=src.is_table, DST_TABLE=dst.is_table, WORD=plan["word"],
+    tiles = tile_copy(src, dst, n_rows, config, threads, min_rows, min_piece_bytes)
+    return dict(SRC_TABLE=src.is_table, DST_TABLE=dst.is_table, WORD=tiles["word"],
                 SRC_PAGE=src.page_size, DST_PAGE=dst.page_size,
-                N_COMP=src.num_components, N_CHUNKS=src.n_chunks, CHUNK_WORDS=plan["chunk_words"],
-                ROWS=plan["rows"], BLOCK=plan["block"], LOG_BLOCK=plan["log_block"],
-                ALIGN=plan["align"], MIN_PIECE=plan["min_piece"], STAGES=plan["stages"],
-                SPLIT=plan["split"], SRC_I32=plan["src_i32"], DST_I32=plan["dst_i32"], IDX_STEP=1)
+                N_COMP=src.num_components, N_CHUNKS=src.n_chunks, CHUNK_WORDS=tiles["chunk_words"],
+                ROWS=tiles["rows"], BLOCK=tiles["block"], LOG_BLOCK=tiles["log_block"],
+                ALIGN=tiles["align"], MIN_PIECE=tiles["min_piece"], STAGES=tiles["stages"],
+                SPLIT=tiles["split"], SRC_I32=tiles["src_i32"], DST_I32=tiles["dst_i32"], IDX_STEP=1)

@@ -1,4 +1,4 @@
-"""Plan the bulk copies of the dma strategy: host runs <-> staging as 2-D copies.
+"""The bulk copies of the dma strategy: host runs <-> staging as 2-D copies.
 
 A run of ``k`` consecutive host units (slots, or pages in page-major layouts) is one block
 of the host buffer per component and layer; the staging buffer holds the same block at
@@ -12,23 +12,24 @@ run: the dense tail of both views gives the width, the innermost remaining dim t
 and the dims left over are looped. All runs then become copies with a few tensor ops.
 
 A transfer moves through a bounded staging ring in chunks of at most ``cap`` units
-(`chunk_plans`): runs are split at chunk boundaries and each chunk gets its own plan.
-Runs and chunk plans depend only on host index values, which live on the CPU, so both are
-kept and found again by value (`runs_of`, `chunk_plans`): HiCache passes the same host
+(`chunks_of`): runs are split at chunk boundaries and each chunk gets its own copies.
+Runs and chunks depend only on host index values, which live on the CPU, so both are
+kept and found again by value (`runs_of`, `chunks_of`): HiCache passes the same host
 indices to every per-layer load of a batch.
 """
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Dict, List, Optional, Tuple
 
 import torch
 
+from kvtier.bounded import Bounded
+
 
 @dataclass(frozen=True)
-class CopyPlan:
+class Copies2D:
     """Copies as arrays (bytes, from each buffer's first byte): copy ``i`` moves
     ``height[i]`` rows of ``width[i]`` bytes, rows ``host_pitch`` / ``stage_pitch`` apart."""
 
@@ -42,7 +43,7 @@ class CopyPlan:
     def __len__(self) -> int:
         return self.host_off.numel()
 
-    # Worked out once per plan: a kept plan is issued again without tensor work.
+    # Worked out once per copies: a kept chunk is issued again without tensor work.
     _kept: Dict[tuple, object] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def rows(self) -> List[Tuple[int, int, int, int]]:
@@ -72,7 +73,7 @@ class CopyPlan:
             h, s, w = self.pieces()
             h, s = h + host0, s + stage0
             hit = (h, s, w) if to_host else (s, h, w)
-            if len(self._kept) >= 8:          # a plan meets a few staging slots only
+            if len(self._kept) >= 8:          # a chunk meets a few staging slots only
                 self._kept.clear()
             self._kept[key] = hit
         return hit
@@ -148,8 +149,8 @@ def shape_2d(host_view: torch.Tensor, staging: torch.Tensor, unit_dim: int) -> S
     return Shape2D(width, unit_in_width, height, loops, (hs[unit_dim], ss[unit_dim]))
 
 
-def plan(shape: Shape2D, host_units: torch.Tensor, stage_units: torch.Tensor,
-         lengths: torch.Tensor, host_base: int = 0) -> CopyPlan:
+def copies_2d(shape: Shape2D, host_units: torch.Tensor, stage_units: torch.Tensor,
+         lengths: torch.Tensor, host_base: int = 0) -> Copies2D:
     """Copies for runs (host unit, staging unit, length), int64 CPU tensors;
     ``host_base`` is added to every host offset (the layer range's start)."""
     hu, su, k = host_units, stage_units, lengths
@@ -172,7 +173,7 @@ def plan(shape: Shape2D, host_units: torch.Tensor, stage_units: torch.Tensor,
         host = (host[:, None] + steps * h_stride).flatten()
         stage = (stage[:, None] + steps * s_stride).flatten()
         width, height = width.repeat_interleave(size), height.repeat_interleave(size)
-    return CopyPlan(host, stage, width, height, hp, sp)
+    return Copies2D(host, stage, width, height, hp, sp)
 
 
 def _split_units(hu, su, k):
@@ -229,25 +230,25 @@ class Chunk:
 
     first: int
     count: int
-    plan: CopyPlan
+    copies: Copies2D
     host_units: torch.Tensor
 
 
-def chunk_plans(runs_: Tuple[torch.Tensor, torch.Tensor, torch.Tensor], shape: Shape2D,
+def chunks_of(runs_: Tuple[torch.Tensor, torch.Tensor, torch.Tensor], shape: Shape2D,
                 cap: int) -> List[Chunk]:
-    """The transfer's chunks of at most ``cap`` units with their plans, kept and found
+    """The transfer's chunks of at most ``cap`` units with their copies, kept and found
     again for equal runs (compared by value: their bytes are the key) and the same copy
     shape. Host offsets are from the first byte of the layer range (the caller issues
-    them from there), so every layer of a layer loop finds the plans its first layer made."""
-    return _found(_CHUNKS, (shape, cap, *(_value(t) for t in runs_)), lambda: _plan_chunks(runs_, shape, cap))
+    them from there), so every layer of a layer loop finds the chunks its first layer made."""
+    return _CHUNKS.get_or_make((shape, cap, *(_value(t) for t in runs_)), lambda: _make_chunks(runs_, shape, cap))
 
 
-def _plan_chunks(runs_, shape: Shape2D, cap: int) -> List[Chunk]:
+def _make_chunks(runs_, shape: Shape2D, cap: int) -> List[Chunk]:
     chunks = []
     for c, (hu, su, k) in enumerate(split_runs(runs_, cap)):
         count = int(su[-1] + k[-1])
         units = torch.repeat_interleave(hu - su, k) + torch.arange(count)
-        chunks.append(Chunk(c * cap, count, plan(shape, hu, su, k), units))
+        chunks.append(Chunk(c * cap, count, copies_2d(shape, hu, su, k), units))
     return chunks
 
 
@@ -266,7 +267,7 @@ def runs_of(host_indices: torch.Tensor, unit: int, check=None) -> Tuple[torch.Te
             from kvtier.kernels.index_check import check_list_on_host
             check_list_on_host("host_indices", idx, check[0], check[1], False)
         return runs(idx[::unit] // unit if unit > 1 else idx)
-    return _found(_RUNS, (unit, check, _value(idx)), make)
+    return _RUNS.get_or_make((unit, check, _value(idx)), make)
 
 
 def _value(t: torch.Tensor) -> bytes:
@@ -274,21 +275,6 @@ def _value(t: torch.Tensor) -> bytes:
     return t.numpy().tobytes()
 
 
-def _found(kept: "OrderedDict[tuple, object]", key: tuple, make):
-    """The value kept under ``key`` (now the most recent), else ``make()``'s, kept as the
-    most recent of a bounded number of entries. (Apart from `kvtier.kernels.rowmap.kept`:
-    every new host list adds an entry here, which must not push out kept maps.)"""
-    value = kept.get(key)
-    if value is not None:
-        kept.move_to_end(key)
-        return value
-    value = kept[key] = make()
-    while len(kept) > _KEYS:
-        kept.popitem(last=False)
-    return value
-
-
-# Kept runs and chunk plans: a bounded number, the least recently used dropped first.
-_RUNS: "OrderedDict[tuple, object]" = OrderedDict()
-_CHUNKS: "OrderedDict[tuple, object]" = OrderedDict()
-_KEYS = 256
+# Runs and chunks by the values of their lists (docs/design.md, "Caches").
+_RUNS = Bounded(256)
+_CHUNKS = Bounded(256)
