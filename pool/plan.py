@@ -67,7 +67,7 @@ class TransferPlan:
                  ("device_indices", min(pool.size for _, pool in self._slots[True]), page, self.device_indices))
         on_device = []
         for name, limit, page, idx in lists:
-            if idx.is_cpu:
+            if _checked_on_host(name, idx):
                 check_list_on_host(name, idx, limit, page, False)
             else:
                 on_device.append((name, limit, page, idx))
@@ -111,6 +111,13 @@ class TransferPlan:
             return
         # Checked once already (the words gate device-resident lists; host ones passed).
         host._launch(op, steps, self.host_indices, self.device_indices, si, di, self.words, self.n, self.checked)
+
+
+def _checked_on_host(name: str, idx: torch.Tensor) -> bool:
+    """Whether the plan checks list ``name`` on the host (a host-resident one), else by its
+    check launch. (One place, so that tests can send CPU lists through the check launch, as
+    device-resident lists take it on an accelerator.)"""
+    return idx.is_cpu
 
 
 __all__ = ["TransferPlan"]

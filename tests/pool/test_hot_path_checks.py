@@ -26,8 +26,8 @@ SIZE = 32            # device slots (8 pages)
 HOST = 48            # host slots
 
 
-def pools(layout="page_first_direct", storage="layers", strategy="kernel", **kw):
-    dev = DeviceCase("mha", storage, P, layers=2, size=SIZE, gen=torch.Generator().manual_seed(3))
+def pools(layout="page_first_direct", storage="layers", strategy="kernel", kind="mha", **kw):
+    dev = DeviceCase(kind, storage, P, layers=2, size=SIZE, gen=torch.Generator().manual_seed(3))
     host = HostCase(dev.pool, layout, strategy, size_tokens=HOST, **kw)
     return dev, host
 
@@ -166,8 +166,11 @@ class _Late:
 @pytest.mark.parametrize("when", ["same call", "next call", "synchronize"])
 @pytest.mark.parametrize("call", ["backup", "load", "load_layer"])
 @pytest.mark.parametrize("case", list(BAD))
-def test_bad_device_indices_move_nothing_and_are_reported(case, call, when, monkeypatch):
-    dev, host = pools()
+@pytest.mark.parametrize("kind", ["mha", "mha_v_indexer"], ids=["one launch", "several launches"])
+def test_bad_device_indices_move_nothing_and_are_reported(kind, case, call, when, monkeypatch):
+    """One launch checks inline; a call of several (K and V, an indexer of other rows)
+    checks by a check launch whose verdict every launch reads: all of them move nothing."""
+    dev, host = pools(kind=kind)
     hi, di, arg, value = BAD[case]
     di = on_device(di)
     before = snapshot(dev, host)

@@ -131,6 +131,41 @@ def test_a_plans_launches_check_nothing_again():
     assert copies.launches == 3 and checks.launches == 0
 
 
+@pytest.mark.parametrize("bad", ["device_indices", "host_indices"])
+@pytest.mark.parametrize("checked_by_launch", ["device list", "both lists"])
+def test_a_bad_list_checked_by_the_plans_launch_gates_every_call(checked_by_launch, bad, monkeypatch):
+    """Lists the plan checks by its check launch (device-resident ones on an accelerator;
+    here CPU lists sent that way): the check writes the plan's words, and until the
+    failure reaches the host (emulated: the thread's record is not read), every launch of
+    the plan reads them and moves nothing; then the failure is raised at the next call
+    or at `synchronize`, naming the list."""
+    from kvtier.kernels import faults
+    from kvtier.pool import plan as plan_module
+    dev, host = cases("page_first_direct", "layers", "kernel")
+    hi, di = slots(0, 1), slots(2, 3)
+    if bad == "host_indices":
+        hi, value = slots(0, 12), 48
+    else:
+        di, value = slots(2, 8), 32
+    if bad == "host_indices" and checked_by_launch == "device list":
+        pytest.skip("a host list checked on the host raises when the plan is made (test above)")
+    by_launch = ("device_indices",) if checked_by_launch == "device list" else ("device_indices", "host_indices")
+    monkeypatch.setattr(plan_module, "_checked_on_host", lambda name, idx: name not in by_launch)
+    before = state(dev, host)
+    with monkeypatch.context() as late:
+        late.setattr(faults, "raise_pending", lambda this_call=False: None)
+        plan = host.host.plan(dev.pool, hi, di)
+        plan.backup()
+        for layer in range(2):
+            plan.load_layer(layer)
+        plan.load()
+    assert same(before, state(dev, host)), "a plan whose list is bad moved bytes"
+    with pytest.raises(KvtierError, match=rf"{bad}={value}: index out of range"):
+        host.host.synchronize()
+    dev.check_margins()
+    host.check_margins()
+
+
 @pytest.mark.cuda
 def test_on_a_gpu_a_bad_device_list_moves_nothing_and_is_reported():
     """Device-resident lists are checked by the plan's own check launch, without a sync:
