@@ -185,13 +185,7 @@ def gather_groups(pool, indices: torch.Tensor, bufs: List[torch.Tensor], pages: 
                   verdict: Optional[torch.Tensor] = None) -> None:
     """Fill group buffers ``bufs`` (shapes as `group_shape`) from slot (or page) ``indices``
     (``verdict``: see `Layout.run`)."""
-    idx, page_indices = _slots(pool, indices, pages)
-    n = idx.numel()
-    if not n:
-        return
-    n_slots = n * (pool.page_size if page_indices else 1)
-    laid = _layout(pool, op, bufs, pages, page_indices, n_slots, False)
-    laid.run(pool, bufs, idx, _checks(pool, pages, page_indices, n, False), verdict)
+    _move_groups(pool, indices, bufs, pages, op, verdict, into_pool=False)
 
 
 def scatter(pool, indices: torch.Tensor, data: Dict[str, torch.Tensor], *, pages: bool = False) -> None:
@@ -205,13 +199,17 @@ def scatter_groups(pool, indices: torch.Tensor, bufs: List[torch.Tensor], pages:
                    verdict: Optional[torch.Tensor] = None) -> None:
     """Write group buffers (shapes as `group_shape`) back at slot (or page) ``indices``
     (``verdict``: see `Layout.run`)."""
+    _move_groups(pool, indices, bufs, pages, op, verdict, into_pool=True)
+
+
+def _move_groups(pool, indices, bufs, pages: bool, op: Op, verdict, into_pool: bool) -> None:
     idx, page_indices = _slots(pool, indices, pages)
     n = idx.numel()
     if not n:
         return
     n_slots = n * (pool.page_size if page_indices else 1)
-    laid = _layout(pool, op, bufs, pages, page_indices, n_slots, True)
-    laid.run(pool, bufs, idx, _checks(pool, pages, page_indices, n, True), verdict)
+    laid = _layout(pool, op, bufs, pages, page_indices, n_slots, into_pool)
+    laid.run(pool, bufs, idx, _checks(pool, pages, page_indices, n, into_pool), verdict)
 
 
 def _out_buffers(pool, out, n_slots: int, pages: bool) -> List[torch.Tensor]:

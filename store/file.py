@@ -105,55 +105,47 @@ class FileEngine(Engine):
 
     # ------------------------------------------------------------------ engine calls
     def _exists(self, keys: List[str]) -> List[Status]:
-        if self._closed:
-            return [Status.ERROR] * len(keys)
-        out = []
-        for k in keys:
-            try:
-                os.stat(self._path(k))
-                out.append(Status.HIT)
-            except FileNotFoundError:
-                out.append(Status.MISS)
-            except OSError as e:
-                out.append(self._error("exists", e))
-        return out
+        return self._each("exists", keys, lambda k, _: self._stat(k))
 
     def _get_into(self, keys: List[str], targets: List[List[memoryview]]) -> List[Status]:
-        if self._closed:
-            return [Status.ERROR] * len(keys)
-        out = []
-        for k, views in zip(keys, targets):
-            try:
-                out.append(self._read(self._path(k), views))
-            except OSError as e:
-                out.append(self._error("get", e))
-        return out
+        return self._each("get", keys, lambda k, views: self._read(self._path(k), views), targets)
 
     def _put_from(self, keys: List[str], sources: List[List[memoryview]]) -> List[Status]:
-        if self._closed:
-            return [Status.ERROR] * len(keys)
-        out = []
-        for k, views in zip(keys, sources):
-            try:
-                self._write(self._path(k), views)
-                out.append(Status.HIT)
-            except OSError as e:
-                out.append(self._error("put", e))
-        return out
+        return self._each("put", keys, self._put, sources)
 
     def _delete(self, keys: List[str]) -> List[Status]:
+        return self._each("delete", keys, lambda k, _: self._unlink(k))
+
+    def _each(self, what: str, keys: List[str], one, views=None) -> List[Status]:
+        """``one(key, its views)``'s status per key: ERROR for every key once closed, and
+        a store fault (an `OSError`) as the status `_error` gives it."""
         if self._closed:
             return [Status.ERROR] * len(keys)
         out = []
-        for k in keys:
+        for k, v in zip(keys, views if views is not None else keys):
             try:
-                os.unlink(self._path(k))
-                out.append(Status.HIT)
-            except FileNotFoundError:
-                out.append(Status.HIT)
+                out.append(one(k, v))
             except OSError as e:
-                out.append(self._error("delete", e))
+                out.append(self._error(what, e))
         return out
+
+    def _stat(self, key: str) -> Status:
+        try:
+            os.stat(self._path(key))
+        except FileNotFoundError:
+            return Status.MISS
+        return Status.HIT
+
+    def _put(self, key: str, views: List[memoryview]) -> Status:
+        self._write(self._path(key), views)
+        return Status.HIT
+
+    def _unlink(self, key: str) -> Status:
+        try:
+            os.unlink(self._path(key))
+        except FileNotFoundError:
+            pass                # gone already: deleted all the same
+        return Status.HIT
 
     def close(self) -> None:
         self._closed = True

@@ -6,6 +6,7 @@ with plain torch expressions, independent of the row maps under test.
 """
 from __future__ import annotations
 
+import pytest
 import torch
 
 from helpers import Guarded
@@ -196,3 +197,16 @@ def backup_then_load_all(hc, dev, keep, didx, didx2):
     want = moved_dev_rows(original, original, didx, didx2)
     assert_same(dev.model, want, "device after load_all")
     return original, before, want
+
+
+@pytest.fixture(autouse=True)
+def small_dma_chunks(monkeypatch):
+    """(autouse where a test module imports it) dma chunks of two pages of K and V over two
+    layers of 32-byte rows in pages of 4, through a staging ring of the test's own: several
+    chunks per call."""
+    from kvtier.bounded import Bounded
+    from kvtier.pool import dma
+    monkeypatch.setattr(dma, "_STREAM_STAGING", Bounded(16))
+    old = dma.configure(dma.DmaConfig(chunk_bytes=2 * 4 * 2 * 2 * 32))
+    yield
+    dma.configure(old)

@@ -9,25 +9,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvtier.bounded import Bounded
-
 from copy_rows_support import kernel_really_runs  # noqa: F401  (autouse fixture: the kernel runs)
 from hot_path_support import device_work_only
 from pool_support import DeviceCase, HostCase
+from pool_support import small_dma_chunks  # noqa: F401  (autouse fixture: dma chunks of two pages)
 from kvtier.kernels import KvtierError
-from kvtier.pool import dma
 
 P, SIZE, HOST = 4, 32, 48
 LAYOUTS = ["layer_first", "page_first", "page_first_direct", "page_head"]
 
-
-@pytest.fixture(autouse=True)
-def small_chunks(monkeypatch):
-    """dma chunks of two pages: several chunks per call."""
-    monkeypatch.setattr(dma, "_STREAM_STAGING", Bounded(16))
-    old = dma.configure(dma.DmaConfig(chunk_bytes=2 * P * 2 * 2 * 32))
-    yield
-    dma.configure(old)
 
 
 def slots(*pages):
