@@ -24,6 +24,7 @@ caller's buffers afterwards), so this engine does not apply the timeout.
 from __future__ import annotations
 
 import hashlib
+import errno
 import itertools
 import os
 import socket
@@ -252,14 +253,28 @@ class FileEngine(Engine):
 def _preadv_all(fd: int, views: Sequence[memoryview]) -> int:
     """Read the file from offset 0 into ``views`` in order; returns the bytes read
     (less than their total only at the end of the file)."""
+    return _vectored(os.preadv, fd, views)
+
+
+def _pwritev_all(fd: int, views: Sequence[memoryview]) -> None:
+    """Write ``views`` in order from offset 0 (a write that stops short is an `OSError`:
+    the object is not put)."""
+    if _vectored(os.pwritev, fd, views) != sum(v.nbytes for v in views):
+        raise OSError(errno.ENOSPC, "the file system took no more bytes")
+
+
+def _vectored(call, fd: int, views: Sequence[memoryview]) -> int:
+    """``call`` (``os.preadv`` or ``os.pwritev``) over every view from offset 0, at most
+    `_IOV_MAX` views per call, resumed after a short transfer; returns the bytes moved
+    (short only where a read meets the end of the file)."""
     done, i, pending = 0, 0, [v for v in views if v.nbytes]
     while i < len(pending):
         batch = pending[i:i + _IOV_MAX]
-        n = os.preadv(fd, batch, done)
+        n = call(fd, batch, done)
         if n == 0:
             return done
         done += n
-        for v in batch:                # skip the views filled; cut the one filled in part
+        for v in batch:                # skip the views done; cut the one done in part
             if n >= v.nbytes:
                 n -= v.nbytes
                 i += 1
@@ -267,22 +282,6 @@ def _preadv_all(fd: int, views: Sequence[memoryview]) -> int:
                 pending[i] = v[n:]
                 break
     return done
-
-
-def _pwritev_all(fd: int, views: Sequence[memoryview]) -> None:
-    done, i, pending = 0, 0, [v for v in views if v.nbytes]
-    while i < len(pending):
-        batch = pending[i:i + _IOV_MAX]
-        n = os.pwritev(fd, batch, done)
-        done += n
-        for v in batch:
-            if n >= v.nbytes:
-                n -= v.nbytes
-                i += 1
-            else:
-                pending[i] = v[n:]
-                break
-
 
 def _alive(pid: int) -> bool:
     try:
