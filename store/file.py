@@ -23,8 +23,8 @@ caller's buffers afterwards), so this engine does not apply the timeout.
 """
 from __future__ import annotations
 
-import hashlib
 import errno
+import hashlib
 import itertools
 import os
 import socket
