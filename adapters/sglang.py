@@ -112,8 +112,14 @@ def transfer_kv_per_layer(src_k, dst_k, src_v, dst_v, src_indices, dst_indices, 
                           block_quota: Optional[int] = None, num_warps_per_block: Optional[int] = None,
                           *, config=None, check: Optional[bool] = None) -> None:
     """K and V of one layer, ``lf`` -> ``lf``: ``dst[d[j]] = src[s[j]]`` for each pair."""
-    _lf_lf("lf_lf", _KV, (src_k, dst_k, src_v, dst_v), src_indices, dst_indices, item_size, block_quota, config,
-           check)
+    tensors = (src_k, dst_k, src_v, dst_v)
+    if type(item_size) is int and block_quota is None and config is None:     # (HiCache's layer loop: `_lf_lf`
+        ptrs = []                                                             # inline, one frame fewer)
+        shape = SHAPES.get(("lf_lf", item_size, None, None, *dense_keys(tensors, ptrs)))
+        if shape is not None:
+            shape.run(tensors, src_indices, dst_indices, check, _rebuild, ptrs)
+            return
+    _lf_lf("lf_lf", _KV, tensors, src_indices, dst_indices, item_size, block_quota, config, check)
 
 
 def transfer_kv_per_layer_mla(src, dst, src_indices, dst_indices, item_size: int,
