@@ -172,7 +172,7 @@ def gather(pool, indices: torch.Tensor, *, pages: bool = False,
         # (the shape as separate arguments: torch parses them faster than one tuple)
         bufs = [torch.empty(*shape, dtype=dtype, device=pool.device)
                 for _, shape, dtype in _group_specs(pool, n_slots, pages)]
-    gather_groups(pool, indices, bufs, pages)
+    _move_groups(pool, indices, bufs, pages, GATHER, None, into_pool=False)
     if out is not None:
         return out
     views = {}
@@ -192,7 +192,7 @@ def scatter(pool, indices: torch.Tensor, data: Dict[str, torch.Tensor], *, pages
     if not index_ok(indices, pool.index_device):
         check_index("indices", indices, pool.index_device)
     bufs = _buffers(pool, data, indices.numel() * (pool.page_size if pages else 1), pages, "data")
-    scatter_groups(pool, indices, bufs, pages)
+    _move_groups(pool, indices, bufs, pages, SCATTER, None, into_pool=True)
 
 
 def scatter_groups(pool, indices: torch.Tensor, bufs: List[torch.Tensor], pages: bool, op: Op = SCATTER,
