@@ -452,10 +452,10 @@ class CallShape:
                 or not (check if check is not None else _env_value() != _OFF)):
             return self._run(args, si, di, check, rebuild, ptrs)
         b = last[2][0]
-        for p, span, name in self.spans:
+        for p, span, name in self.spans:       # (a tensor's first byte is never below its storage's)
             st = args[p].untyped_storage()
-            first, start = ptrs[p], st.data_ptr()
-            if first < start or first + span > start + st.nbytes() or not first:
+            first = ptrs[p]
+            if first + span > st.data_ptr() + st.nbytes() or not first:
                 _owns(args[p], span, name)        # (names what is wrong)
         sp, so, sp2, so2, sc, dp, do, dp2, do2, dc = self.single
         u, dummy, sb, db = b.unit, b.dummy, ptrs[sp] + so, ptrs[dp] + do

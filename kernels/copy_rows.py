@@ -230,7 +230,8 @@ def run_one(b: "BoundCopy", side: tuple, si: torch.Tensor, di: torch.Tensor, n: 
     record = faults.ready(device)
     if checks.paged:
         checks.count(n)
-    grid = b.grid(n)
+    last = b.last_grid
+    grid = last[1] if last[0] == n else b.grid(n)
     if grid > b.inline_programs:
         return run((b,), (side,), si, di, checks, device)
     b(si, di, side, INLINE, record.tensor, checks, grid)
