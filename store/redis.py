@@ -158,8 +158,10 @@ class _RedisEngine(Engine):
         against this engine's node (a cluster: ``--cluster``, from one master)."""
         from .redis_benchmark import run
         host, port = self._benchmark_node()
-        return run(host, port, value_bytes, count, cluster=self.cluster,
-                   username=self._conf.username, password=self._conf.password, db=self._conf.db)
+        result = run(host, port, value_bytes, count, cluster=self.cluster,
+                     username=self._conf.username, password=self._conf.password, db=self._conf.db)
+        self.delete(result.pop("written"))          # what redis-benchmark's SETs left behind
+        return result
 
     # ------------------------------------------------------------------ for the engines
     def _node(self, host: str, port: int) -> Node:

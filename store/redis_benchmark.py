@@ -19,9 +19,13 @@ MIN_BYTES = 256 << 20   # moved at least (each way): fewer requests over 50 conn
 def run(host: str, port: int, value_bytes: int, count: int, *, cluster: bool = False,
         username: Optional[str] = None, password: Optional[str] = None, db: int = 0,
         timeout_s: float = 600.0) -> Dict[str, object]:
-    """``{"get_gbps", "set_gbps", "get_rps", "set_rps", "requests", "how"}`` for
-    ``count`` SETs then as many GETs of one key holding ``value_bytes`` (at least
-    256 MiB of them; ``how``: the command, its password replaced)."""
+    """``{"get_gbps", "set_gbps", "set_one_key_gbps", "get_rps", "set_rps", "requests",
+    "written", "how"}`` for values of ``value_bytes`` (at least 256 MiB of requests, and at
+    least ``count``): GETs of one key, and SETs of new keys (``-r``: keys drawn from as
+    many names as requests, so most SETs make a key, as a store tier's backups do; SETs
+    that overwrite one key cost the server about half as much, kept as
+    ``set_one_key_gbps``). ``written``: the key names the SETs may have made (the
+    caller removes them); ``how``: the commands, the password replaced."""
     for arg, v in (("value_bytes", value_bytes), ("count", count)):
         if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
             raise fail(arg, v, "must be a positive int")
@@ -30,17 +34,29 @@ def run(host: str, port: int, value_bytes: int, count: int, *, cluster: bool = F
         raise fail("redis-benchmark", None, "is not on PATH: the raw Redis figures need it "
                    "(Debian: apt-get install redis-tools, or redis-server which brings it)")
     requests = max(count, -(-MIN_BYTES // value_bytes))
-    cmd = [exe, "-h", host, "-p", str(port), "-c", str(CLIENTS), "-t", "set,get",
-           "-d", str(value_bytes), "-n", str(requests), "--csv"]
+    base = [exe, "-h", host, "-p", str(port), "-c", str(CLIENTS), "-d", str(value_bytes), "-n", str(requests),
+            "--csv"]
     if cluster:
-        cmd.append("--cluster")
+        base.append("--cluster")
     if db:
-        cmd += ["--dbnum", str(db)]
+        base += ["--dbnum", str(db)]
     if username:
-        cmd += ["--user", username]
+        base += ["--user", username]
+    one_key = _rps(base + ["-t", "set,get"], password, timeout_s)
+    new_keys = _rps(base + ["-t", "set", "-r", str(requests)], password, timeout_s)
+    get_rps, set_rps = one_key["GET"], new_keys["SET"]
+    return {"get_gbps": get_rps * value_bytes / 1e9, "set_gbps": set_rps * value_bytes / 1e9,
+            "set_one_key_gbps": one_key["SET"] * value_bytes / 1e9,
+            "get_rps": get_rps, "set_rps": set_rps, "requests": requests,
+            "written": ["key:__rand_int__"] + [f"key:{i:012d}" for i in range(requests)],
+            "how": f"{one_key['how']}; {new_keys['how']}"}
+
+
+def _rps(cmd: list, password: Optional[str], timeout_s: float) -> Dict[str, object]:
+    """Requests per second per test of one redis-benchmark run, and ``how`` it ran."""
     shown = list(cmd)
     if password is not None:
-        cmd += ["-a", password]
+        cmd = cmd + ["-a", password]
         shown += ["-a", "***"]
     how = " ".join(shown)
     try:
@@ -48,12 +64,13 @@ def run(host: str, port: int, value_bytes: int, count: int, *, cluster: bool = F
     except subprocess.TimeoutExpired:
         raise RuntimeError(f"{how}: no result in {timeout_s:.0f} s") from None
     table = done.stdout[done.stdout.find('"test"'):]        # --cluster prints the masters first
-    rps = {row.get("test"): row.get("rps") for row in csv.DictReader(io.StringIO(table))}
+    rows = {row.get("test"): row.get("rps") for row in csv.DictReader(io.StringIO(table))}
+    tests = cmd[cmd.index("-t") + 1].upper().split(",")
     try:
-        get_rps, set_rps = float(rps["GET"]), float(rps["SET"])
+        out: Dict[str, object] = {t: float(rows[t]) for t in tests}
     except (KeyError, TypeError, ValueError):
         tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
-        raise RuntimeError(f"{how} exited {done.returncode} without GET and SET figures: "
+        raise RuntimeError(f"{how} exited {done.returncode} without {' and '.join(tests)} figures: "
                            + " | ".join(tail)) from None
-    return {"get_gbps": get_rps * value_bytes / 1e9, "set_gbps": set_rps * value_bytes / 1e9,
-            "get_rps": get_rps, "set_rps": set_rps, "requests": requests, "how": how}
+    out["how"] = how
+    return out

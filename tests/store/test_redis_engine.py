@@ -206,6 +206,9 @@ def test_raw_throughput(engine):
     assert raw["requests"] == 256                     # 256 MiB at least, whatever the count
     assert "redis-benchmark" in raw["how"] and "-d 1048576 -n 256" in raw["how"]
     assert ("--cluster" in raw["how"]) == isinstance(engine, RedisClusterEngine)
+    assert "-t set -r 256" in raw["how"] and raw["set_one_key_gbps"] > 0      # SETs of new keys
+    # redis-benchmark's keys are gone afterwards (its one GET key and the new keys it made)
+    assert engine.exists(["key:__rand_int__", "key:000000000000", "key:000000000255"]) == [Status.MISS] * 3
 
 
 def test_raw_throughput_without_redis_benchmark(engine, monkeypatch):
