@@ -247,8 +247,18 @@ def _dlpack(di, value):
     torch.from_dlpack(di.__dlpack__()).numpy()[1] = value
 
 
+def _ctypes(di, value):
+    import ctypes
+    ctypes.c_int64.from_address(di.data_ptr() + 8).value = value     # a raw pointer write
+
+
+def _triton(di, value):
+    from triton_writer import triton_write
+    triton_write(di, 1, value)                      # an engine's own kernel
+
+
 @needs_cpu_kernel
-@pytest.mark.parametrize("change", [_rewrite, _rebind, _numpy, _dlpack])
+@pytest.mark.parametrize("change", [_rewrite, _rebind, _numpy, _dlpack, _ctypes, _triton])
 def test_lists_changed_by_any_means_are_checked_again(checks, change):
     host, dev = _layers(2, seed=51)
     si, di = torch.tensor([3, 0]), torch.tensor([7, 1])

@@ -251,12 +251,13 @@ def test_every_layer_of_a_loop_checks_its_pair():
     assert checks.launches == 0 and copies.launches == 2
 
 
-@pytest.mark.parametrize("change", ["in place", "data rebound", "data reinterpreted", "numpy", "dlpack", "ctypes"])
+@pytest.mark.parametrize("change", ["in place", "data rebound", "data reinterpreted", "numpy", "dlpack", "ctypes",
+                                    "triton kernel"])
 def test_a_layer_loops_pair_made_bad_is_refused_and_moves_nothing(change):
     """A pair the loop used, then made bad, is refused before a byte moves: written in
     place through torch, ``.data`` rebound to other memory or to the same bytes read as
     int32, or written where torch does not see it (a numpy view, a DLPack alias, a raw
-    pointer write): the version counter, the first byte and the length all stay."""
+    pointer write, an engine's own Triton kernel): the first byte and the length stay."""
     import ctypes
     dev, host = pools()
     hi, di = slots(0, 1), slots(2, 3)
@@ -281,9 +282,13 @@ def test_a_layer_loops_pair_made_bad_is_refused_and_moves_nothing(change):
         with torch.no_grad():
             alias.data[6] = 41
         named = "device_indices=41"
-    else:
+    elif change == "ctypes":
         ctypes.c_int64.from_address(di.data_ptr() + 7 * 8).value = 42
         named = "device_indices=42"
+    else:
+        from triton_writer import triton_write
+        triton_write(di, 4, 43)
+        named = "device_indices=43"
     before = snapshot(dev, host)
     with pytest.raises(KvtierError, match=named):
         _layer_loop(dev, host, hi, di, layers=(1,))
