@@ -18,8 +18,8 @@ import contextlib
 import json
 import os
 import tempfile
+import logging
 import time
-import warnings
 from pathlib import Path
 from typing import Dict, Optional
 
@@ -28,6 +28,8 @@ from kvtier.kernels.errors import fail
 from kvtier.writable import writable_dir
 
 from .key import DeviceId, TuneKey, versions
+
+log = logging.getLogger("kvtier")
 
 FORMAT_VERSION = 1
 CACHE_ENV = "KVTIER_CACHE_DIR"
@@ -63,37 +65,39 @@ def cache_path(device: DeviceId) -> Path:
 
 
 def _warn(path: Path, why: str) -> None:
-    warnings.warn(f"kvtier autotune cache {path}: {why}; it is ignored (run `kvtier autotune` "
-                  "to measure again)", RuntimeWarning, stacklevel=3)
+    """One WARNING on the ``kvtier`` logger per reading of a cache file it ignores (in
+    part or whole): the pools run with the platform defaults there instead."""
+    log.warning("kvtier autotune cache %s: %s; it is ignored (run `kvtier autotune` to measure again)", path, why)
 
 
-def _read_doc(path: Path, device: DeviceId) -> Optional[dict]:
+def _read_doc(path: Path, device: DeviceId, quiet: bool = False) -> Optional[dict]:
     """The file's document if it is readable, of this format and for this device."""
+    warn = (lambda *a: None) if quiet else _warn
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         return None
     except (OSError, UnicodeDecodeError) as e:
-        _warn(path, f"unreadable ({e})")
+        warn(path, f"unreadable ({e})")
         return None
     try:
         doc = json.loads(text)
     except (ValueError, RecursionError) as e:
-        _warn(path, f"corrupt JSON ({type(e).__name__}: {str(e)[:80]})")
+        warn(path, f"corrupt JSON ({type(e).__name__}: {str(e)[:80]})")
         return None
     if not isinstance(doc, dict) or not isinstance(doc.get("entries"), dict):
-        _warn(path, "not an autotune cache")
+        warn(path, "not an autotune cache")
         return None
     if doc.get("version") != FORMAT_VERSION:
-        _warn(path, f"format version {doc.get('version')!r}, this kvtier reads {FORMAT_VERSION}")
+        warn(path, f"format version {doc.get('version')!r}, this kvtier reads {FORMAT_VERSION}")
         return None
     dev = doc.get("device")
     if not isinstance(dev, dict):
-        _warn(path, f"device field {dev!r} is not a device description")
+        warn(path, f"device field {dev!r} is not a device description")
         return None
     # A device named without its architecture (arch "") matches by name.
     if dev.get("name") != device.name or (device.arch and dev.get("arch") != device.arch):
-        _warn(path, f"written for {dev.get('name')!r}/{dev.get('arch')!r}, not {device.name!r}/{device.arch!r}")
+        warn(path, f"written for {dev.get('name')!r}/{dev.get('arch')!r}, not {device.name!r}/{device.arch!r}")
         return None
     return doc
 
@@ -150,9 +154,7 @@ def store(device: DeviceId, new: Dict[TuneKey, dict], path: Optional[Path] = Non
 
 def _store(path: Path, device: DeviceId, new: Dict[TuneKey, dict], now: dict) -> Path:
     with _locked(path):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")   # a bad file is replaced, not reported twice
-            doc = _read_doc(path, device)
+        doc = _read_doc(path, device, quiet=True)     # a bad file is replaced, not reported twice
         kept = {k: e for k, e in (doc or {}).get("entries", {}).items()
                 if isinstance(e, dict) and {v: e.get(v) for v in now} == now and _valid(k, e)}
         for key, entry in new.items():

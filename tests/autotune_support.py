@@ -1,6 +1,9 @@
 """Shared by the autotune tests (no tests here): run a tuning transfer as production runs
 it (the pools' own call, their own lookup) and record the configuration each launch got."""
+import contextlib
 import importlib
+import logging
+import re
 
 core = importlib.import_module("kvtier.kernels.copy_rows")
 
@@ -23,3 +26,13 @@ def pool_call(monkeypatch, t):
     t.poison()
     t.runner()()
     return launched
+
+
+@contextlib.contextmanager
+def logs_warning(caplog, pattern: str):
+    """The block logs a WARNING on the ``kvtier`` logger whose message matches ``pattern``."""
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="kvtier"):
+        yield
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and r.name == "kvtier"]
+    assert any(re.search(pattern, m) for m in said), said

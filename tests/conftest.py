@@ -4,8 +4,11 @@ TRITON_INTERPRET must be set before Triton is imported, so it is set here, first
 unless an accelerator is present (then the hardware-marked tests run compiled
 kernels) or KVTIER_TEST_COMPILED=1 asks for compiled kernels explicitly.
 """
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 
 sys.path.insert(0, os.path.dirname(__file__))
 
@@ -20,6 +23,12 @@ def _has_accelerator() -> bool:
 
 if os.environ.get("KVTIER_TEST_COMPILED") != "1" and not _has_accelerator():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# An autotune cache of the suite's own, never the user's: tuned entries there would change
+# the configurations tests launch with, and a stale file would warn in their output.
+_CACHE = tempfile.mkdtemp(prefix="kvtier-test-cache-")
+os.environ["KVTIER_CACHE_DIR"] = _CACHE
+atexit.register(shutil.rmtree, _CACHE, True)
 
 import pytest  # noqa: E402
 

@@ -1,6 +1,7 @@
 """The cache file: location, round trip, bad files ignored with a warning, version
 changes, atomic replacement, and concurrent writers keeping each other's entries."""
 import json
+import logging
 import os
 import re
 import subprocess
@@ -8,6 +9,8 @@ import sys
 import threading
 
 import pytest
+
+from autotune_support import logs_warning
 
 from kvtier.autotune import cache
 from kvtier.autotune.cache import CACHE_ENV, FORMAT_VERSION, cache_dir, cache_path, load, store
@@ -53,9 +56,10 @@ def test_store_merges_and_replaces_same_key(tmp_cache):
     assert load(DEV) == {key(256): other, key(4096): CFG}
 
 
-def test_missing_file_is_empty_without_warning(tmp_cache, recwarn):
-    assert load(DEV) == {}
-    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
+def test_missing_file_is_empty_without_warning(tmp_cache, caplog):
+    with caplog.at_level(logging.WARNING, logger="kvtier"):
+        assert load(DEV) == {}
+    assert not caplog.records
 
 
 @pytest.mark.parametrize("text,why", [
@@ -70,28 +74,28 @@ def test_missing_file_is_empty_without_warning(tmp_cache, recwarn):
     (b"\xff\xfe\x00 not utf-8", "unreadable"),
     ("[" * 100000 + "]" * 100000, "corrupt JSON"),
 ])
-def test_bad_file_is_ignored_with_a_warning_and_replaced_on_write(tmp_cache, text, why):
+def test_bad_file_is_ignored_with_a_warning_and_replaced_on_write(tmp_cache, text, why, caplog):
     path = cache_path(DEV)
     path.write_bytes(text) if isinstance(text, bytes) else path.write_text(text)
-    with pytest.warns(RuntimeWarning, match=why):
+    with logs_warning(caplog, why):
         assert load(DEV) == {}
     store(DEV, {key(): {"config": CFG.to_dict()}})
     assert load(DEV) == {key(): CFG}
     assert json.loads(path.read_text())["version"] == FORMAT_VERSION
 
 
-def test_version_change_drops_the_old_entries(tmp_cache, monkeypatch):
+def test_version_change_drops_the_old_entries(tmp_cache, monkeypatch, caplog):
     store(DEV, {key(256): {"config": CFG.to_dict()}})
     doc = json.loads(cache_path(DEV).read_text())
     doc["entries"][key(256).to_str()]["triton"] = "0.0.1"          # measured under another Triton
     cache_path(DEV).write_text(json.dumps(doc))
-    with pytest.warns(RuntimeWarning, match="other Triton/kvtier versions"):
+    with logs_warning(caplog, "other Triton/kvtier versions"):
         assert load(DEV) == {}
     store(DEV, {key(4096): {"config": CFG.to_dict()}})            # rewriting drops the stale entry
     assert list(json.loads(cache_path(DEV).read_text())["entries"]) == [key(4096).to_str()]
 
 
-def test_malformed_entries_are_skipped_with_a_warning(tmp_cache):
+def test_malformed_entries_are_skipped_with_a_warning(tmp_cache, caplog):
     store(DEV, {key(256): {"config": CFG.to_dict()}, key(512): {"config": CFG.to_dict()}})
     doc = json.loads(cache_path(DEV).read_text())
     doc["entries"][key(512).to_str()]["config"]["rows"] = 3          # not a power of two
@@ -102,13 +106,13 @@ def test_malformed_entries_are_skipped_with_a_warning(tmp_cache):
     truthy = dict(CFG.to_dict(), rows=True)                            # a bool is no count
     doc["entries"][key(2048).to_str()] = dict(doc["entries"][key(256).to_str()], config=truthy)
     cache_path(DEV).write_text(json.dumps(doc))
-    with pytest.warns(RuntimeWarning, match="4 malformed entries"):
+    with logs_warning(caplog, "4 malformed entries"):
         assert load(DEV) == {key(256): CFG}
 
 
-def test_unreadable_file_warns(tmp_cache):
+def test_unreadable_file_warns(tmp_cache, caplog):
     cache_path(DEV).mkdir(parents=True)          # a directory where the file should be
-    with pytest.warns(RuntimeWarning, match="unreadable"):
+    with logs_warning(caplog, "unreadable"):
         assert load(DEV) == {}
 
 
@@ -161,13 +165,13 @@ def test_two_processes_keep_each_others_entries(tmp_cache):
     assert got[key(1 << 7, "load")].num_programs == 8
 
 
-def test_a_damaged_file_never_stops_a_transfer(tmp_cache):
+def test_a_damaged_file_never_stops_a_transfer(tmp_cache, caplog):
     """Whatever the damage, the lookup the pools make answers the platform default."""
     from kvtier.autotune import select
     from kvtier.kernels import default_config
     cache_path(DEV).write_text(json.dumps({"version": FORMAT_VERSION, "device": "x", "entries": {}}))
     select.invalidate()
-    with pytest.warns(RuntimeWarning, match="device field"):
+    with logs_warning(caplog, "device field"):
         cfg = select.select_config("backup", "cuda", row_bytes=1024, page_size=16, num_rows=4096,
                                    num_layers=32, crosses_link=True, device_name=DEV.name)
     assert cfg == default_config("cuda")

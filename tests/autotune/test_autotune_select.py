@@ -1,6 +1,8 @@
 """The hot-path lookup: exact key, nearest bucket, shipped default, one read per process."""
 import pytest
 
+from autotune_support import logs_warning
+
 from kvtier.autotune import cache, select, select_config, resolve
 from kvtier.autotune.cache import cache_path, store
 from kvtier.autotune.key import TuneKey, device_identity
@@ -91,10 +93,10 @@ def test_invalidate_rereads(tuned):
     assert select_config("backup", "cpu", **kw) == B
 
 
-def test_corrupt_cache_gives_defaults_with_a_warning(tuned):
+def test_corrupt_cache_gives_defaults_with_a_warning(tuned, caplog):
     cache_path(tuned).write_text("{corrupt")
     select.invalidate()
-    with pytest.warns(RuntimeWarning, match="corrupt JSON"):
+    with logs_warning(caplog, "corrupt JSON"):
         cfg = select_config("backup", "cpu", row_bytes=256, page_size=4, num_rows=16, num_layers=2,
                             crosses_link=True)
     assert cfg == default_config("cpu", crosses_link=True)

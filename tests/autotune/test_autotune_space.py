@@ -1,6 +1,8 @@
 """The search space: program cap, clamping duplicates away, tile limits, strategies."""
 import pytest
 
+from autotune_support import logs_warning
+
 from kvtier.kernels import CopyConfig, default_config
 
 from kvtier.autotune.key import DeviceId
@@ -118,7 +120,7 @@ def test_npu_and_cpu_search_one_stage():
         assert {c.stages for c in candidates(device, chunk_bytes=1024, crosses_link=True)} == {1}
 
 
-def test_configs_written_before_stages_and_tile_bytes_still_load(tmp_path, monkeypatch, recwarn):
+def test_configs_written_before_stages_and_tile_bytes_still_load(tmp_path, monkeypatch, caplog):
     """A cache entry without the pipelining fields reads as the kernel it was measured
     with (one stage, tiles of ``rows`` rows); a bad value in them is a malformed entry."""
     import json
@@ -137,7 +139,7 @@ def test_configs_written_before_stages_and_tile_bytes_still_load(tmp_path, monke
     entries[k[2].to_str()] = dict(entries[k[0].to_str()], config=dict(legacy, stages=0))
     entries[k[3].to_str()] = dict(entries[k[0].to_str()], config=dict(legacy, tile_bytes=3000))
     cache_path(H200).write_text(json.dumps(doc))
-    with pytest.warns(RuntimeWarning, match="2 malformed entries"):
+    with logs_warning(caplog, "2 malformed entries"):
         assert load(H200) == {k[0]: old, k[1]: new}
     assert CopyConfig.from_dict(new.to_dict()) == new
     with pytest.raises(ValueError):
