@@ -207,13 +207,34 @@ def _compile(target: str, config: CopyConfig, shape: dict):
 def compilable(kernel):
     """The kernel as a JITFunction, also when Triton's interpreter wrapped it (the
     compiler needs the JIT form; the interpreter form only runs on CPU tensors, and
-    drops the arguments its module does not specialize on, ``NOT_SPECIALIZED``)."""
+    drops the arguments its module does not specialize on, ``NOT_SPECIALIZED``). The
+    jitted functions it calls are handed to the compiler in their JIT form too."""
     import sys
     from triton.runtime.jit import JITFunction
     if isinstance(kernel, JITFunction):
         return kernel
     plain = getattr(sys.modules[kernel.fn.__module__], "NOT_SPECIALIZED", ())
-    return JITFunction(kernel.fn, do_not_specialize=list(plain))
+    return JITFunction(_calling_jit(kernel.fn), do_not_specialize=list(plain))
+
+
+def _calling_jit(fn, copies=None):
+    """``fn`` over a copy of its module's globals in which every interpreted jitted
+    function is its JIT form (each built the same way; ``copies``: the globals copied so
+    far, one per module, so functions that call each other resolve)."""
+    import types
+    from triton.runtime.jit import JITFunction
+    copies = {} if copies is None else copies
+    g = fn.__globals__
+    new = copies.get(id(g))
+    if new is None:
+        new = copies[id(g)] = dict(g)
+        for name, v in g.items():
+            if type(v).__name__ == "InterpretedFunction" and hasattr(v, "fn"):
+                new[name] = JITFunction(_calling_jit(v.fn, copies))
+    out = types.FunctionType(fn.__code__, new, fn.__name__, fn.__defaults__, fn.__closure__)
+    out.__module__, out.__qualname__, out.__doc__ = fn.__module__, fn.__qualname__, fn.__doc__
+    out.__annotations__ = dict(fn.__annotations__)
+    return out
 
 
 def _fill_cuda(rep: KernelReport, compiled) -> None:

@@ -6,6 +6,8 @@ at import time whether kernels run compiled or in its CPU interpreter.
 import triton
 import triton.language as tl
 
+from kvtier.kernels.index_check_kernel import check_list, keep_failure, note_first
+
 # What changes from call to call (a layer loop passes every layer, batches bring every
 # count, the index lists and a layout's buffers are the caller's) is not specialized on:
 # Triton would compile a variant for each class of value it first meets (a stall of a
@@ -116,30 +118,11 @@ def _copy_rows_kernel(
         bad_lim = tl.full([], 0, tl.int64)
         bad_page = tl.full([], 0, tl.int64)
         for which in tl.static_range(2):
-            idx = src_idx if which == 0 else dst_idx
-            stride = src_idx_stride if which == 0 else dst_idx_stride
-            limit = src_limit if which == 0 else dst_limit
-            arg = src_arg if which == 0 else dst_arg
-            WHOLE = SRC_WHOLE if which == 0 else DST_WHOLE
-            for start in range(0, n_idx, CHECK_BLOCK):
-                j = start + tl.arange(0, CHECK_BLOCK)
-                live = j < n_idx
-                v = tl.load(idx + j * stride, mask=live, other=0).to(tl.int64)
-                code = tl.where(v < 0, 0 if SKIP_NEG else 1, tl.where(v >= limit, 2, 0)).to(tl.int64)
-                if WHOLE > 1:
-                    first = tl.load(idx + (j - j % WHOLE) * stride, mask=live, other=0).to(tl.int64)
-                    broken = (first % WHOLE != 0) | (v != first + (j % WHOLE))
-                    code = tl.where((code == 0) & broken, 3, code)
-                code = tl.where(live, code, 0)
-                pos = tl.min(tl.where(code != 0, j, n_idx), axis=0).to(tl.int64)
-                found = (pos < n_idx) & (bad_code == 0)
-                hit = j == pos
-                bad_val = tl.where(found, tl.sum(tl.where(hit, v, 0), axis=0), bad_val)
-                bad_arg = tl.where(found, arg, bad_arg)
-                bad_pos = tl.where(found, pos, bad_pos)
-                bad_lim = tl.where(found, limit, bad_lim)
-                bad_page = tl.where(found, WHOLE, bad_page)
-                bad_code = tl.where(found, tl.sum(tl.where(hit, code, 0), axis=0), bad_code)
+            bad_code, bad_arg, bad_pos, bad_val, bad_lim, bad_page = check_list(
+                src_idx if which == 0 else dst_idx, n_idx, src_idx_stride if which == 0 else dst_idx_stride,
+                src_limit if which == 0 else dst_limit, src_arg if which == 0 else dst_arg,
+                SRC_WHOLE if which == 0 else DST_WHOLE, SKIP_NEG, CHECK_BLOCK,
+                bad_code, bad_arg, bad_pos, bad_val, bad_lim, bad_page)
         if CHECK_TABLES:
             # Every (component, layer) base the copies will read from a table: not null,
             # aligned as the kernel's accesses assume.
@@ -165,24 +148,12 @@ def _copy_rows_kernel(
                                             mask=live & (c >= TSPLIT), other=0)
                         addr = addr.to(tl.int64)
                         wrong = live & ((addr == 0) | (addr % (ALIGN * WORD) != 0))
-                        pos = tl.min(tl.where(wrong, k, n_entries), axis=0).to(tl.int64)
-                        found = (pos < n_entries) & (bad_code == 0)
-                        hit = k == pos
-                        bad_val = tl.where(found, tl.sum(tl.where(hit, addr, 0), axis=0), bad_val)
-                        bad_arg = tl.where(found, arg, bad_arg)
-                        bad_pos = tl.where(found, pos, bad_pos)
-                        bad_lim = tl.where(found, ALIGN * WORD, bad_lim)
-                        bad_page = tl.where(found, which, bad_page)
-                        bad_code = tl.where(found, 4, bad_code)
+                        bad_code, bad_arg, bad_pos, bad_val, bad_lim, bad_page = note_first(
+                            tl.where(wrong, 4, 0).to(tl.int64), k, addr, n_entries, arg, ALIGN * WORD, which,
+                            bad_code, bad_arg, bad_pos, bad_val, bad_lim, bad_page)
         total = tl.where(bad_code == 0, total, 0)
         if (bad_code != 0) & (pid == 0):
-            if tl.load(record) == 0:
-                tl.store(record + 1, bad_arg)
-                tl.store(record + 2, bad_pos)
-                tl.store(record + 3, bad_val)
-                tl.store(record + 4, bad_lim)
-                tl.store(record + 5, bad_page)
-                tl.store(record, bad_code)
+            keep_failure(record, bad_code, bad_arg, bad_pos, bad_val, bad_lim, bad_page)
     if not SRC_TABLE:
         s_root = tl.multiple_of(src_base.to(tl.int64).to(tl.pointer_type(WT)), ALIGN * WORD)
     if not DST_TABLE:

@@ -1,8 +1,8 @@
 """The index-check Triton kernel (its launcher is kvtier.kernels.index_check).
 
-Kept apart from the launcher so that importing kvtier does not import Triton. The kernel
-calls no other jitted function, so that `kvtier codegen` and the Ascend lowering checks
-compile it as it is.
+Kept apart from the launcher so that importing kvtier does not import Triton. The
+checking steps (`check_list`, `note_first`, `keep_failure`) are jitted functions of their
+own: the row-copy kernel's inline check calls the same ones.
 """
 import triton
 import triton.language as tl
@@ -11,6 +11,59 @@ import triton.language as tl
 # Counts, limits and argument ids change from call to call: not specialized on (see the
 # row-copy kernel).
 NOT_SPECIALIZED = ("a_n", "a_limit", "a_id", "b_n", "b_limit", "b_id", "ta_n", "ta_id", "tb_n", "tb_id")
+
+
+@triton.jit
+def note_first(code, k, value, n, arg, limit, page, bad_code, bad_arg, bad_pos, bad_val, bad_lim, bad_page):
+    """The first failure of one tile (``code``: 0, or a failure code, per entry ``k`` of
+    ``n``; ``value`` the entries), kept in ``bad_*`` (code, argument id, position, value,
+    limit, page) unless an earlier failure is kept already."""
+    pos = tl.min(tl.where(code != 0, k, n), axis=0).to(tl.int64)
+    found = (pos < n) & (bad_code == 0)
+    hit = k == pos
+    bad_val = tl.where(found, tl.sum(tl.where(hit, value, 0), axis=0), bad_val)
+    bad_arg = tl.where(found, arg, bad_arg)
+    bad_pos = tl.where(found, pos, bad_pos)
+    bad_lim = tl.where(found, limit, bad_lim)
+    bad_page = tl.where(found, page, bad_page)
+    bad_code = tl.where(found, tl.sum(tl.where(hit, code, 0), axis=0), bad_code)
+    return bad_code, bad_arg, bad_pos, bad_val, bad_lim, bad_page
+
+
+@triton.jit
+def check_list(idx, n, stride, limit, arg, PAGE: tl.constexpr, NEG_SKIPS: tl.constexpr, BLOCK: tl.constexpr,
+               bad_code, bad_arg, bad_pos, bad_val, bad_lim, bad_page):
+    """One index list of ``n`` entries, read with its ``stride`` as the copies read it, in
+    BLOCK-wide tiles: every index in 0 <= i < limit (a negative one passes with
+    NEG_SKIPS) and, with PAGE > 1, every run of PAGE indices one whole page (a
+    page-boundary start, then consecutive slots). Its first failure is kept in ``bad_*``
+    (`note_first`). Codes: 1 negative, 2 out of range, 3 not a whole page."""
+    for start in range(0, n, BLOCK):
+        j = start + tl.arange(0, BLOCK)
+        live = j < n
+        v = tl.load(idx + j * stride, mask=live, other=0).to(tl.int64)
+        code = tl.where(v < 0, 0 if NEG_SKIPS else 1, tl.where(v >= limit, 2, 0)).to(tl.int64)
+        if PAGE > 1:
+            first = tl.load(idx + (j - j % PAGE) * stride, mask=live, other=0).to(tl.int64)
+            broken = (first % PAGE != 0) | (v != first + (j % PAGE))
+            code = tl.where((code == 0) & broken, 3, code)
+        code = tl.where(live, code, 0)
+        bad_code, bad_arg, bad_pos, bad_val, bad_lim, bad_page = note_first(
+            code, j, v, n, arg, limit, PAGE, bad_code, bad_arg, bad_pos, bad_val, bad_lim, bad_page)
+    return bad_code, bad_arg, bad_pos, bad_val, bad_lim, bad_page
+
+
+@triton.jit
+def keep_failure(record, bad_code, bad_arg, bad_pos, bad_val, bad_lim, bad_page):
+    """Write a failure to ``record`` (code last) unless one is there already, for the host
+    to read without a sync."""
+    if tl.load(record) == 0:
+        tl.store(record + 1, bad_arg)
+        tl.store(record + 2, bad_pos)
+        tl.store(record + 3, bad_val)
+        tl.store(record + 4, bad_lim)
+        tl.store(record + 5, bad_page)
+        tl.store(record, bad_code)
 
 
 @triton.jit(do_not_specialize=NOT_SPECIALIZED)
@@ -45,31 +98,10 @@ def _check_indices_kernel(
     bad_lim = tl.full([], 0, tl.int64)
     bad_page = tl.full([], 0, tl.int64)
     for which in tl.static_range(2 if TWO else 1):
-        idx = a_idx if which == 0 else b_idx
-        n = a_n if which == 0 else b_n
-        stride = a_stride if which == 0 else b_stride
-        limit = a_limit if which == 0 else b_limit
-        arg = a_id if which == 0 else b_id
-        PAGE = A_PAGE if which == 0 else B_PAGE
-        for start in range(0, n, BLOCK):
-            j = start + tl.arange(0, BLOCK)
-            live = j < n
-            v = tl.load(idx + j * stride, mask=live, other=0).to(tl.int64)
-            code = tl.where(v < 0, 0 if NEG_SKIPS else 1, tl.where(v >= limit, 2, 0)).to(tl.int64)
-            if PAGE > 1:
-                first = tl.load(idx + (j - j % PAGE) * stride, mask=live, other=0).to(tl.int64)
-                broken = (first % PAGE != 0) | (v != first + (j % PAGE))
-                code = tl.where((code == 0) & broken, 3, code)
-            code = tl.where(live, code, 0)
-            pos = tl.min(tl.where(code != 0, j, n), axis=0).to(tl.int64)
-            found = (pos < n) & (bad_code == 0)
-            hit = j == pos
-            bad_val = tl.where(found, tl.sum(tl.where(hit, v, 0), axis=0), bad_val)
-            bad_arg = tl.where(found, arg, bad_arg)
-            bad_pos = tl.where(found, pos, bad_pos)
-            bad_lim = tl.where(found, limit, bad_lim)
-            bad_page = tl.where(found, PAGE, bad_page)
-            bad_code = tl.where(found, tl.sum(tl.where(hit, code, 0), axis=0), bad_code)
+        bad_code, bad_arg, bad_pos, bad_val, bad_lim, bad_page = check_list(
+            a_idx if which == 0 else b_idx, a_n if which == 0 else b_n, a_stride if which == 0 else b_stride,
+            a_limit if which == 0 else b_limit, a_id if which == 0 else b_id, A_PAGE if which == 0 else B_PAGE,
+            NEG_SKIPS, BLOCK, bad_code, bad_arg, bad_pos, bad_val, bad_lim, bad_page)
     for which in tl.static_range(TABLES):
         table = ta if which == 0 else tb
         n = ta_n if which == 0 else tb_n
@@ -79,22 +111,10 @@ def _check_indices_kernel(
             live = k < n
             addr = tl.load(table + k, mask=live, other=0).to(tl.int64)
             wrong = live & ((addr == 0) | (addr % T_ALIGN != 0))
-            pos = tl.min(tl.where(wrong, k, n), axis=0).to(tl.int64)
-            found = (pos < n) & (bad_code == 0)
-            hit = k == pos
-            bad_val = tl.where(found, tl.sum(tl.where(hit, addr, 0), axis=0), bad_val)
-            bad_arg = tl.where(found, arg, bad_arg)
-            bad_pos = tl.where(found, pos, bad_pos)
-            bad_lim = tl.where(found, T_ALIGN, bad_lim)
-            bad_page = tl.where(found, which, bad_page)
-            bad_code = tl.where(found, 4, bad_code)
+            bad_code, bad_arg, bad_pos, bad_val, bad_lim, bad_page = note_first(
+                tl.where(wrong, 4, 0).to(tl.int64), k, addr, n, arg, T_ALIGN, which,
+                bad_code, bad_arg, bad_pos, bad_val, bad_lim, bad_page)
     tl.store(verdict, bad_code.to(tl.int32))
     tl.store(verdict + 1, (bad_code == 0).to(tl.int32))
     if bad_code != 0:
-        if tl.load(record) == 0:
-            tl.store(record + 1, bad_arg)
-            tl.store(record + 2, bad_pos)
-            tl.store(record + 3, bad_val)
-            tl.store(record + 4, bad_lim)
-            tl.store(record + 5, bad_page)
-            tl.store(record, bad_code)
+        keep_failure(record, bad_code, bad_arg, bad_pos, bad_val, bad_lim, bad_page)
