@@ -22,6 +22,21 @@ UNCHECKED, BY_VERDICT, INLINE = 0, 1, 2
 NEGATIVE, OUT_OF_RANGE, NOT_WHOLE_PAGES, BAD_ADDRESS = 1, 2, 3, 4
 
 
+@triton.jit
+def table_base(table, table2, comp, e, t_comp, base, comp_stride, TSPLIT: tl.constexpr, N_COMP: tl.constexpr,
+               WT: tl.constexpr, ALIGN: tl.constexpr, WORD: tl.constexpr):
+    """Component ``comp``'s base on a table side as a word pointer: table entry
+    ``comp * t_comp + e`` (of ``table2``, counted from TSPLIT, for components from TSPLIT
+    on), plus ``base`` bytes and ``comp * comp_stride`` units, aligned as the map says."""
+    if TSPLIT < N_COMP:
+        addr = (tl.load(table + comp * t_comp + e, mask=comp < TSPLIT, other=0)
+                + tl.load(table2 + (comp - TSPLIT) * t_comp + e, mask=comp >= TSPLIT, other=0))
+    else:
+        addr = tl.load(table + comp * t_comp + e)
+    return (tl.multiple_of((addr.to(tl.int64) + base).to(tl.pointer_type(WT)), ALIGN * WORD)
+            + comp * comp_stride * ALIGN)
+
+
 @triton.jit(do_not_specialize=NOT_SPECIALIZED)
 def _copy_rows_kernel(
     # What changes from call to call first (the lists and their checks, each side's buffer
@@ -198,27 +213,13 @@ def _copy_rows_kernel(
         else:
             d_off = ((di // DST_PAGE) * dst_page_stride + (di % DST_PAGE) * dst_token_stride) * ALIGN
         if SRC_TABLE:
-            e = (src_layer0 + layer) * src_t_layer
-            if SRC_TSPLIT < N_COMP:
-                s_addr = (tl.load(src_table + comp * src_t_comp + e, mask=comp < SRC_TSPLIT, other=0)
-                          + tl.load(src_table2 + (comp - SRC_TSPLIT) * src_t_comp + e,
-                                    mask=comp >= SRC_TSPLIT, other=0))
-            else:
-                s_addr = tl.load(src_table + comp * src_t_comp + e)
-            s_base = (tl.multiple_of((s_addr.to(tl.int64) + src_base).to(tl.pointer_type(WT)), ALIGN * WORD)
-                      + comp * src_comp_stride * ALIGN)
+            s_base = table_base(src_table, src_table2, comp, (src_layer0 + layer) * src_t_layer, src_t_comp, src_base,
+                                src_comp_stride, SRC_TSPLIT, N_COMP, WT, ALIGN, WORD)
         else:
             s_base = s_root + (comp * src_comp_stride + (src_layer0 + layer) * src_layer_stride) * ALIGN
         if DST_TABLE:
-            e = (dst_layer0 + layer) * dst_t_layer
-            if DST_TSPLIT < N_COMP:
-                d_addr = (tl.load(dst_table + comp * dst_t_comp + e, mask=comp < DST_TSPLIT, other=0)
-                          + tl.load(dst_table2 + (comp - DST_TSPLIT) * dst_t_comp + e,
-                                    mask=comp >= DST_TSPLIT, other=0))
-            else:
-                d_addr = tl.load(dst_table + comp * dst_t_comp + e)
-            d_base = (tl.multiple_of((d_addr.to(tl.int64) + dst_base).to(tl.pointer_type(WT)), ALIGN * WORD)
-                      + comp * dst_comp_stride * ALIGN)
+            d_base = table_base(dst_table, dst_table2, comp, (dst_layer0 + layer) * dst_t_layer, dst_t_comp, dst_base,
+                                dst_comp_stride, DST_TSPLIT, N_COMP, WT, ALIGN, WORD)
         else:
             d_base = d_root + (comp * dst_comp_stride + (dst_layer0 + layer) * dst_layer_stride) * ALIGN
         if SPLIT:
