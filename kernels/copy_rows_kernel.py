@@ -6,7 +6,7 @@ at import time whether kernels run compiled or in its CPU interpreter.
 import triton
 import triton.language as tl
 
-from kvtier.kernels.index_check_kernel import check_list, keep_failure, note_first
+from kvtier.kernels.index_check_kernel import check_list, keep_failure, no_failure, note_first
 
 # What changes from call to call (a layer loop passes every layer, batches bring every
 # count, the index lists and a layout's buffers are the caller's) is not specialized on:
@@ -126,12 +126,7 @@ def _copy_rows_kernel(
     if CHECK == 1:
         total = tl.where(tl.load(verdict) == 0, total, 0)
     if CHECK == 2:
-        bad_code = tl.full([], 0, tl.int64)
-        bad_arg = tl.full([], 0, tl.int64)
-        bad_pos = tl.full([], 0, tl.int64)
-        bad_val = tl.full([], 0, tl.int64)
-        bad_lim = tl.full([], 0, tl.int64)
-        bad_page = tl.full([], 0, tl.int64)
+        bad_code, bad_arg, bad_pos, bad_val, bad_lim, bad_page = no_failure()
         for which in tl.static_range(2):
             bad_code, bad_arg, bad_pos, bad_val, bad_lim, bad_page = check_list(
                 src_idx if which == 0 else dst_idx, n_idx, src_idx_stride if which == 0 else dst_idx_stride,

@@ -1,8 +1,8 @@
 """The index-check Triton kernel (its launcher is kvtier.kernels.index_check).
 
 Kept apart from the launcher so that importing kvtier does not import Triton. The
-checking steps (`check_list`, `note_first`, `keep_failure`) are jitted functions of their
-own: the row-copy kernel's inline check calls the same ones.
+checking steps (`no_failure`, `check_list`, `note_first`, `keep_failure`) are jitted
+functions of their own: the row-copy kernel's inline check calls the same ones.
 """
 import triton
 import triton.language as tl
@@ -11,6 +11,13 @@ import triton.language as tl
 # Counts, limits and argument ids change from call to call: not specialized on (see the
 # row-copy kernel).
 NOT_SPECIALIZED = ("a_n", "a_limit", "a_id", "b_n", "b_limit", "b_id", "ta_n", "ta_id", "tb_n", "tb_id")
+
+
+@triton.jit
+def no_failure():
+    """No failure kept yet: (code, argument id, position, value, limit, page), all 0."""
+    z = tl.full([], 0, tl.int64)
+    return z, z, z, z, z, z
 
 
 @triton.jit
@@ -91,12 +98,7 @@ def _check_indices_kernel(
     table address. Lists and tables are walked in BLOCK-wide tiles; nothing else is
     written.
     """
-    bad_code = tl.full([], 0, tl.int64)
-    bad_arg = tl.full([], 0, tl.int64)
-    bad_pos = tl.full([], 0, tl.int64)
-    bad_val = tl.full([], 0, tl.int64)
-    bad_lim = tl.full([], 0, tl.int64)
-    bad_page = tl.full([], 0, tl.int64)
+    bad_code, bad_arg, bad_pos, bad_val, bad_lim, bad_page = no_failure()
     for which in tl.static_range(2 if TWO else 1):
         bad_code, bad_arg, bad_pos, bad_val, bad_lim, bad_page = check_list(
             a_idx if which == 0 else b_idx, a_n if which == 0 else b_n, a_stride if which == 0 else b_stride,
