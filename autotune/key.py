@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, asdict
 
-from kvtier.kernels.errors import fail
+from kvtier.kernels.errors import KvtierError, fail
 
 
 def rows_bucket(num_rows: int) -> int:
@@ -100,16 +100,17 @@ def device_identity(platform: str) -> DeviceId:
 
 def platform_device(platform: str, arg: str = "platform"):
     """The current torch device of ``platform``; `KvtierError` naming ``arg`` when the name
-    is unknown or this machine has no such device (where torch itself would raise its
-    AssertionError "Torch not compiled with CUDA enabled", or hand a CUDA device to "rocm")."""
+    is unknown or this machine has no such device (none at all, or a CUDA device where
+    "rocm" is asked for)."""
     from kvtier.platforms import PLATFORMS, default_device, platform_of
     if platform not in PLATFORMS:
         raise fail(arg, platform, f"must be one of {PLATFORMS}")
     try:
         device = default_device(platform)
         here = platform_of(device)
-    except (RuntimeError, AssertionError) as e:
-        raise fail(arg, platform, f"no {platform} device here ({str(e).strip().splitlines()[0]})") from None
+    except (KvtierError, RuntimeError) as e:     # no device here (a KvtierError: torch's reason is its cause)
+        why = e.__cause__ if isinstance(e, KvtierError) and e.__cause__ is not None else e
+        raise fail(arg, platform, f"no {platform} device here ({str(why).strip().splitlines()[0]})") from None
     if here != platform:
         raise fail(arg, platform, f"no {platform} device here (the device is {here})")
     return device

@@ -31,6 +31,8 @@ if _AUTOLOAD_OFF:
 
 import torch  # noqa: E402
 
+from kvtier.errors import fail  # noqa: E402
+
 from .record import Platform, PlatformUnavailable  # noqa: E402
 from . import ascend, cpu, cuda  # noqa: E402
 from .ascend import (NPU_MIN_PIECE_BYTES, NPU_MIN_ROWS, load_torch_npu, npu_available,  # noqa: E402,F401
@@ -126,10 +128,22 @@ def _runtime_of(kind: str):
 
 
 def default_device(platform: Optional[str] = None) -> torch.device:
-    """The current device of ``platform`` (default: the detected one)."""
+    """The current device of ``platform`` (default: the detected one); `KvtierError`
+    naming the platform where this machine has none (torch itself raises an
+    AssertionError, "Torch not compiled with CUDA enabled", or a RuntimeError)."""
     kind = get(platform or detect_platform()).device_type
     mod = _runtime_of(kind)
-    return torch.device("cpu") if mod is None else torch.device(kind, mod.current_device())
+    if mod is None:
+        return torch.device("cpu")
+    try:
+        return torch.device(kind, mod.current_device())
+    except (AssertionError, RuntimeError) as e:
+        raise fail("platform", platform or kind, f"has no device here ({_first_line(e)})") from e
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
 
 
 def _resolve(device) -> torch.device:

@@ -251,3 +251,12 @@ def test_stream_key_names_the_current_stream_without_a_stream_object():
     with torch.cuda.stream(side):
         assert plat.stream_key(dev) == (dev.index, side.cuda_stream) != key
     assert plat.stream_key(dev) == key
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is present")
+def test_default_device_of_a_platform_without_a_device_names_it():
+    """torch answers with an AssertionError ("Torch not compiled with CUDA enabled"):
+    kvtier with a KvtierError naming the platform, and torch's reason."""
+    from kvtier.kernels import KvtierError
+    with pytest.raises(KvtierError, match=r"platform='cuda': has no device here \(.+\)"):
+        plat.default_device("cuda")
