@@ -12,6 +12,9 @@ token-granular host indices, whole pages, one page per key, as HiCache passes th
   written (undefined bytes).
 - `exists(page_keys)`: the leading run of keys stored.
 
+A call of several batches overlaps each batch's engine call (on a worker thread) with
+the checksums and staging copies of the batches beside it (`StoreTier._run`).
+
 A page that is missing, timed out, refused, of another length, geometry, dtype or key,
 or whose checksum fails reads as a miss: never as an exception, never as bytes the
 engine uses. A store fault never raises (the backup thread survives anything); bad
@@ -21,9 +24,11 @@ once (HiCache's backup and prefetch threads).
 """
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import threading
 from collections import Counter
+from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -31,7 +36,7 @@ import torch
 from kvtier.kernels.errors import fail
 from kvtier.kernels.validate import check_index, check_pages_in_range
 
-from .canonical import LAYER_PIECE_MIN, CanonicalPages
+from .canonical import LAYER_PIECE_MIN, CanonicalPages, Staging
 from .engine import DEFAULT_TIMEOUT_MS, Engine, Status, open_store
 from .page import PageFormat, namespace, store_key
 
@@ -80,6 +85,7 @@ class StoreTier:
         self.stats: Counter = Counter()
         self._lock = threading.Lock()
         self._warned: set = set()
+        self._pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
 
     def __repr__(self) -> str:
         return f"StoreTier({self.namespace!r}, {self.engine!r})"
@@ -94,6 +100,10 @@ class StoreTier:
 
     def close(self) -> None:
         """Close the engine where the tier opened it."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
         if self._owns:
             self.engine.close()
 
@@ -103,18 +113,20 @@ class StoreTier:
         keys = self._keys(page_keys)
         pages = self._pages(host_indices, len(keys), distinct=False)
         out: List[bool] = []
-        for a in range(0, len(keys), self.batch_pages):
-            ks, ps = keys[a:a + self.batch_pages], pages[a:a + self.batch_pages]
-            try:
-                statuses = self._backup(ks, ps)
-            except Exception as e:      # never into the caller's thread
-                self._warn("backup.exception", "backup failed (%s: %s); pages reported not stored",
-                           type(e).__name__, e)
-                statuses = [Status.ERROR] * len(ks)
+
+        def finish(batch: _Batch, statuses: List[Status]) -> bool:
             stored = [s == Status.HIT for s in statuses]
             self._count(stored=sum(stored), store_failed=len(stored) - sum(stored))
             out.extend(stored)
-        return out
+            return True
+
+        try:
+            self._run(keys, pages, self._sealed, self.engine.put_from, None, finish)
+        except Exception as e:          # never into the caller's thread
+            self._warn("backup.exception", "backup failed (%s: %s); pages reported not stored",
+                       type(e).__name__, e)
+            self._count(store_failed=len(keys) - len(out))
+        return out + [False] * (len(keys) - len(out))
 
     def prefetch(self, page_keys: Sequence[str], host_indices: torch.Tensor) -> int:
         """Read the pages of ``page_keys`` into the host pages at ``host_indices``;
@@ -122,21 +134,23 @@ class StoreTier:
         their host pages hold undefined bytes)."""
         keys = self._keys(page_keys)
         pages = self._pages(host_indices, len(keys), distinct=True)
-        done = 0
-        for a in range(0, len(keys), self.batch_pages):
-            ks, ps = keys[a:a + self.batch_pages], pages[a:a + self.batch_pages]
-            try:
-                got = self._prefetch(ks, ps)
-            except Exception as e:
-                self._warn("prefetch.exception", "prefetch failed (%s: %s); pages reported missing",
-                           type(e).__name__, e)
-                self._count(errors=1, skipped=len(ks) - 1)
-                got = 0
-            done += got
-            if got < len(ks):
-                self._count(skipped=len(keys) - a - len(ks))
-                break
-        return done
+        done = [0]
+
+        def finish(batch: _Batch, statuses: List[Status]) -> bool:
+            run = self._verified(batch, statuses)
+            self.plan.from_staging(batch.staging, batch.pages[:run])
+            done[0] += run
+            return run == len(batch.keys)
+
+        try:
+            self._run(keys, pages, self._receivers, self.engine.get_into, _all_hits, finish)
+        except Exception as e:
+            self._warn("prefetch.exception", "prefetch failed (%s: %s); pages reported missing",
+                       type(e).__name__, e)
+            self._count(errors=1)
+        missed = len(keys) - done[0]
+        self._count(skipped=missed - 1 if missed else 0)     # after the first miss, counted as what it was
+        return done[0]
 
     def exists(self, page_keys: Sequence[str]) -> int:
         """How many leading keys of ``page_keys`` are stored."""
@@ -152,42 +166,95 @@ class StoreTier:
                 break
         return done
 
-    # ------------------------------------------------------------------ one batch
-    def _backup(self, keys: List[str], pages: List[int]) -> List[Status]:
-        plan = self.plan
-        staging = plan.take_staging(len(keys))
+    # ------------------------------------------------------------------ batches
+    def _run(self, keys: List[str], pages: List[int], prepare, move, go_on, finish) -> None:
+        """A call in batches of `batch_pages`, each through three steps: ``prepare(keys,
+        pages, staging)`` makes its `_Batch` (CPU: staging copy, checksums), ``move(keys,
+        buffers)`` is its engine call, ``finish(batch, statuses)`` uses the result (CPU;
+        False ends the call). While one batch's engine call runs on the tier's worker
+        thread, this thread finishes the batch before it and prepares the one after: the
+        checksum and the staging copy overlap the store's transfer. The next engine call
+        starts only once ``go_on(statuses)`` of the one before holds (None: always), so a
+        miss the engine reports ends a prefetch before anything after it is read. When
+        this returns or raises, no engine call of it is running and every staging
+        buffer it took is given back."""
+        spans = [(a, a + self.batch_pages) for a in range(0, len(keys), self.batch_pages)]
+        pool = self._workers() if len(spans) > 1 else None
+        held: List[_Batch] = []     # prepared, not finished (staging out); held[0]'s engine call is `flight`
+        flight = None
         try:
-            plan.to_staging(pages, staging)
-            sources = []
-            for j, (k, p) in enumerate(zip(keys, pages)):
-                pieces = plan.pieces(p, staging, j)
-                sources.append([self.format.seal(k, pieces), *pieces])
-            return self.engine.put_from(keys, sources)
+            for a, b in spans:
+                staging = self.plan.take_staging(b - a)
+                try:
+                    held.append(prepare(keys[a:b], pages[a:b], staging))    # overlaps `flight`
+                except BaseException:
+                    self.plan.give_staging(staging)
+                    if flight is not None:      # what was moved still counts
+                        statuses, flight = flight.result(), None
+                        finish(held[0], statuses)
+                    raise
+                if flight is None:
+                    if pool is not None:
+                        flight = pool.submit(move, held[0].keys, held[0].buffers)
+                    continue
+                statuses, flight = flight.result(), None
+                if go_on is not None and not go_on(statuses):
+                    finish(held[0], statuses)
+                    return
+                flight = pool.submit(move, held[1].keys, held[1].buffers)
+                going = finish(held[0], statuses)                   # overlaps the new `flight`
+                self.plan.give_staging(held.pop(0).staging)
+                if not going:
+                    return
+            if held:
+                statuses = flight.result() if flight is not None else move(held[0].keys, held[0].buffers)
+                flight = None
+                finish(held[0], statuses)
         finally:
-            plan.give_staging(staging)
+            if flight is not None:          # ended early or raised: let its engine call end first
+                concurrent.futures.wait([flight])
+            for batch in held:
+                self.plan.give_staging(batch.staging)
 
-    def _prefetch(self, keys: List[str], pages: List[int]) -> int:
+    def _workers(self) -> concurrent.futures.ThreadPoolExecutor:
+        """The threads that run engine calls (two: a backup and a prefetch thread each
+        keep one running); made at the first call of more than one batch."""
+        with self._lock:
+            if self._pool is None:
+                self._pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="kvtier-store")
+            return self._pool
+
+    def _sealed(self, keys: List[str], pages: List[int], staging: Optional[Staging]) -> "_Batch":
+        """A backup batch: staged components copied out, each page's header sealed."""
+        plan = self.plan
+        plan.to_staging(pages, staging)
+        pieces = [plan.pieces(p, staging, j) for j, p in enumerate(pages)]
+        sources = [[self.format.seal(k, ps), *ps] for k, ps in zip(keys, pieces)]
+        return _Batch(keys, pages, staging, sources, pieces)
+
+    def _receivers(self, keys: List[str], pages: List[int], staging: Optional[Staging]) -> "_Batch":
+        """A prefetch batch: a header buffer and the payload pieces (host memory or
+        staging) per page, for the engine to read into."""
         plan, fmt = self.plan, self.format
-        staging = plan.take_staging(len(keys))
-        try:
-            headers = [bytearray(fmt.header_size(k)) for k in keys]
-            pieces = [plan.pieces(p, staging, j) for j, p in enumerate(pages)]
-            statuses = self.engine.get_into(keys, [[h, *ps] for h, ps in zip(headers, pieces)])
-            run = 0
-            for j, (k, s) in enumerate(zip(keys, statuses)):
-                if s != Status.HIT:
-                    self._count(**{_MISS_KIND[s]: 1})
-                    break
-                why = fmt.verify(k, headers[j], pieces[j])
-                if why is not None:
-                    self._failed_verification(k, why)
-                    break
-                run += 1
-            self._count(hits=run, skipped=len(keys) - run - (run < len(keys)))
-            plan.from_staging(staging, pages[:run])
-            return run
-        finally:
-            plan.give_staging(staging)
+        pieces = [plan.pieces(p, staging, j) for j, p in enumerate(pages)]
+        targets = [[bytearray(fmt.header_size(k)), *ps] for k, ps in zip(keys, pieces)]
+        return _Batch(keys, pages, staging, targets, pieces)
+
+    def _verified(self, batch: "_Batch", statuses: List[Status]) -> int:
+        """The leading run of ``batch``'s pages read whole and verified; the first page
+        after it is counted as what it was (miss, timeout, corrupt, ...)."""
+        run = 0
+        for j, (k, s) in enumerate(zip(batch.keys, statuses)):
+            if s != Status.HIT:
+                self._count(**{_MISS_KIND[s]: 1})
+                break
+            why = self.format.verify(k, batch.buffers[j][0], batch.pieces[j])
+            if why is not None:
+                self._failed_verification(k, why)
+                break
+            run += 1
+        self._count(hits=run)
+        return run
 
     def _failed_verification(self, key: str, why: str) -> None:
         if why == "unverifiable":
@@ -241,3 +308,19 @@ class StoreTier:
 
 _MISS_KIND = {Status.MISS: "misses", Status.TIMEOUT: "timeouts", Status.CORRUPT: "corrupt",
               Status.ERROR: "errors"}
+
+
+@dataclass
+class _Batch:
+    """One engine call's pages: ``buffers`` per key are what the engine writes from or
+    reads into (header, then the payload ``pieces``), ``staging`` holds staged pieces."""
+
+    keys: List[str]
+    pages: List[int]
+    staging: Optional[Staging]
+    buffers: List[list]
+    pieces: List[List[memoryview]]
+
+
+def _all_hits(statuses: List[Status]) -> bool:
+    return all(s == Status.HIT for s in statuses)
