@@ -1,0 +1,90 @@
+"""What the store tier's overlap buys: `StoreTier` backup and prefetch with each batch's
+engine call on the tier's worker thread (as shipped) beside the same calls run one
+step after another (engine calls on the calling thread), and beside the overlapped
+calls without the checksum, interleaved in one process on one store.
+
+Pages of 256 KiB and 1 MiB (the bench's MHA bf16 pools), host layouts
+``page_first_direct`` (in place) and ``page_first`` (staged), 64 MiB of pages per point,
+GB/s of page payload, best of ``--rounds`` after a warm-up round::
+
+    .venv/bin/python bench/scripts/store_overlap.py file:///dev/shm/kvtier-overlap [--rounds 5]
+
+Figures, not assertions: nothing here passes or fails.
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import time
+import uuid
+
+import torch
+
+from kvtier.store.bench import _host, _Unchecked
+from kvtier.store.engine import open_store
+from kvtier.store.tier import StoreTier
+
+PAGE_BYTES = (256 << 10, 1 << 20)
+LAYOUTS = ("page_first_direct", "page_first")
+TOTAL_BYTES = 64 << 20
+
+
+class _InOrder:
+    """An executor that runs each call at once on the calling thread: no overlap."""
+
+    def submit(self, fn, *args):
+        done = concurrent.futures.Future()
+        done.set_result(fn(*args))
+        return done
+
+
+def _tiers(host, engine):
+    overlapped = StoreTier(host, engine, model="overlap-bench")
+    in_order = StoreTier(host, engine, model="overlap-bench")
+    in_order._workers = _InOrder
+    unchecked = StoreTier(host, engine, model="overlap-bench")
+    unchecked.format.checksum = _Unchecked()
+    return {"in order": in_order, "overlapped": overlapped, "overlapped, no checksum": unchecked}
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("url", help="the store, as for kvtier bench --store")
+    ap.add_argument("--rounds", type=int, default=5, help="timed rounds per point (default 5)")
+    args = ap.parse_args(argv)
+    if args.rounds < 1:
+        ap.error(f"--rounds {args.rounds}: must be at least 1")
+    engine = open_store(args.url)
+    try:
+        print(f"{'page':>8} {'layout':18} " + "  ".join(f"{m:>24}" for m in ("in order", "overlapped",
+                                                                         "overlapped, no checksum")))
+        print(f"{'':>8} {'':18} " + "  ".join(f"{'backup / prefetch GB/s':>24}" for _ in range(3)))
+        for size in PAGE_BYTES:
+            pages = TOTAL_BYTES // size
+            for layout in LAYOUTS:
+                host = _host(size, pages, layout)
+                tiers = _tiers(host, engine)
+                idx = torch.arange(pages * host.page_size, dtype=torch.int64)
+                best = {m: [1e9, 1e9] for m in tiers}
+                for r in range(args.rounds + 1):           # round 0 warms up
+                    for mode, tier in tiers.items():
+                        keys = [uuid.uuid4().hex for _ in range(pages)]
+                        t0 = time.perf_counter()
+                        tier.backup(keys, idx)
+                        t1 = time.perf_counter()
+                        got = tier.prefetch(keys, idx)
+                        t2 = time.perf_counter()
+                        engine.delete([tier.key(k) for k in keys])
+                        if got != pages:
+                            raise SystemExit(f"{mode}: prefetch read {got} of {pages} pages ({tier.stats})")
+                        if r:
+                            best[mode] = [min(best[mode][0], t1 - t0), min(best[mode][1], t2 - t1)]
+                total = pages * size / 1e9
+                print(f"{size >> 10:>4} KiB {layout:18} " + "  ".join(
+                    f"{total / b:>11.2f} / {total / p:<10.2f}" for b, p in best.values()))
+    finally:
+        engine.close()
+
+
+if __name__ == "__main__":
+    main()
