@@ -37,7 +37,7 @@ import importlib
 import logging
 import threading
 from collections import Counter
-from typing import Callable, Dict, List, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from kvtier.kernels.errors import KvtierError, fail
 
@@ -82,10 +82,18 @@ class Engine:
         keys = _keys(keys)
         return self._guarded("exists", len(keys), lambda: self._exists(keys))
 
-    def get_into(self, keys: Sequence[str], targets: Sequence[Buffers]) -> List[Status]:
+    def get_into(self, keys: Sequence[str], targets: Sequence[Buffers],
+                 landed: Optional[Callable[[int], None]] = None) -> List[Status]:
+        """Read each key's value into its buffers. ``landed(i)``, where given, is called
+        as soon as key i's value is whole in its buffers (on whichever of the engine's
+        threads received it, before this returns), so that a reader can use the bytes
+        while the CPU's cache still holds them; it must not raise. An engine that cannot
+        tell one value from the next (Mooncake's batch calls) calls it for none: the
+        statuses returned are what counts."""
         keys = _keys(keys)
         targets = _buffers("targets", targets, len(keys), writable=True)
-        return self._guarded("get", len(keys), lambda: self._get_into(keys, targets))
+        landed = landed or _unheard
+        return self._guarded("get", len(keys), lambda: self._get_into(keys, targets, landed))
 
     def put_from(self, keys: Sequence[str], sources: Sequence[Buffers]) -> List[Status]:
         keys = _keys(keys)
@@ -111,7 +119,8 @@ class Engine:
     def _exists(self, keys: List[str]) -> List[Status]:
         raise NotImplementedError
 
-    def _get_into(self, keys: List[str], targets: List[List[memoryview]]) -> List[Status]:
+    def _get_into(self, keys: List[str], targets: List[List[memoryview]],
+                  landed: Callable[[int], None]) -> List[Status]:
         raise NotImplementedError
 
     def _put_from(self, keys: List[str], sources: List[List[memoryview]]) -> List[Status]:
@@ -150,6 +159,10 @@ class Engine:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r})"
+
+
+def _unheard(i: int) -> None:
+    """`Engine.get_into`'s ``landed`` where the caller gave none."""
 
 
 def _keys(keys) -> List[str]:

@@ -106,26 +106,31 @@ class FileEngine(Engine):
 
     # ------------------------------------------------------------------ engine calls
     def _exists(self, keys: List[str]) -> List[Status]:
-        return self._each("exists", keys, lambda k, _: self._stat(k))
+        return self._each("exists", keys, lambda i, k, _: self._stat(k))
 
-    def _get_into(self, keys: List[str], targets: List[List[memoryview]]) -> List[Status]:
-        return self._each("get", keys, lambda k, views: self._read(self._path(k), views), targets)
+    def _get_into(self, keys: List[str], targets: List[List[memoryview]], landed) -> List[Status]:
+        def get(i: int, key: str, views: List[memoryview]) -> Status:
+            status = self._read(self._path(key), views)
+            if status == Status.HIT:
+                landed(i)
+            return status
+        return self._each("get", keys, get, targets)
 
     def _put_from(self, keys: List[str], sources: List[List[memoryview]]) -> List[Status]:
-        return self._each("put", keys, self._put, sources)
+        return self._each("put", keys, lambda i, k, views: self._put(k, views), sources)
 
     def _delete(self, keys: List[str]) -> List[Status]:
-        return self._each("delete", keys, lambda k, _: self._unlink(k))
+        return self._each("delete", keys, lambda i, k, _: self._unlink(k))
 
     def _each(self, what: str, keys: List[str], one, views=None) -> List[Status]:
-        """``one(key, its views)``'s status per key: ERROR for every key once closed, and
-        a store fault (an `OSError`) as the status `_error` gives it."""
+        """``one(i, key i, its views)``'s status per key: ERROR for every key once
+        closed, and a store fault (an `OSError`) as the status `_error` gives it."""
         if self._closed:
             return [Status.ERROR] * len(keys)
         out = []
-        for k, v in zip(keys, views if views is not None else keys):
+        for i, (k, v) in enumerate(zip(keys, views if views is not None else keys)):
             try:
-                out.append(one(k, v))
+                out.append(one(i, k, v))
             except OSError as e:
                 out.append(self._error(what, e))
         return out

@@ -241,8 +241,8 @@ class MooncakeEngine(Engine):
         with self._using():
             return self._delete_now(keys)
 
-    def _get_into(self, keys: List[str], targets: List[List[memoryview]]) -> List[Status]:
-        with self._using():
+    def _get_into(self, keys: List[str], targets: List[List[memoryview]], landed) -> List[Status]:
+        with self._using():         # Mooncake's batch calls land every value at once: no `landed`
             return self._get_now(keys, targets)
 
     def _put_from(self, keys: List[str], sources: List[List[memoryview]]) -> List[Status]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import binascii
 import concurrent.futures
+import functools
 import threading
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -131,9 +132,10 @@ class _RedisEngine(Engine):
     def _exists(self, keys: List[str]) -> List[Status]:
         return self._run(ops.exists, [ops.Item(k.encode(), (), 0) for k in keys])
 
-    def _get_into(self, keys, targets) -> List[Status]:
-        return self._run(ops.get_into, [ops.Item(k.encode(), t, sum(v.nbytes for v in t))
-                                        for k, t in zip(keys, targets)])
+    def _get_into(self, keys, targets, landed) -> List[Status]:
+        return self._run(ops.get_into, [ops.Item(k.encode(), t, sum(v.nbytes for v in t),
+                                                 landed=functools.partial(landed, i))
+                                        for i, (k, t) in enumerate(zip(keys, targets))])
 
     def _put_from(self, keys, sources) -> List[Status]:
         return self._run(ops.put_from, [ops.Item(k.encode(), s, sum(v.nbytes for v in s))

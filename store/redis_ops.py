@@ -30,6 +30,7 @@ class Item(NamedTuple):
     buffers: Sequence[memoryview]   # get: targets; put: sources; others: ()
     nbytes: int                     # sum of the buffers' lengths
     asking: bool = False            # prefix the command with ASKING (an ASK redirect)
+    landed: Optional[Callable[[], None]] = None     # get: called once the value is in its buffers
 
 
 class ServerErrors:
@@ -116,6 +117,8 @@ def get_into(conn: resp.Connection, items: Sequence[Item], out: list, deadline: 
             if n == it.nbytes:
                 conn.read_into(it.buffers, deadline)
                 conn.expect_crlf(deadline, 2 + len(header))
+                if it.landed is not None:
+                    it.landed()
                 return Status.HIT
             conn.skip(n, deadline)
             conn.expect_crlf(deadline)

@@ -13,7 +13,8 @@ token-granular host indices, whole pages, one page per key, as HiCache passes th
 - `exists(page_keys)`: the leading run of keys stored.
 
 A call of several batches overlaps each batch's engine call (on a worker thread) with
-the checksums and staging copies of the batches beside it (`StoreTier._run`).
+the checksums and staging copies of the batches beside it (`StoreTier._run`); a
+prefetch verifies each page as the engine reports it landed (`StoreTier._get`).
 
 A page that is missing, timed out, refused, of another length, geometry, dtype or key,
 or whose checksum fails reads as a miss: never as an exception, never as bytes the
@@ -121,7 +122,7 @@ class StoreTier:
             return True
 
         try:
-            self._run(keys, pages, self._sealed, self.engine.put_from, None, finish)
+            self._run(keys, pages, self._sealed, self._put, None, finish)
         except Exception as e:          # never into the caller's thread
             self._warn("backup.exception", "backup failed (%s: %s); pages reported not stored",
                        type(e).__name__, e)
@@ -143,7 +144,7 @@ class StoreTier:
             return run == len(batch.keys)
 
         try:
-            self._run(keys, pages, self._receivers, self.engine.get_into, _all_hits, finish)
+            self._run(keys, pages, self._receivers, self._get, _all_hits, finish)
         except Exception as e:
             self._warn("prefetch.exception", "prefetch failed (%s: %s); pages reported missing",
                        type(e).__name__, e)
@@ -169,8 +170,8 @@ class StoreTier:
     # ------------------------------------------------------------------ batches
     def _run(self, keys: List[str], pages: List[int], prepare, move, go_on, finish) -> None:
         """A call in batches of `batch_pages`, each through three steps: ``prepare(keys,
-        pages, staging)`` makes its `_Batch` (CPU: staging copy, checksums), ``move(keys,
-        buffers)`` is its engine call, ``finish(batch, statuses)`` uses the result (CPU;
+        pages, staging)`` makes its `_Batch` (CPU: staging copy, checksums), ``move(batch)``
+        is its engine call, ``finish(batch, statuses)`` uses the result (CPU;
         False ends the call). While one batch's engine call runs on the tier's worker
         thread, this thread finishes the batch before it and prepares the one after: the
         checksum and the staging copy overlap the store's transfer. The next engine call
@@ -195,19 +196,19 @@ class StoreTier:
                     raise
                 if flight is None:
                     if pool is not None:
-                        flight = pool.submit(move, held[0].keys, held[0].buffers)
+                        flight = pool.submit(move, held[0])
                     continue
                 statuses, flight = flight.result(), None
                 if go_on is not None and not go_on(statuses):
                     finish(held[0], statuses)
                     return
-                flight = pool.submit(move, held[1].keys, held[1].buffers)
+                flight = pool.submit(move, held[1])
                 going = finish(held[0], statuses)                   # overlaps the new `flight`
                 self.plan.give_staging(held.pop(0).staging)
                 if not going:
                     return
             if held:
-                statuses = flight.result() if flight is not None else move(held[0].keys, held[0].buffers)
+                statuses = flight.result() if flight is not None else move(held[0])
                 flight = None
                 finish(held[0], statuses)
         finally:
@@ -238,7 +239,24 @@ class StoreTier:
         plan, fmt = self.plan, self.format
         pieces = [plan.pieces(p, staging, j) for j, p in enumerate(pages)]
         targets = [[bytearray(fmt.header_size(k)), *ps] for k, ps in zip(keys, pieces)]
-        return _Batch(keys, pages, staging, targets, pieces)
+        return _Batch(keys, pages, staging, targets, pieces, [_UNHEARD] * len(keys))
+
+    def _put(self, batch: "_Batch") -> List[Status]:
+        return self.engine.put_from(batch.keys, batch.buffers)
+
+    def _get(self, batch: "_Batch") -> List[Status]:
+        """The engine call of a prefetch batch: each page is verified as soon as it is
+        whole in its buffers (`Engine.get_into`'s ``landed``, on the engine's thread),
+        while the CPU's cache still holds it; what no engine reported is verified after."""
+        fmt, keys, buffers, pieces, verdicts = self.format, batch.keys, batch.buffers, batch.pieces, batch.verdicts
+
+        def landed(j: int) -> None:
+            try:
+                verdicts[j] = fmt.verify(keys[j], buffers[j][0], pieces[j])
+            except Exception:       # verified again after the call
+                pass
+
+        return self.engine.get_into(keys, buffers, landed)
 
     def _verified(self, batch: "_Batch", statuses: List[Status]) -> int:
         """The leading run of ``batch``'s pages read whole and verified; the first page
@@ -248,7 +266,9 @@ class StoreTier:
             if s != Status.HIT:
                 self._count(**{_MISS_KIND[s]: 1})
                 break
-            why = self.format.verify(k, batch.buffers[j][0], batch.pieces[j])
+            why = batch.verdicts[j]
+            if why is _UNHEARD:
+                why = self.format.verify(k, batch.buffers[j][0], batch.pieces[j])
             if why is not None:
                 self._failed_verification(k, why)
                 break
@@ -320,6 +340,10 @@ class _Batch:
     staging: Optional[Staging]
     buffers: List[list]
     pieces: List[List[memoryview]]
+    verdicts: Optional[list] = None     # prefetch: `PageFormat.verify` per page, once landed
+
+
+_UNHEARD = object()     # a page's verdict before its engine reported it landed
 
 
 def _all_hits(statuses: List[Status]) -> bool:

@@ -22,7 +22,8 @@ need no server control: faults of a server (killed, hung) are each engine's own 
 What is checked: a status per key of the right kind; scatter reads and gather writes
 whose pieces differ in number and size between the write and the read; a read into a
 target of another length is CORRUPT (and the other keys of the batch are unaffected);
-a missing key is MISS and its target untouched; puts replace; delete; keys of any
+a missing key is MISS and its target untouched; ``landed`` for each whole value, once,
+inside the call; puts replace; delete; keys of any
 characters kept apart; bad arguments raise `KvtierError` before any byte moves; several
 threads at once; the counters; calls after `close` return ERROR.
 """
@@ -178,6 +179,34 @@ class EngineConformance:
         assert engine.get_into([], []) == []
         assert engine.put_from([], []) == []
         assert engine.delete([]) == []
+
+    # ------------------------------------------------------------------ landed values
+    def test_landed_reports_each_whole_value_once_before_the_call_returns(self, engine, keys):
+        """``landed(i)`` is called at most once per key, only for a HIT, only once its
+        value is whole in its buffers (seen from inside the call), and never after the
+        call returns. An engine that cannot tell values apart reports none
+        (``reports_landed = False`` on the test class)."""
+        ks = keys(5)
+        values = [_random(n, 70 + i) for i, n in enumerate((5000, 70_000, 1, 300_001))]
+        engine.put_from([ks[0], ks[1], ks[3], ks[4]], [[v] for v in values])
+        targets = [bytearray(5000), bytearray(70_000), bytearray(9), bytearray(3), bytearray(300_001)]
+        want = [values[0], values[1], None, None, values[3]]
+        seen, whole, lock = [], [], threading.Lock()
+
+        def landed(i):
+            with lock:
+                seen.append(i)
+                whole.append(bytes(targets[i]) == want[i])
+
+        out = engine.get_into(ks, [[memoryview(t)] for t in targets], landed)
+        assert out == [Status.HIT, Status.HIT, Status.MISS, Status.CORRUPT, Status.HIT]
+        done = list(seen)
+        if getattr(self, "reports_landed", True):
+            assert sorted(done) == [0, 1, 4] and all(whole)
+        else:
+            assert done == []
+        assert engine.get_into(ks[:1], [[bytearray(5000)]]) == [Status.HIT]   # no landed given
+        assert seen == done                                                  # none came late
 
     # ------------------------------------------------------------------ bad arguments
     def test_bad_arguments_raise_before_anything_moves(self, engine, keys):

@@ -280,7 +280,7 @@ class Faulty(Engine):
 
     _exists = _answer
 
-    def _get_into(self, keys, targets):
+    def _get_into(self, keys, targets, landed):
         return self._answer(keys)
 
     def _put_from(self, keys, sources):

@@ -43,13 +43,13 @@ class Recording(Engine):
     def _exists(self, keys):
         return self.inner.exists(keys)
 
-    def _get_into(self, keys, targets):
+    def _get_into(self, keys, targets, landed):
         self._enter()
         try:
             self.gets.append(list(keys))
             if self.before_get is not None:
                 self.before_get(len(self.gets) - 1)
-            return self.inner.get_into(keys, targets)
+            return self.inner.get_into(keys, targets, landed)
         finally:
             self._leave()
 
@@ -244,3 +244,33 @@ def test_status_counts_over_batches(engine):
     assert tier.stats["hits"] == 7 and tier.stats["misses"] == 1 and tier.stats["skipped"] == 1
     assert tier.exists(keys) == 7
     assert Status.HIT in engine.exists([tier.key(keys[0])])
+
+
+@pytest.mark.parametrize("reports", [True, False])
+def test_pages_are_verified_as_they_land(engine, reports):
+    """Each page is verified inside the engine call, right after it landed (while the
+    CPU's cache holds it); an engine that reports nothing has its pages verified after
+    the call, and a verification that raises inside the call is done again after it."""
+    host, tier, keys, want = _stored(engine)
+    if not reports:
+        real = engine._get_into
+        engine._get_into = lambda ks, ts, landed: real(ks, ts, lambda i: None)
+    inside, real_verify = [], tier.format.verify
+    raised = []
+
+    def verify(key, header, pieces):
+        inside.append(engine.running > 0)
+        if engine.running and not raised:   # the first verification inside a call fails
+            raised.append(key)
+            raise RuntimeError("verification interrupted")
+        return real_verify(key, header, pieces)
+
+    tier.format.verify = verify
+    poison(host)
+    assert tier.prefetch(keys, slots(range(9))) == 9
+    assert [canonical(host, p * PAGE) for p in range(9)] == want
+    if reports:
+        assert inside.count(True) == 9 and inside.count(False) == 1     # page 0 again, after
+    else:
+        assert not any(inside)
+    assert tier.stats["corrupt"] == 0
