@@ -14,7 +14,8 @@ token-granular host indices, whole pages, one page per key, as HiCache passes th
 
 A call of several batches overlaps each batch's engine call (on a worker thread) with
 the checksums and staging copies of the batches beside it (`StoreTier._run`); a
-prefetch verifies each page as the engine reports it landed (`StoreTier._get`).
+prefetch of one batch verifies each page as the engine reports it landed
+(`StoreTier._get_verifying`).
 
 A page that is missing, timed out, refused, of another length, geometry, dtype or key,
 or whose checksum fails reads as a miss: never as an exception, never as bytes the
@@ -144,7 +145,8 @@ class StoreTier:
             return run == len(batch.keys)
 
         try:
-            self._run(keys, pages, self._receivers, self._get, _all_hits, finish)
+            get = self._get if len(keys) > self.batch_pages else self._get_verifying
+            self._run(keys, pages, self._receivers, get, _all_hits, finish)
         except Exception as e:
             self._warn("prefetch.exception", "prefetch failed (%s: %s); pages reported missing",
                        type(e).__name__, e)
@@ -245,9 +247,15 @@ class StoreTier:
         return self.engine.put_from(batch.keys, batch.buffers)
 
     def _get(self, batch: "_Batch") -> List[Status]:
-        """The engine call of a prefetch batch: each page is verified as soon as it is
-        whole in its buffers (`Engine.get_into`'s ``landed``, on the engine's thread),
-        while the CPU's cache still holds it; what no engine reported is verified after."""
+        """The engine call of a prefetch batch among several: its pages are verified
+        after it, on the calling thread, while the next batch moves (`_run`)."""
+        return self.engine.get_into(batch.keys, batch.buffers)
+
+    def _get_verifying(self, batch: "_Batch") -> List[Status]:
+        """The engine call of a prefetch of one batch, where nothing else could run
+        beside it: each page is verified as soon as it is whole in its buffers
+        (`Engine.get_into`'s ``landed``, on the engine's thread), while the CPU's cache
+        still holds it; what the engine did not report is verified after the call."""
         fmt, keys, buffers, pieces, verdicts = self.format, batch.keys, batch.buffers, batch.pieces, batch.verdicts
 
         def landed(j: int) -> None:

@@ -247,11 +247,13 @@ def test_status_counts_over_batches(engine):
 
 
 @pytest.mark.parametrize("reports", [True, False])
-def test_pages_are_verified_as_they_land(engine, reports):
-    """Each page is verified inside the engine call, right after it landed (while the
-    CPU's cache holds it); an engine that reports nothing has its pages verified after
-    the call, and a verification that raises inside the call is done again after it."""
+def test_a_one_batch_prefetch_verifies_pages_as_they_land(engine, reports):
+    """With one batch (nothing to overlap), each page is verified inside the engine call
+    right after it landed, while the CPU's cache holds it; an engine that reports
+    nothing has its pages verified after the call, and a verification that raises
+    inside the call is done again after it."""
     host, tier, keys, want = _stored(engine)
+    tier.batch_pages = len(keys)
     if not reports:
         real = engine._get_into
         engine._get_into = lambda ks, ts, landed: real(ks, ts, lambda i: None)
@@ -260,7 +262,7 @@ def test_pages_are_verified_as_they_land(engine, reports):
 
     def verify(key, header, pieces):
         inside.append(engine.running > 0)
-        if engine.running and not raised:   # the first verification inside a call fails
+        if engine.running and not raised:   # the first verification inside the call fails
             raised.append(key)
             raise RuntimeError("verification interrupted")
         return real_verify(key, header, pieces)
@@ -272,5 +274,23 @@ def test_pages_are_verified_as_they_land(engine, reports):
     if reports:
         assert inside.count(True) == 9 and inside.count(False) == 1     # page 0 again, after
     else:
-        assert not any(inside)
+        assert inside == [False] * 9
     assert tier.stats["corrupt"] == 0
+
+
+def test_a_prefetch_of_several_batches_verifies_on_the_calling_thread(engine):
+    """Several batches: pages are verified by the calling thread (beside the next
+    batch's engine call on the worker), not on the engine's thread."""
+    host, tier, keys, want = _stored(engine)
+    caller, on = threading.get_ident(), []
+    real_verify = tier.format.verify
+
+    def verify(key, header, pieces):
+        on.append(threading.get_ident())
+        return real_verify(key, header, pieces)
+
+    tier.format.verify = verify
+    poison(host)
+    assert tier.prefetch(keys, slots(range(9))) == 9
+    assert [canonical(host, p * PAGE) for p in range(9)] == want
+    assert on == [caller] * 9
