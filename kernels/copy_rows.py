@@ -461,7 +461,7 @@ class BoundCopy:
         if direct is not None:      # a compiled kernel: kept and launched directly once checked
             direct.launch(_kernel(), grid, args, direct_launch.copy_spec(args))
         else:
-            _kernel()[(grid,)](*args, num_warps=self.config.num_warps)
+            direct_launch.through_triton(_kernel(), grid, args, self.config.num_warps)
 
     def reference(self, si: torch.Tensor, di: torch.Tensor, src: RowMap, dst: RowMap) -> None:
         """The copy between maps ``src`` and ``dst`` (of this copy's layouts) on the torch

@@ -17,10 +17,16 @@ each kernel is kept, then checked on its next launch, then used). A Triton whose
 launch differs keeps every launch on its own path. Where Triton's interpreter runs the
 kernels nothing is kept (it returns no compiled kernel). ``KVTIER_DIRECT_LAUNCH=0``
 turns it off for the copies bound after it is set.
+
+Every launch through Triton goes through `through_triton`, which runs interpreted
+launches one at a time: Triton's interpreter keeps a launch's state in the process (it
+patches ``triton.language`` and sets the program ids globally while a kernel runs), so
+two threads interpreting at once raise or run each other's programs.
 """
 from __future__ import annotations
 
 import os
+import threading
 from typing import Optional
 
 DIRECT_ENV = "KVTIER_DIRECT_LAUNCH"
@@ -80,9 +86,7 @@ class Launches:
                 self.kernels[key] = _Pending(kernel, jit_fn)
 
     def _through_triton(self, jit_fn, grid: int, args: tuple):
-        if self.num_warps is None:
-            return jit_fn[(grid,)](*args)
-        return jit_fn[(grid,)](*args, num_warps=self.num_warps)
+        return through_triton(jit_fn, grid, args, self.num_warps)
 
     def _check(self, jit_fn, grid: int, args: tuple, kernel, drv, device):
         """Launch through Triton once more, seeing what it passes to ``kernel``'s
@@ -189,3 +193,16 @@ def _load() -> tuple:
     from triton.runtime import driver
     _DRIVER = (driver, knobs)
     return _DRIVER
+
+
+_INTERPRETER = threading.Lock()     # held while Triton's interpreter runs one of kvtier's kernels
+
+
+def through_triton(jit_fn, grid: int, args: tuple, num_warps: Optional[int] = None):
+    """Launch ``jit_fn`` over ``grid`` programs through Triton (``num_warps`` None:
+    Triton's default); an interpreted kernel runs only while no other thread's does."""
+    kw = {} if num_warps is None else {"num_warps": num_warps}
+    if type(jit_fn).__name__ == "InterpretedFunction":
+        with _INTERPRETER:
+            return jit_fn[(grid,)](*args, **kw)
+    return jit_fn[(grid,)](*args, **kw)

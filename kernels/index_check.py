@@ -130,7 +130,7 @@ def check_launch(device: torch.device, checks: Checks, si: torch.Tensor, di: tor
     if direct:                  # compiled: kept and launched directly once checked
         _CHECK_LAUNCHES.launch(kernel, 1, args, direct_launch.check_spec(args))
     else:
-        kernel[(1,)](*args)
+        direct_launch.through_triton(kernel, 1, args)
     return words
 
 

@@ -1,6 +1,9 @@
-"""What the store tier's overlap buys: `StoreTier` backup and prefetch with each batch's
-engine call on the tier's worker thread (as shipped) beside the same calls run one
-step after another (engine calls on the calling thread), and beside the overlapped
+"""What the store tier's overlap and its verification of pages as they land buy:
+`StoreTier` backup and prefetch as shipped (a call of several batches runs each
+batch's engine call on the tier's worker thread beside the checksums and staging
+copies of its neighbours; a prefetch of one batch verifies each page as the engine
+reports it landed) beside the same calls run one step after another (engine calls on
+the calling thread, pages verified after each engine call), and beside the shipped
 calls without the checksum, interleaved in one process on one store.
 
 Pages of 256 KiB and 1 MiB (the bench's MHA bf16 pools), host layouts
@@ -39,12 +42,13 @@ class _InOrder:
 
 
 def _tiers(host, engine):
-    overlapped = StoreTier(host, engine, model="overlap-bench")
+    shipped = StoreTier(host, engine, model="overlap-bench")
     in_order = StoreTier(host, engine, model="overlap-bench")
     in_order._workers = _InOrder
+    in_order._get_verifying = in_order._get
     unchecked = StoreTier(host, engine, model="overlap-bench")
     unchecked.format.checksum = _Unchecked()
-    return {"in order": in_order, "overlapped": overlapped, "overlapped, no checksum": unchecked}
+    return {"in order": in_order, "as shipped": shipped, "as shipped, no checksum": unchecked}
 
 
 def main(argv=None) -> None:
@@ -56,8 +60,8 @@ def main(argv=None) -> None:
         ap.error(f"--rounds {args.rounds}: must be at least 1")
     engine = open_store(args.url)
     try:
-        print(f"{'page':>8} {'layout':18} " + "  ".join(f"{m:>24}" for m in ("in order", "overlapped",
-                                                                         "overlapped, no checksum")))
+        print(f"{'page':>8} {'layout':18} " + "  ".join(f"{m:>24}" for m in ("in order", "as shipped",
+                                                                         "as shipped, no checksum")))
         print(f"{'':>8} {'':18} " + "  ".join(f"{'backup / prefetch GB/s':>24}" for _ in range(3)))
         for size in PAGE_BYTES:
             pages = TOTAL_BYTES // size

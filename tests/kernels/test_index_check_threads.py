@@ -119,3 +119,31 @@ def test_a_failure_is_raised_by_the_thread_that_made_it_only(check_launches, mon
     assert core.faults.raise_pending is real_pending
     with pytest.raises(KvtierError, match="dst_indices=99: .*moved no bytes"):
         copy_rows(src.map, si, dst.map, di)
+
+
+def test_threads_launching_at_once_each_move_their_own_bytes():
+    """Threads that launch copies at the same time, with no seam ordering them: every
+    copy moves its own rows (Triton's interpreter runs one launch at a time; two at once
+    raise or run each other's programs)."""
+    rounds, errors = 40, []
+    cases = [_sides(20 + 2 * t) for t in range(3)]
+    go = threading.Barrier(len(cases))
+
+    def work(t):
+        src, dst = cases[t]
+        try:
+            go.wait()
+            for r in range(rounds):
+                si, di = make_indices("perm", 16, 16, seed=100 * t + r)
+                want = oracle(src, si, dst, di)[0]
+                copy_rows(src.map, si, dst.map, di)
+                assert_bytes_equal(dst.logical(), want, f"thread {t} round {r}")
+        except BaseException as e:         # pragma: no cover - what this test refuses
+            errors.append(f"thread {t}: {e!r}"[:300])
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(len(cases))]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(120)
+    assert errors == [], errors
