@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, asdict
 from typing import Optional
 
 from .config import CopyConfig
+from .direct_launch import interpreted
 
 TARGETS = {
     "sm90": ("cuda", 90, 32),
@@ -229,7 +230,7 @@ def _calling_jit(fn, copies=None):
     if new is None:
         new = copies[id(g)] = dict(g)
         for name, v in g.items():
-            if type(v).__name__ == "InterpretedFunction" and hasattr(v, "fn"):
+            if interpreted(v) and hasattr(v, "fn"):
                 new[name] = JITFunction(_calling_jit(v.fn, copies))
     out = types.FunctionType(fn.__code__, new, fn.__name__, fn.__defaults__, fn.__closure__)
     out.__module__, out.__qualname__, out.__doc__ = fn.__module__, fn.__qualname__, fn.__doc__

@@ -198,11 +198,17 @@ def _load() -> tuple:
 _INTERPRETER = threading.Lock()     # held while Triton's interpreter runs one of kvtier's kernels
 
 
+def interpreted(fn) -> bool:
+    """Whether ``fn`` is a jitted function as Triton's interpreter wraps it (community
+    Triton and triton-ascend name the wrapper alike)."""
+    return type(fn).__name__ == "InterpretedFunction"
+
+
 def through_triton(jit_fn, grid: int, args: tuple, num_warps: Optional[int] = None):
     """Launch ``jit_fn`` over ``grid`` programs through Triton (``num_warps`` None:
     Triton's default); an interpreted kernel runs only while no other thread's does."""
     kw = {} if num_warps is None else {"num_warps": num_warps}
-    if type(jit_fn).__name__ == "InterpretedFunction":
+    if interpreted(jit_fn):
         with _INTERPRETER:
             return jit_fn[(grid,)](*args, **kw)
     return jit_fn[(grid,)](*args, **kw)
