@@ -83,7 +83,7 @@ class Staging:
         for names, host_map in plan.copy_groups:
             smap = maps[names[0]] if len(names) == 1 else RowMap.stack([maps[n] for n in names])
             self.maps.append(smap)
-            self.views.append(tuple(v.numpy() for v in page_views(host_map, smap)))
+            self.views.append(tuple(_as_chunks(v.numpy()) for v in page_views(host_map, smap)))
 
 
 class CanonicalPages:
@@ -185,18 +185,21 @@ class CanonicalPages:
         return out
 
     # ------------------------------------------------------------------ staged copies
-    def to_staging(self, host_pages: Sequence[int], staging: Staging) -> None:
+    def to_staging(self, host_pages: Sequence[int], staging: Staging, first_slot: int = 0) -> None:
         """Staged components of host page numbers ``host_pages`` into staging slots
-        0, 1, ... (one copy per copy group and run of pages)."""
+        ``first_slot``, ``first_slot + 1``, ... (one copy per copy group and run of pages)."""
         if self.staged:
+            slots = range(first_slot, first_slot + len(host_pages))
             for host_v, staging_v in staging.views:
-                copy_pages(host_v, host_pages, staging_v, range(len(host_pages)))
+                copy_pages(host_v, host_pages, staging_v, slots)
 
-    def from_staging(self, staging: Staging, host_pages: Sequence[int]) -> None:
-        """Staging slots 0, 1, ... into the staged components of host pages ``host_pages``."""
+    def from_staging(self, staging: Staging, host_pages: Sequence[int], first_slot: int = 0) -> None:
+        """Staging slots ``first_slot``, ``first_slot + 1``, ... into the staged
+        components of host pages ``host_pages``."""
         if self.staged:
+            slots = range(first_slot, first_slot + len(host_pages))
             for host_v, staging_v in staging.views:
-                copy_pages(staging_v, range(len(host_pages)), host_v, host_pages)
+                copy_pages(staging_v, slots, host_v, host_pages)
 
 
 # ---------------------------------------------------------------------- the page copy
@@ -229,6 +232,15 @@ def _view(m: RowMap, word: int, n_chunks: int, chunk_bytes: int, chunk_stride: i
     shape = (m.num_components, m.num_pages, m.num_layers, m.page_size, n_chunks, chunk_bytes // word)
     strides = (m.comp_stride, m.page_stride, m.layer_stride, m.token_stride, chunk_stride, word)
     return torch.empty(0, dtype=_WORDS[word]).set_(st, offset // word, shape, tuple(x // word for x in strides))
+
+
+def _as_chunks(words: np.ndarray) -> np.ndarray:
+    """A page view's last axis (one chunk's machine words, contiguous) as one element
+    of the chunk's size, so that numpy copies each chunk with one memmove rather than
+    word by word (512 B rows: 2.1 GB/s against 1.2 per page on a 2-core CPU)."""
+    if words.shape[-1] <= 1 or words.strides[-1] != words.itemsize:
+        return words
+    return words.view(np.dtype((np.void, words.shape[-1] * words.itemsize)))
 
 
 def copy_pages(src, src_pages: Sequence[int], dst, dst_pages: Sequence[int]) -> None:

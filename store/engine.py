@@ -67,6 +67,7 @@ class Engine:
     at once (HiCache's controller runs a backup thread and a prefetch thread)."""
 
     scheme = ""
+    fills_as_sent = False       # `put_from` calls ``fill(i)`` on the thread that sends key i, just before
 
     def __init__(self, url: str, timeout_ms: int = DEFAULT_TIMEOUT_MS):
         if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, (int, float)) or not timeout_ms > 0:
@@ -95,10 +96,20 @@ class Engine:
         landed = landed or _unheard
         return self._guarded("get", len(keys), lambda: self._get_into(keys, targets, landed))
 
-    def put_from(self, keys: Sequence[str], sources: Sequence[Buffers]) -> List[Status]:
+    def put_from(self, keys: Sequence[str], sources: Sequence[Buffers],
+                 fill: Optional[Callable[[int], Optional[bool]]] = None) -> List[Status]:
+        """Store each key's value from its buffers. ``fill(i)``, where given, is called
+        once before any byte of key i's source is read, so that a writer can finish the
+        source (the store tier: the staged copy and the header's checksum) just before
+        it is sent, while the CPU's cache still holds it for the send. It must not
+        raise; where it returns False, key i is not put (ERROR, nothing sent). An engine
+        whose threads send values one by one (`fills_as_sent`) calls it on the thread
+        that sends key i; one whose client takes the whole batch at once (Mooncake)
+        calls it for every key before its call."""
         keys = _keys(keys)
         sources = _buffers("sources", sources, len(keys), writable=False)
-        return self._guarded("put", len(keys), lambda: self._put_from(keys, sources))
+        fill = fill or _unheard
+        return self._guarded("put", len(keys), lambda: self._put_from(keys, sources, fill))
 
     def delete(self, keys: Sequence[str]) -> List[Status]:
         """Remove the objects (HIT: removed or absent; a fault: its status)."""
@@ -123,7 +134,8 @@ class Engine:
                   landed: Callable[[int], None]) -> List[Status]:
         raise NotImplementedError
 
-    def _put_from(self, keys: List[str], sources: List[List[memoryview]]) -> List[Status]:
+    def _put_from(self, keys: List[str], sources: List[List[memoryview]],
+                  fill: Callable[[int], Optional[bool]]) -> List[Status]:
         raise NotImplementedError
 
     def _delete(self, keys: List[str]) -> List[Status]:
@@ -162,7 +174,8 @@ class Engine:
 
 
 def _unheard(i: int) -> None:
-    """`Engine.get_into`'s ``landed`` where the caller gave none."""
+    """`Engine.get_into`'s ``landed`` and `Engine.put_from`'s ``fill`` where the caller
+    gave none."""
 
 
 def _keys(keys) -> List[str]:

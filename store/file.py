@@ -23,6 +23,7 @@ caller's buffers afterwards), so this engine does not apply the timeout.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import errno
 import hashlib
 import itertools
@@ -31,8 +32,8 @@ import socket
 import threading
 import time
 import uuid
-from typing import Dict, List, Sequence
-from urllib.parse import unquote, urlsplit
+from typing import Dict, List, Optional, Sequence, Tuple
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from kvtier.kernels.errors import fail
 
@@ -54,16 +55,36 @@ _OPEN_READ = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
 _OPEN_WRITE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
 
 
-def store_dir(url: str) -> str:
-    """The directory of a ``file:///dir`` URL (absolute; ``file://localhost/dir`` too)."""
+THREADS_MAX = 64
+
+
+def default_threads() -> int:
+    """I/O threads per call by default: one per CPU, at most 4 (a local file read or
+    write is the kernel copying bytes, so threads beyond the cores gain nothing)."""
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+def parse_url(url: str) -> Tuple[str, int]:
+    """The directory of a ``file:///dir[?threads=N]`` URL (absolute; ``file://localhost/dir``
+    too) and its I/O threads per call (`default_threads` where not given)."""
     parts = urlsplit(url)
     if parts.scheme.lower() != "file" or parts.netloc not in ("", "localhost") \
-            or parts.query or parts.fragment or not parts.path.startswith("/"):
-        raise fail("url", url, "must be file:///absolute/directory (no host, query or fragment)")
+            or parts.fragment or not parts.path.startswith("/"):
+        raise fail("url", url, "must be file:///absolute/directory[?threads=N] (no host or fragment)")
     path = os.path.normpath(unquote(parts.path))
     if path == "/":
         raise fail("url", url, "names the root directory; give the store a directory of its own")
-    return path
+    threads = default_threads()
+    options = parse_qsl(parts.query, keep_blank_values=True)
+    if len(options) > 1:
+        raise fail("url", url, "gives more than one option (file:// takes threads=N once)")
+    for name, value in options:
+        if name != "threads":
+            raise fail("url", url, f"has an unknown option {name!r} (file:// takes threads=N)")
+        if not value.isdigit() or not 1 <= int(value) <= THREADS_MAX:
+            raise fail("url", url, f"threads must be an int from 1 to {THREADS_MAX}, not {value!r}")
+        threads = int(value)
+    return path, threads
 
 
 def object_name(key: str) -> str:
@@ -77,17 +98,22 @@ FANOUT = tuple(f"{i:02x}" for i in range(256))
 
 class FileEngine(Engine):
     """Objects as files under one directory (module doc). The directory is made if it
-    does not exist; one that cannot be made or written raises `KvtierError` naming the URL."""
+    does not exist; one that cannot be made or written raises `KvtierError` naming the URL.
+
+    A call's reads and writes are spread over ``threads`` threads (the URL's
+    ``?threads=N``, else `default_threads`): the calling thread and ``threads - 1`` of
+    the engine's own, made at the first call that uses them and ended by `close`."""
 
     scheme = "file"
-    # A hint `StoreTier` reads: move at most this many bytes per call, so that each page
-    # is checksummed and converted while the CPU's cache still holds it (reads and writes
-    # of local files gain nothing from larger batches; docs/store.md has the figures).
-    batch_bytes = 2 << 20
+    fills_as_sent = True
+    # A hint `StoreTier` reads: move at most this many bytes per call (its staging
+    # memory); each page is checksummed and converted on the thread that moves it, as
+    # it moves, so larger calls gain nothing (docs/store.md has the figures).
+    batch_bytes = 16 << 20
 
     def __init__(self, url: str, timeout_ms: int = DEFAULT_TIMEOUT_MS):
         super().__init__(url, timeout_ms)
-        self.root = store_dir(url)
+        self.root, self.threads = parse_url(url)
         self.tmp = os.path.join(self.root, _TMP)
         try:
             os.makedirs(self.tmp, exist_ok=True)
@@ -102,6 +128,8 @@ class FileEngine(Engine):
         self._host = socket.gethostname()
         self._serial = itertools.count()
         self._closed = False
+        self._pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
+        self._pool_lock = threading.Lock()
         self._remove_dead_writers()
 
     # ------------------------------------------------------------------ engine calls
@@ -114,36 +142,65 @@ class FileEngine(Engine):
             if status == Status.HIT:
                 landed(i)
             return status
-        return self._each("get", keys, get, targets)
+        return self._spread("get", keys, get, targets)
 
-    def _put_from(self, keys: List[str], sources: List[List[memoryview]]) -> List[Status]:
-        return self._each("put", keys, lambda i, k, views: self._put(k, views), sources)
+    def _put_from(self, keys: List[str], sources: List[List[memoryview]], fill) -> List[Status]:
+        def put(i: int, key: str, views: List[memoryview]) -> Status:
+            if fill(i) is False:
+                return Status.ERROR
+            self._write(self._path(key), views)
+            return Status.HIT
+        return self._spread("put", keys, put, sources)
 
     def _delete(self, keys: List[str]) -> List[Status]:
         return self._each("delete", keys, lambda i, k, _: self._unlink(k))
 
-    def _each(self, what: str, keys: List[str], one, views=None) -> List[Status]:
-        """``one(i, key i, its views)``'s status per key: ERROR for every key once
-        closed, and a store fault (an `OSError`) as the status `_error` gives it."""
+    def _each(self, what: str, keys: List[str], one, views=None, at: Sequence[int] = ()) -> List[Status]:
+        """``one(i, key i, its views)``'s status per key (the keys at ``at``, else all):
+        ERROR for every key once closed, and a store fault (an `OSError`) as the status
+        `_error` gives it."""
         if self._closed:
-            return [Status.ERROR] * len(keys)
+            return [Status.ERROR] * (len(at) or len(keys))
         out = []
-        for i, (k, v) in enumerate(zip(keys, views if views is not None else keys)):
+        for i in at or range(len(keys)):
             try:
-                out.append(one(i, k, v))
+                out.append(one(i, keys[i], views[i] if views is not None else None))
             except OSError as e:
                 out.append(self._error(what, e))
         return out
+
+    def _spread(self, what: str, keys: List[str], one, views) -> List[Status]:
+        """`_each` over the keys dealt round-robin to ``threads`` threads (the calling
+        thread takes the first share); returns once every thread is done with its keys,
+        so no buffer is touched after the call."""
+        n = min(self.threads, len(keys))
+        if n <= 1:
+            return self._each(what, keys, one, views)
+        shares = [range(t, len(keys), n) for t in range(n)]
+        pool = self._thread_pool()
+        futures = [pool.submit(self._each, what, keys, one, views, s) for s in shares[1:]]
+        try:
+            first = self._each(what, keys, one, views, shares[0])
+        finally:
+            concurrent.futures.wait(futures)
+        out: List[Status] = [Status.ERROR] * len(keys)
+        for share, statuses in zip(shares, [first] + [f.result() for f in futures]):
+            for i, s in zip(share, statuses):
+                out[i] = s
+        return out
+
+    def _thread_pool(self) -> concurrent.futures.ThreadPoolExecutor:
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = concurrent.futures.ThreadPoolExecutor(
+                    self.threads - 1, thread_name_prefix="kvtier-file")
+            return self._pool
 
     def _stat(self, key: str) -> Status:
         try:
             os.stat(self._path(key))
         except FileNotFoundError:
             return Status.MISS
-        return Status.HIT
-
-    def _put(self, key: str, views: List[memoryview]) -> Status:
-        self._write(self._path(key), views)
         return Status.HIT
 
     def _unlink(self, key: str) -> Status:
@@ -155,6 +212,10 @@ class FileEngine(Engine):
 
     def close(self) -> None:
         self._closed = True
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
 
     # ------------------------------------------------------------------ files
     def _path(self, key: str) -> str:

@@ -245,9 +245,16 @@ class MooncakeEngine(Engine):
         with self._using():         # Mooncake's batch calls land every value at once: no `landed`
             return self._get_now(keys, targets)
 
-    def _put_from(self, keys: List[str], sources: List[List[memoryview]]) -> List[Status]:
-        with self._using():
-            return self._put_now(keys, sources)
+    def _put_from(self, keys: List[str], sources: List[List[memoryview]], fill) -> List[Status]:
+        go = [fill(i) is not False for i in range(len(keys))]   # Mooncake's batch calls read every source at once
+        some = [i for i, g in enumerate(go) if g]
+        out = [Status.ERROR] * len(keys)
+        if some:
+            with self._using():
+                done = self._put_now([keys[i] for i in some], [sources[i] for i in some])
+            for i, st in zip(some, done):
+                out[i] = st
+        return out
 
     def _exists_now(self, keys: List[str]) -> List[Status]:
         codes = self._call("exists", self._deadline(), lambda: self._store.batch_is_exist(keys))

@@ -243,8 +243,17 @@ class PageFormat:
 
     def seal(self, key: str, pieces: Sequence[memoryview], algorithm: Optional[int] = None) -> bytearray:
         """The header of ``key``'s object whose payload is ``pieces`` (checksummed in place)."""
+        return self.seal_into(self.header(key), pieces, algorithm)
+
+    def seal_into(self, header: bytearray, pieces: Sequence[memoryview],
+                  algorithm: Optional[int] = None) -> bytearray:
+        """Complete ``header`` (from `header`, which leaves the algorithm 0: a page no
+        reader accepts) with the checksum of the payload ``pieces``; returns it."""
         algorithm = self.checksum.default if algorithm is None else algorithm
-        return self.header(key, algorithm, self.checksum.of(algorithm, pieces))
+        checksum = self.checksum.of(algorithm, pieces)
+        struct.pack_into("<Q", header, _CHECKSUM_AT, checksum)
+        struct.pack_into("<H", header, _ALGO_AT, algorithm)
+        return header
 
     def verify(self, key: str, header, pieces: Sequence[memoryview]) -> Optional[str]:
         """None where ``header`` and the payload ``pieces`` read for ``key`` are a whole,

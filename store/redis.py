@@ -117,6 +117,7 @@ class _RedisEngine(Engine):
     """What both engines share: items, groups, the thread pool, faults and waits."""
 
     cluster = False
+    fills_as_sent = True
 
     def __init__(self, url: str, timeout_ms: int = DEFAULT_TIMEOUT_MS):
         conf = parse(url, cluster=self.cluster)
@@ -137,9 +138,10 @@ class _RedisEngine(Engine):
                                                  landed=functools.partial(landed, i))
                                         for i, (k, t) in enumerate(zip(keys, targets))])
 
-    def _put_from(self, keys, sources) -> List[Status]:
-        return self._run(ops.put_from, [ops.Item(k.encode(), s, sum(v.nbytes for v in s))
-                                        for k, s in zip(keys, sources)], replicated=True)
+    def _put_from(self, keys, sources, fill) -> List[Status]:
+        return self._run(ops.put_from, [ops.Item(k.encode(), s, sum(v.nbytes for v in s),
+                                                 fill=functools.partial(fill, i))
+                                        for i, (k, s) in enumerate(zip(keys, sources))], replicated=True)
 
     def _delete(self, keys: List[str]) -> List[Status]:
         return self._run(ops.delete, [ops.Item(k.encode(), (), 0) for k in keys])

@@ -31,6 +31,7 @@ class Item(NamedTuple):
     nbytes: int                     # sum of the buffers' lengths
     asking: bool = False            # prefix the command with ASKING (an ASK redirect)
     landed: Optional[Callable[[], None]] = None     # get: called once the value is in its buffers
+    fill: Optional[Callable[[], Optional[bool]]] = None     # put: called before its buffers are sent; False: not sent
 
 
 class ServerErrors:
@@ -146,11 +147,18 @@ def put_from(conn: resp.Connection, items: Sequence[Item], out: list, deadline: 
     ``role``: ask the node's ROLE in the same pipeline, ahead of the SETs (so a write
     that needs a replica's acknowledgement costs no extra round trip to find out)."""
 
+    unsent = set()      # ids of the items whose fill said not to send them
+
     def encode(it: Item):
+        if it.fill is not None and it.fill() is False:
+            unsent.add(id(it))
+            return []
         head = b"*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n" % (len(it.key), it.key, it.nbytes)
         return [head, *it.buffers, resp.CRLF]
 
     def decode(it: Item):
+        if id(it) in unsent:
+            return Status.ERROR
         reply = conn.read_reply(deadline)
         if reply == "OK":
             return Status.HIT

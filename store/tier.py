@@ -140,13 +140,22 @@ class StoreTier:
 
         def finish(batch: _Batch, statuses: List[Status]) -> bool:
             run = self._verified(batch, statuses)
-            self.plan.from_staging(batch.staging, batch.pages[:run])
+            placed = batch.placed
+            j = 0
+            while j < run:              # pages not yet placed, in runs (one copy each)
+                if placed[j]:
+                    j += 1
+                    continue
+                k = j
+                while k < run and not placed[k]:
+                    k += 1
+                self.plan.from_staging(batch.staging, batch.pages[j:k], j)
+                j = k
             done[0] += run
             return run == len(batch.keys)
 
         try:
-            get = self._get if len(keys) > self.batch_pages else self._get_verifying
-            self._run(keys, pages, self._receivers, get, _all_hits, finish)
+            self._run(keys, pages, self._receivers, self._get, _all_hits, finish)
         except Exception as e:
             self._warn("prefetch.exception", "prefetch failed (%s: %s); pages reported missing",
                        type(e).__name__, e)
@@ -228,11 +237,16 @@ class StoreTier:
             return self._pool
 
     def _sealed(self, keys: List[str], pages: List[int], staging: Optional[Staging]) -> "_Batch":
-        """A backup batch: staged components copied out, each page's header sealed."""
-        plan = self.plan
-        plan.to_staging(pages, staging)
+        """A backup batch: each page's staged components copied out and its header
+        sealed, now, or by `_put` just before the engine sends the page where the engine
+        says when that is (`Engine.fills_as_sent`)."""
+        plan, fmt = self.plan, self.format
         pieces = [plan.pieces(p, staging, j) for j, p in enumerate(pages)]
-        sources = [[self.format.seal(k, ps), *ps] for k, ps in zip(keys, pieces)]
+        if self.engine.fills_as_sent:
+            sources = [[fmt.header(k), *ps] for k, ps in zip(keys, pieces)]
+            return _Batch(keys, pages, staging, sources, pieces, unsealed=[True] * len(keys))
+        plan.to_staging(pages, staging)
+        sources = [[fmt.seal(k, ps), *ps] for k, ps in zip(keys, pieces)]
         return _Batch(keys, pages, staging, sources, pieces)
 
     def _receivers(self, keys: List[str], pages: List[int], staging: Optional[Staging]) -> "_Batch":
@@ -241,28 +255,54 @@ class StoreTier:
         plan, fmt = self.plan, self.format
         pieces = [plan.pieces(p, staging, j) for j, p in enumerate(pages)]
         targets = [[bytearray(fmt.header_size(k)), *ps] for k, ps in zip(keys, pieces)]
-        return _Batch(keys, pages, staging, targets, pieces, [_UNHEARD] * len(keys))
+        return _Batch(keys, pages, staging, targets, pieces, [_UNHEARD] * len(keys),
+                      placed=[staging is None] * len(keys))
 
     def _put(self, batch: "_Batch") -> List[Status]:
-        return self.engine.put_from(batch.keys, batch.buffers)
+        """The engine call of a backup batch; pages not sealed yet are staged and sealed
+        as the engine is about to send them (on its thread, so the page is in the CPU's
+        cache for the send). A page whose seal failed is not sent (reported not stored;
+        its header keeps algorithm 0, which no reader accepts)."""
+        unsealed = batch.unsealed
+        if unsealed is None:
+            return self.engine.put_from(batch.keys, batch.buffers)
+        plan, fmt, buffers, pieces = self.plan, self.format, batch.buffers, batch.pieces
+        pages, staging = batch.pages, batch.staging
+
+        def fill(j: int) -> bool:
+            try:
+                plan.to_staging(pages[j:j + 1], staging, j)
+                fmt.seal_into(buffers[j][0], pieces[j])
+            except Exception as e:
+                self._warn("backup.seal", "a page could not be sealed (%s: %s); it is not stored",
+                           type(e).__name__, e)
+                return False
+            unsealed[j] = False
+            return True
+
+        statuses = self.engine.put_from(batch.keys, buffers, fill)
+        return [Status.ERROR if u else s for s, u in zip(statuses, unsealed)]
 
     def _get(self, batch: "_Batch") -> List[Status]:
-        """The engine call of a prefetch batch among several: its pages are verified
-        after it, on the calling thread, while the next batch moves (`_run`)."""
-        return self.engine.get_into(batch.keys, batch.buffers)
-
-    def _get_verifying(self, batch: "_Batch") -> List[Status]:
-        """The engine call of a prefetch of one batch, where nothing else could run
-        beside it: each page is verified as soon as it is whole in its buffers
-        (`Engine.get_into`'s ``landed``, on the engine's thread), while the CPU's cache
-        still holds it; what the engine did not report is verified after the call."""
-        fmt, keys, buffers, pieces, verdicts = self.format, batch.keys, batch.buffers, batch.pieces, batch.verdicts
+        """The engine call of a prefetch batch. Each page the engine reports whole in
+        its buffers (`Engine.get_into`'s ``landed``) is verified there, on the engine's
+        thread, and its staged components placed in its host page, while the CPU's
+        cache still holds it; pages the engine did not report (Mooncake reports none)
+        are verified and placed after the call (`_verified`, then ``finish``). A page
+        placed in its host page that turns out to lie after a miss is outside the
+        leading run: its host page holds undefined bytes, as `prefetch` says."""
+        plan, fmt = self.plan, self.format
+        keys, buffers, pieces, verdicts = batch.keys, batch.buffers, batch.pieces, batch.verdicts
+        pages, staging, placed = batch.pages, batch.staging, batch.placed
 
         def landed(j: int) -> None:
             try:
-                verdicts[j] = fmt.verify(keys[j], buffers[j][0], pieces[j])
-            except Exception:       # verified again after the call
-                pass
+                verdicts[j] = why = fmt.verify(keys[j], buffers[j][0], pieces[j])
+                if why is None and not placed[j]:
+                    plan.from_staging(staging, pages[j:j + 1], j)
+                    placed[j] = True
+            except Exception:       # verified and placed again after the call
+                verdicts[j] = _UNHEARD
 
         return self.engine.get_into(keys, buffers, landed)
 
@@ -349,6 +389,8 @@ class _Batch:
     buffers: List[list]
     pieces: List[List[memoryview]]
     verdicts: Optional[list] = None     # prefetch: `PageFormat.verify` per page, once landed
+    placed: Optional[list] = None       # prefetch: True per page whose host page holds it
+    unsealed: Optional[list] = None     # backup sealed as sent: True per page until sealed
 
 
 _UNHEARD = object()     # a page's verdict before its engine reported it landed

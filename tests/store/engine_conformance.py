@@ -208,6 +208,37 @@ class EngineConformance:
         assert engine.get_into(ks[:1], [[bytearray(5000)]]) == [Status.HIT]   # no landed given
         assert seen == done                                                  # none came late
 
+    def test_fill_finishes_each_source_before_it_is_read(self, engine, keys):
+        """``fill(i)`` is called once per key, before any byte of its source is read:
+        what it writes into the source is what the store keeps. Where it returns False,
+        the key is ERROR and nothing is stored under it (an older object stays)."""
+        ks = keys(4)
+        old = _random(300, 80)
+        assert engine.put_from([ks[2]], [[old]]) == [Status.HIT]
+        values = [_random(n, 81 + i) for i, n in enumerate((4096, 70_000, 300, 200_001))]
+        blank = [bytearray(len(v)) for v in values]
+        called, lock = [], threading.Lock()
+
+        def fill(i):
+            with lock:
+                called.append((i, bytes(blank[i]) == bytes(len(blank[i]))))
+            if i == 2:
+                return False
+            blank[i][:] = values[i]
+            return True
+
+        out = engine.put_from(ks, [[memoryview(b)] for b in blank], fill)
+        assert out == [Status.HIT, Status.HIT, Status.ERROR, Status.HIT]
+        assert sorted(called) == [(i, True) for i in range(4)]       # once each, before it was filled
+        targets = [bytearray(len(v)) for v in values]
+        targets[2] = bytearray(300)
+        assert engine.get_into(ks, [[memoryview(t)] for t in targets]) == [Status.HIT] * 4
+        assert [bytes(t) for i, t in enumerate(targets) if i != 2] == [v for i, v in enumerate(values) if i != 2]
+        assert bytes(targets[2]) == old                                # not replaced
+        ks2 = [ks[0] + "-never-put"]
+        assert engine.put_from(ks2, [[b"only"]], lambda i: False) == [Status.ERROR]
+        assert engine.exists(ks2) == [Status.MISS]
+
     # ------------------------------------------------------------------ bad arguments
     def test_bad_arguments_raise_before_anything_moves(self, engine, keys):
         k, other = keys(2)

@@ -19,7 +19,9 @@ class TestFileEngineContract(EngineConformance):
 
 
 @pytest.mark.parametrize("url", ["file://relative/dir", "file:relative", "file:///dir?x=1", "file:///dir#frag", "file:///", "file:///a/..",
-                                 "file://otherhost/dir"])
+                                 "file://otherhost/dir", "file:///dir?threads", "file:///dir?threads=0",
+                                 "file:///dir?threads=65", "file:///dir?threads=2x", "file:///dir?threads=-1",
+                                 "file:///dir?threads=2&threads=3"])
 def test_malformed_urls_name_the_url(url):
     with pytest.raises(KvtierError, match="url="):
         open_store(url)
@@ -92,3 +94,76 @@ def test_a_failing_write_is_error_and_leaves_no_temporary_file(tmp_path, monkeyp
     assert e.put_from(["a", "b"], [[b"1"], [b"2"]]) == [Status.ERROR, Status.ERROR]
     assert os.listdir(e.tmp) == []
     assert e.stats["put.error"] == 2
+
+
+def test_threads_option_and_default(tmp_path):
+    from kvtier.store.file import default_threads
+    assert open_store(f"file://{tmp_path}/a").threads == default_threads() == max(1, min(4, os.cpu_count()))
+    assert open_store(f"file://{tmp_path}/b?threads=5").threads == 5
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_a_call_is_spread_over_its_threads(tmp_path, threads):
+    """Each key goes to one of ``threads`` threads (the calling one among them), every
+    status lands at its key's position, and `close` ends the engine's threads."""
+    import threading
+    e = open_store(f"file://{tmp_path}?threads={threads}")
+    keys = [f"k{i}" for i in range(10)]
+    values = [os.urandom(1000 + i) for i in range(10)]
+    on = {}
+    real = e._write
+
+    def write(path, views):
+        on.setdefault(threading.current_thread().name, 0)
+        on[threading.current_thread().name] += 1
+        return real(path, views)
+
+    e._write = write
+    assert e.put_from(keys[:9], [[v] for v in values[:9]]) == [Status.HIT] * 9
+    me = threading.current_thread().name
+    assert sum(on.values()) == 9 and on[me] == len(range(0, 9, threads))    # the caller's share
+    assert all(n.startswith("kvtier-file") for n in on if n != me) and (len(on) > 1) == (threads > 1)
+    targets = [bytearray(len(v)) for v in values]
+    assert e.get_into(keys, [[t] for t in targets]) == [Status.HIT] * 9 + [Status.MISS]
+    assert [bytes(t) for t in targets[:9]] == values[:9] and targets[9] == bytearray(len(values[9]))
+    workers = [t for t in threading.enumerate() if t.name.startswith("kvtier-file")]
+    e.close()
+    assert not any(t.is_alive() for t in workers)
+    assert e.put_from(["x"], [[b"1"]]) == [Status.ERROR]
+
+
+def test_a_fault_in_one_thread_is_that_keys_status(tmp_path, monkeypatch):
+    """A store fault on one key (any thread) is that key's status; an exception that
+    is not a store fault ends the call as ERROR for every key, after every thread
+    has stopped touching the buffers."""
+    import errno
+    import threading
+    import time
+    e = open_store(f"file://{tmp_path}?threads=2")
+    real = e._write
+    running = []
+
+    def write(path, views):
+        running.append(threading.current_thread().name)
+        if path.endswith(object_name("bad")):
+            raise OSError(errno.EIO, "I/O error")
+        return real(path, views)
+
+    e._write = write
+    keys = ["a", "bad", "c", "d"]
+    assert e.put_from(keys, [[b"1"]] * 4) == [Status.HIT, Status.ERROR, Status.HIT, Status.HIT]
+    done = []
+
+    def boom(path, views):
+        if path.endswith(object_name("c")):       # the calling thread's share: a, c
+            raise ZeroDivisionError("bug")
+        if path.endswith(object_name("d")):       # the other thread's: bad, d (still writing)
+            time.sleep(0.3)
+        r = real(path, views)
+        done.append(path)
+        return r
+
+    e._write = boom
+    assert e.put_from(keys, [[b"2"]] * 4) == [Status.ERROR] * 4
+    assert any(p.endswith(object_name("d")) for p in done)     # returned only once it was done
+    assert e.stats["put.error"] == 5

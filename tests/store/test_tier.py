@@ -283,7 +283,7 @@ class Faulty(Engine):
     def _get_into(self, keys, targets, landed):
         return self._answer(keys)
 
-    def _put_from(self, keys, sources):
+    def _put_from(self, keys, sources, fill):
         return self._answer(keys)
 
 

@@ -19,13 +19,18 @@ WAIT = 20.0     # seconds a test waits for the other side before it reports a ha
 
 class Recording(Engine):
     """A file engine that records each get/put call's keys and how many run at once;
-    ``before_get(i)`` runs at the start of the i-th get call (on its thread)."""
+    ``before_get(i)`` runs at the start of the i-th get call (on its thread).
+    ``fills_as_sent``: whether it passes `put_from`'s ``fill`` to the file engine (which
+    calls it as it writes each value) or, as Mooncake, calls it for every key first;
+    ``reports``: whether it passes `get_into`'s ``landed`` on or, as Mooncake, reports
+    nothing."""
 
     scheme = "recording"
 
-    def __init__(self, url):
+    def __init__(self, url, fills_as_sent=False, reports=True):
         super().__init__("recording://" + url)
         self.inner = open_store(url)
+        self.fills_as_sent, self.reports = fills_as_sent, reports
         self.gets, self.puts = [], []
         self.running = self.most_running = 0
         self.before_get = None
@@ -49,15 +54,19 @@ class Recording(Engine):
             self.gets.append(list(keys))
             if self.before_get is not None:
                 self.before_get(len(self.gets) - 1)
-            return self.inner.get_into(keys, targets, landed)
+            return self.inner.get_into(keys, targets, landed if self.reports else None)
         finally:
             self._leave()
 
-    def _put_from(self, keys, sources):
+    def _put_from(self, keys, sources, fill):
         self._enter()
         try:
             self.puts.append(list(keys))
-            return self.inner.put_from(keys, sources)
+            if self.fills_as_sent:
+                return self.inner.put_from(keys, sources, fill)
+            go = [fill(i) is not False for i in range(len(keys))]
+            out = self.inner.put_from([k for k, g in zip(keys, go) if g], [v for v, g in zip(sources, go) if g])
+            return [out.pop(0) if g else Status.ERROR for g in go]
         finally:
             self._leave()
 
@@ -94,10 +103,12 @@ def _stored(engine, layout="page_first", pages=12, n=9):
 
 
 @pytest.mark.parametrize("layout", ["page_first", "page_first_direct"])
-def test_each_batch_is_checksummed_while_the_next_one_is_read(engine, layout):
-    """The prefetch's second engine call starts before the first batch is verified: the
-    second get call waits for the first batch's checksum, which only runs at the same
-    time if the tier overlaps them (run one after the other, the wait times out)."""
+def test_each_batch_is_checksummed_while_the_next_one_is_read(tmp_path, layout):
+    """With an engine that reports no page landed (Mooncake), the prefetch's second
+    engine call starts before the first batch is verified: the second get call waits
+    for the first batch's checksum, which only runs at the same time if the tier
+    overlaps them (run one after the other, the wait times out)."""
+    engine = Recording(f"file://{tmp_path}/store", reports=False)
     host, tier, keys, want = _stored(engine, layout)
     checked = threading.Event()
     seen_in_flight = []
@@ -119,6 +130,8 @@ def test_each_batch_is_checksummed_while_the_next_one_is_read(engine, layout):
 
 
 def test_backup_seals_the_next_batch_while_one_is_written(engine):
+    """With an engine that takes a batch's sources all at once (Mooncake), the next
+    batch is sealed while one is written."""
     host = host_case("mha", "page_first", pages=12).host
     tier = _tier(host, engine)
     keys = _keys(9)
@@ -127,13 +140,13 @@ def test_backup_seals_the_next_batch_while_one_is_written(engine):
     release = threading.Event()
     real_put, real_seal = engine._put_from, tier.format.seal
 
-    def put(ks, sources):
+    def put(ks, sources, fill):
         if engine.puts:
-            return real_put(ks, sources)
+            return real_put(ks, sources, fill)
         first_put_running.set()
         try:
             release.wait(WAIT)
-            return real_put(ks, sources)
+            return real_put(ks, sources, fill)
         finally:
             first_put_running.clear()
 
@@ -160,7 +173,7 @@ def test_an_engine_miss_ends_the_prefetch_before_the_next_batch_is_read(engine):
     assert tier.prefetch(keys, slots(range(9))) == 4
     assert engine.gets == _batches(tier, keys, (0, 3), (3, 6))           # the third batch is never asked for
     assert [canonical(host, p * PAGE) for p in range(4)] == want[:4]
-    for q in range(4, 12):                                 # staged: nothing after the run lands
+    for q in range(6, 12):          # staged: nothing of the batch never read reaches the host
         assert bool((host.get_page(q * PAGE) == POISON).all()), q
     assert tier.stats["misses"] == 1 and tier.stats["skipped"] == 4
     assert engine.running == 0 and len(tier.plan._free) >= 1
@@ -184,8 +197,8 @@ def test_a_page_that_fails_verification_ends_the_call_with_nothing_running(engin
     assert engine.running == 0
     assert engine.gets[0] == _batches(tier, keys, (0, 3))[0] and len(engine.gets) <= 2    # at most the next batch read
     assert canonical(host, 0) == want[0]
-    if layout == "page_first":
-        for q in range(1, 12):
+    if layout == "page_first":      # staged: neither the corrupt page nor any page never read
+        for q in [1] + list(range(3 * len(engine.gets), 12)):
             assert bool((host.get_page(q * PAGE) == POISON).all()), q
     assert tier.stats["corrupt"] == 1 and tier.stats["skipped"] == 7
     assert tier.prefetch(keys[2:], slots(range(2, 9))) == 7      # later pages intact
@@ -193,7 +206,11 @@ def test_a_page_that_fails_verification_ends_the_call_with_nothing_running(engin
 
 
 @pytest.mark.parametrize("op", ["backup", "prefetch"])
-def test_a_failure_between_batches_leaves_nothing_running_and_every_staging_back(engine, op, caplog):
+def test_a_failure_between_batches_leaves_nothing_running_and_every_staging_back(tmp_path, op, caplog):
+    """The calling thread's staging copy of the second batch fails (with an engine
+    that takes every source at once and reports no page landed, as Mooncake, the
+    staging copies run there): the call ends with what was moved before it."""
+    engine = Recording(f"file://{tmp_path}/store", reports=False)
     host, tier, keys, _ = _stored(engine)
     plan = tier.plan
     taken = []
@@ -246,51 +263,115 @@ def test_status_counts_over_batches(engine):
     assert Status.HIT in engine.exists([tier.key(keys[0])])
 
 
+@pytest.mark.parametrize("batch_pages", [9, 3])
 @pytest.mark.parametrize("reports", [True, False])
-def test_a_one_batch_prefetch_verifies_pages_as_they_land(engine, reports):
-    """With one batch (nothing to overlap), each page is verified inside the engine call
-    right after it landed, while the CPU's cache holds it; an engine that reports
-    nothing has its pages verified after the call, and a verification that raises
-    inside the call is done again after it."""
+def test_pages_are_verified_and_placed_as_they_land(tmp_path, reports, batch_pages):
+    """Each page the engine reports landed is verified inside the engine call, while
+    the CPU's cache holds it, and its staged components are placed in its host page
+    there too; a verification that raises inside the call is done again after it. An
+    engine that reports nothing has its pages verified and placed after each call, on
+    the calling thread (beside the next batch's engine call, `_run`)."""
+    engine = Recording(f"file://{tmp_path}/store", reports=reports)
     host, tier, keys, want = _stored(engine)
-    tier.batch_pages = len(keys)
-    if not reports:
-        real = engine._get_into
-        engine._get_into = lambda ks, ts, landed: real(ks, ts, lambda i: None)
-    inside, real_verify = [], tier.format.verify
+    tier.batch_pages = batch_pages
+    caller = threading.get_ident()
+    inside, placed_inside, threads = [], [], set()
+    real_verify, real_place = tier.format.verify, tier.plan.from_staging
     raised = []
 
     def verify(key, header, pieces):
         inside.append(engine.running > 0)
+        threads.add(threading.get_ident())
         if engine.running and not raised:   # the first verification inside the call fails
             raised.append(key)
             raise RuntimeError("verification interrupted")
         return real_verify(key, header, pieces)
 
-    tier.format.verify = verify
+    def place(staging, host_pages, first_slot=0):
+        placed_inside.extend([engine.running > 0] * len(host_pages))
+        return real_place(staging, host_pages, first_slot)
+
+    tier.format.verify, tier.plan.from_staging = verify, place
     poison(host)
     assert tier.prefetch(keys, slots(range(9))) == 9
     assert [canonical(host, p * PAGE) for p in range(9)] == want
     if reports:
         assert inside.count(True) == 9 and inside.count(False) == 1     # page 0 again, after
+        assert placed_inside.count(True) == 8 and placed_inside.count(False) == 1
     else:
-        assert inside == [False] * 9
+        assert inside == [False] * 9 and placed_inside == [False] * 9
+        assert threads == {caller}
     assert tier.stats["corrupt"] == 0
 
 
-def test_a_prefetch_of_several_batches_verifies_on_the_calling_thread(engine):
-    """Several batches: pages are verified by the calling thread (beside the next
-    batch's engine call on the worker), not on the engine's thread."""
+def test_a_page_placed_as_it_landed_after_a_corrupt_one_is_outside_the_run(tmp_path):
+    """Pages land and are placed in any order; a corrupt page ends the leading run,
+    and the pages after it, placed or not, are not reported read."""
+    engine = Recording(f"file://{tmp_path}/store")
     host, tier, keys, want = _stored(engine)
-    caller, on = threading.get_ident(), []
-    real_verify = tier.format.verify
+    tier.batch_pages = 9
+    path = engine.inner._path(tier.key(keys[4]))
+    with open(path, "r+b") as f:
+        f.seek(-1, 2)
+        b = f.read(1)
+        f.seek(-1, 2)
+        f.write(bytes([b[0] ^ 1]))
+    poison(host)
+    assert tier.prefetch(keys, slots(range(9))) == 4
+    assert [canonical(host, p * PAGE) for p in range(4)] == want[:4]
+    assert bool((host.get_page(4 * PAGE) == POISON).all())          # the corrupt page is not placed
+    assert tier.stats["corrupt"] == 1 and tier.stats["skipped"] == 4
 
-    def verify(key, header, pieces):
-        on.append(threading.get_ident())
-        return real_verify(key, header, pieces)
 
-    tier.format.verify = verify
+@pytest.mark.parametrize("layout", ["page_first", "page_first_direct"])
+def test_backup_stages_and_seals_each_page_as_the_engine_sends_it(tmp_path, layout):
+    """With an engine that sends values one by one (`Engine.fills_as_sent`), each page
+    is staged and sealed inside the engine call just before its bytes are written:
+    every object written holds a sealed header, and reads back byte-exact."""
+    engine = Recording(f"file://{tmp_path}/store", fills_as_sent=True)
+    host = host_case("mha", layout, pages=12).host
+    tier = _tier(host, engine)
+    keys = _keys(9)
+    sealed_inside, written_sealed = [], []
+    real_seal, real_write = tier.format.seal_into, engine.inner._write
+
+    def seal_into(header, pieces, algorithm=None):
+        sealed_inside.append(engine.running > 0)
+        return real_seal(header, pieces, algorithm)
+
+    def write(path, views):
+        written_sealed.append(bytes(views[0][10:12]) != b"\0\0")     # the algorithm: 0 until sealed
+        return real_write(path, views)
+
+    tier.format.seal_into, engine.inner._write = seal_into, write
+    tier.format.seal = lambda *a, **k: pytest.fail("sealed ahead of the engine call")
+    want = [canonical(host, p * PAGE) for p in range(9)]
+    assert tier.backup(keys, slots(range(9))) == [True] * 9
+    assert sealed_inside == [True] * 9 and written_sealed == [True] * 9
     poison(host)
     assert tier.prefetch(keys, slots(range(9))) == 9
     assert [canonical(host, p * PAGE) for p in range(9)] == want
-    assert on == [caller] * 9
+
+
+def test_a_page_that_cannot_be_staged_is_not_stored(tmp_path, caplog):
+    """A page whose staging copy fails inside the engine call is not sent (reported
+    not stored, an older object under its key kept); the others are stored."""
+    engine = Recording(f"file://{tmp_path}/store", fills_as_sent=True)
+    host = host_case("mha", "page_first", pages=12).host
+    tier = _tier(host, engine)
+    keys = _keys(9)
+    assert tier.backup(keys[4:5], slots([4])) == [True]
+    before = open(engine.inner._path(tier.key(keys[4])), "rb").read()
+    real = tier.plan.to_staging
+
+    def to_staging(host_pages, staging, first_slot=0):
+        if list(host_pages) == [4]:
+            raise MemoryError("no memory")
+        return real(host_pages, staging, first_slot)
+
+    tier.plan.to_staging = to_staging
+    with caplog.at_level(logging.WARNING, logger="kvtier"):
+        assert tier.backup(keys, slots(range(9))) == [True] * 4 + [False] + [True] * 4
+    assert "could not be sealed (MemoryError" in caplog.text
+    assert open(engine.inner._path(tier.key(keys[4])), "rb").read() == before
+    assert tier.stats["store_failed"] == 1 and engine.running == 0
