@@ -78,7 +78,8 @@ def measure(url: str, page_bytes=None, layouts=None, total_bytes: Optional[int] 
                 P = host.page_size
                 idx = torch.arange(pages * P, dtype=torch.int64)
                 payload = tier.plan.payload_bytes * pages
-                best = {"backup": 1e9, "prefetch": 1e9, "raw_get": 0.0, "raw_set": 0.0, "raw_get_one": 0.0}
+                best = {"backup": 1e9, "prefetch": 1e9, "raw_get": 0.0, "raw_set": 0.0, "raw_get_one": 0.0,
+                        "raw_get_threads": 0.0, "raw_set_threads": 0.0}
                 shares: List[float] = []
                 raw_how = ""
                 for r in range(rounds + 1):             # round 0 warms up (directories, caches)
@@ -103,7 +104,8 @@ def measure(url: str, page_bytes=None, layouts=None, total_bytes: Optional[int] 
                     best["prefetch"] = min(best["prefetch"], t_prefetch)
                     best["raw_get"] = max(best["raw_get"], raw["get_gbps"])
                     best["raw_set"] = max(best["raw_set"], raw["set_gbps"])
-                    best["raw_get_one"] = max(best["raw_get_one"], raw.get("get_gbps_one_buffer", 0.0))
+                    for k in ("raw_get_one", "raw_get_threads", "raw_set_threads"):
+                        best[k] = max(best[k], raw.get(_RAW_EXTRA[k], 0.0))
                     raw_how = raw.get("how", "")
                 from .canonical import modes
                 point = {
@@ -113,6 +115,8 @@ def measure(url: str, page_bytes=None, layouts=None, total_bytes: Optional[int] 
                     "backup_gbps": payload / best["backup"] / 1e9,
                     "raw_get_gbps": best["raw_get"], "raw_set_gbps": best["raw_set"],
                     "raw_get_one_buffer_gbps": best["raw_get_one"] or None,
+                    "raw_get_threads_gbps": best["raw_get_threads"] or None,
+                    "raw_set_threads_gbps": best["raw_set_threads"] or None,
                     "checksum_share": max(0.0, sorted(shares)[len(shares) // 2]),
                     "raw_how": raw_how,
                 }
@@ -126,6 +130,10 @@ def measure(url: str, page_bytes=None, layouts=None, total_bytes: Optional[int] 
     from .page import ALGORITHMS
     return {"url": url, "engine": type(engine).__name__, "checksum": ALGORITHMS[Checksum().default],
             "rounds": rounds, "goal": GOAL, "points": points}
+
+
+_RAW_EXTRA = {"raw_get_one": "get_gbps_one_buffer", "raw_get_threads": "get_gbps_threads",
+              "raw_set_threads": "set_gbps_threads"}     # optional figures of `raw_throughput`
 
 
 class _Unchecked(Checksum):
@@ -157,6 +165,12 @@ def format_text(result: Dict) -> str:
     lines += [_row(p) for p in result["points"]]
     how = {p["raw_how"] for p in result["points"] if p["raw_how"]}
     lines += [f"raw: {h}" for h in sorted(how)]
+    for p in result["points"]:
+        if p.get("raw_get_threads_gbps") and p.get("raw_set_threads_gbps"):
+            lines.append(
+                f"raw on the engine's threads, {p['page_bytes'] >> 10} KiB {p['layout']}: GET "
+                f"{p['raw_get_threads_gbps']:.2f} GB/s (prefetch {p['prefetch_gbps'] / p['raw_get_threads_gbps']:.2f}x), "
+                f"SET {p['raw_set_threads_gbps']:.2f} GB/s (backup {p['backup_gbps'] / p['raw_set_threads_gbps']:.2f}x)")
     g = result["goal"]
     lines.append(f"goal (pages >= {g['min_page_bytes'] >> 10} KiB): prefetch >= {g['prefetch_vs_raw_get']}x raw GET, "
                  f"backup >= {g['backup_vs_raw_set']}x raw SET, checksum <= {100 * g['checksum_share']:.0f}% "

@@ -12,10 +12,10 @@ token-granular host indices, whole pages, one page per key, as HiCache passes th
   written (undefined bytes).
 - `exists(page_keys)`: the leading run of keys stored.
 
-A call of several batches overlaps each batch's engine call (on a worker thread) with
-the checksums and staging copies of the batches beside it (`StoreTier._run`); a
-prefetch of one batch verifies each page as the engine reports it landed
-(`StoreTier._get_verifying`).
+Each page's staging copy and checksum run on the engine's thread as the engine moves
+the page, where the engine says when (`Engine.put_from`'s ``fill``, `Engine.get_into`'s
+``landed``; `StoreTier._put`, `StoreTier._get`); what the engine does not report runs
+on the calling thread, beside the next batch's engine call (`StoreTier._run`).
 
 A page that is missing, timed out, refused, of another length, geometry, dtype or key,
 or whose checksum fails reads as a miss: never as an exception, never as bytes the

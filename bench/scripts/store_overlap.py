@@ -1,9 +1,9 @@
-"""What the store tier's overlap and its verification of pages as they land buy:
-`StoreTier` backup and prefetch as shipped (a call of several batches runs each
-batch's engine call on the tier's worker thread beside the checksums and staging
-copies of its neighbours; a prefetch of one batch verifies each page as the engine
-reports it landed) beside the same calls run one step after another (engine calls on
-the calling thread, pages verified after each engine call), and beside the shipped
+"""What the store tier's overlap buys: `StoreTier` backup and prefetch as shipped (each
+page staged and sealed on the engine's thread as the engine sends it, verified and
+placed in its host page as it lands; a call of several batches runs each batch's
+engine call on the tier's worker thread beside its neighbours') beside the same calls
+run one step after another (engine calls on the calling thread, each batch staged and
+sealed before its engine call, verified and placed after it), and beside the shipped
 calls without the checksum, interleaved in one process on one store.
 
 Pages of 256 KiB and 1 MiB (the bench's MHA bf16 pools), host layouts
@@ -12,6 +12,7 @@ GB/s of page payload, best of ``--rounds`` after a warm-up round::
 
     .venv/bin/python bench/scripts/store_overlap.py file:///dev/shm/kvtier-overlap [--rounds 5]
 
+The file store spreads each call over its threads either way (``?threads=1`` for one).
 Figures, not assertions: nothing here passes or fails.
 """
 from __future__ import annotations
@@ -24,7 +25,7 @@ import uuid
 import torch
 
 from kvtier.store.bench import _host, _Unchecked
-from kvtier.store.engine import open_store
+from kvtier.store.engine import Engine, open_store
 from kvtier.store.tier import StoreTier
 
 PAGE_BYTES = (256 << 10, 1 << 20)
@@ -41,11 +42,34 @@ class _InOrder:
         return done
 
 
+class _WholeBatches(Engine):
+    """``inner`` as an engine whose client takes a batch at once: every source filled
+    before the call, no page reported landed (the tier then stages and seals a batch
+    before its engine call, and verifies and places it after)."""
+
+    def __init__(self, inner: Engine):
+        super().__init__(f"whole-batches+{inner.url}")
+        self.inner = inner
+
+    def _exists(self, keys):
+        return self.inner.exists(keys)
+
+    def _get_into(self, keys, targets, landed):
+        return self.inner.get_into(keys, targets)
+
+    def _put_from(self, keys, sources, fill):
+        for i in range(len(keys)):
+            fill(i)
+        return self.inner.put_from(keys, sources)
+
+    def _delete(self, keys):
+        return self.inner.delete(keys)
+
+
 def _tiers(host, engine):
     shipped = StoreTier(host, engine, model="overlap-bench")
-    in_order = StoreTier(host, engine, model="overlap-bench")
+    in_order = StoreTier(host, _WholeBatches(engine), model="overlap-bench")
     in_order._workers = _InOrder
-    in_order._get_verifying = in_order._get
     unchecked = StoreTier(host, engine, model="overlap-bench")
     unchecked.format.checksum = _Unchecked()
     return {"in order": in_order, "as shipped": shipped, "as shipped, no checksum": unchecked}

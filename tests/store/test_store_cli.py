@@ -47,9 +47,10 @@ def test_bench_store_prints_and_writes_json(capsys, tmp_path, monkeypatch):
     monkeypatch.setattr(bench, "TOTAL_BYTES", 1 << 20)
     monkeypatch.setattr(bench, "ROUNDS", 1)
     out_json = tmp_path / "store.json"
-    assert main(["bench", "--store", f"file://{tmp_path}/s", "--json", str(out_json)]) == 0
+    assert main(["bench", "--store", f"file://{tmp_path}/s?threads=2", "--json", str(out_json)]) == 0
     out = capsys.readouterr().out
     assert "raw GET" in out and "goal (pages >= 256 KiB)" in out
+    assert out.count("raw on the engine's threads") == 4 and "again on 2 threads" in out
     result = json.loads(out_json.read_text())
     assert result["engine"] == "FileEngine" and result["checksum"] in ("xxh3_64", "crc32")
     points = result["points"]
@@ -62,6 +63,7 @@ def test_bench_store_prints_and_writes_json(capsys, tmp_path, monkeypatch):
             assert p[k] > 0
         assert 0 <= p["checksum_share"] < 1
         assert p["prefetch_vs_raw_get"] == pytest.approx(p["prefetch_gbps"] / p["raw_get_gbps"])
+        assert p["raw_get_threads_gbps"] > 0 and p["raw_set_threads_gbps"] > 0
     assert os.listdir(tmp_path / "s" / "tmp") == []
 
 

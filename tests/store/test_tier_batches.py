@@ -92,6 +92,15 @@ def _batches(tier, keys, *spans):
     return [[tier.key(k) for k in keys[a:b]] for a, b in spans]
 
 
+def _flip_last_byte(engine, key):
+    """Corrupt the stored object of ``key`` (its payload's last byte)."""
+    with open(engine.inner._path(key), "r+b") as f:
+        f.seek(-1, 2)
+        b = f.read(1)
+        f.seek(-1, 2)
+        f.write(bytes([b[0] ^ 1]))
+
+
 def _stored(engine, layout="page_first", pages=12, n=9):
     host = host_case("mha", layout, pages=pages).host
     tier = _tier(host, engine)
@@ -183,14 +192,9 @@ def test_an_engine_miss_ends_the_prefetch_before_the_next_batch_is_read(engine):
 def test_a_page_that_fails_verification_ends_the_call_with_nothing_running(engine, layout):
     """A corrupt page is found while the next batch is being read: the call waits for
     that read, returns the leading run, and leaves no engine call running; with a staged
-    layout nothing after the run reaches the host pages."""
+    layout neither the corrupt page nor any page never read reaches the host pages."""
     host, tier, keys, want = _stored(engine, layout)
-    path = engine.inner._path(tier.key(keys[1]))
-    with open(path, "r+b") as f:
-        f.seek(-1, 2)
-        b = f.read(1)
-        f.seek(-1, 2)
-        f.write(bytes([b[0] ^ 1]))
+    _flip_last_byte(engine, tier.key(keys[1]))
     engine.gets.clear()
     poison(host)
     assert tier.prefetch(keys, slots(range(9))) == 1
@@ -310,12 +314,7 @@ def test_a_page_placed_as_it_landed_after_a_corrupt_one_is_outside_the_run(tmp_p
     engine = Recording(f"file://{tmp_path}/store")
     host, tier, keys, want = _stored(engine)
     tier.batch_pages = 9
-    path = engine.inner._path(tier.key(keys[4]))
-    with open(path, "r+b") as f:
-        f.seek(-1, 2)
-        b = f.read(1)
-        f.seek(-1, 2)
-        f.write(bytes([b[0] ^ 1]))
+    _flip_last_byte(engine, tier.key(keys[4]))
     poison(host)
     assert tier.prefetch(keys, slots(range(9))) == 4
     assert [canonical(host, p * PAGE) for p in range(4)] == want[:4]
