@@ -88,9 +88,9 @@ class Engine:
         """Read each key's value into its buffers. ``landed(i)``, where given, is called
         as soon as key i's value is whole in its buffers (on whichever of the engine's
         threads received it, before this returns), so that a reader can use the bytes
-        while the CPU's cache still holds them; it must not raise. An engine that cannot
-        tell one value from the next (Mooncake's batch calls) calls it for none: the
-        statuses returned are what counts."""
+        while the CPU's cache still holds them; it must not raise. An engine whose client
+        lands every value at once (Mooncake reading straight into the buffers) calls it
+        for none: the statuses returned are what counts."""
         keys = _keys(keys)
         targets = _buffers("targets", targets, len(keys), writable=True)
         landed = landed or _unheard

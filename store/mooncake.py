@@ -33,7 +33,8 @@ or the new one). ``delete`` removes leased objects too (``force``). Reads depend
 ``transfer``:
 
 - ``staged``: Mooncake reads into a registered staging region and the bytes are copied
-  into the caller's buffers once the call has returned. A read abandoned at the
+  into the caller's buffers once the call has returned, each value reported landed
+  (`Engine.get_into`'s ``landed``) as soon as it is copied. A read abandoned at the
   deadline (a hung master or store node) keeps its region until Mooncake returns, so a
   late answer can never land in the caller's memory.
 - ``direct``: Mooncake reads straight into the caller's buffers (zero-copy; objects
@@ -242,8 +243,8 @@ class MooncakeEngine(Engine):
             return self._delete_now(keys)
 
     def _get_into(self, keys: List[str], targets: List[List[memoryview]], landed) -> List[Status]:
-        with self._using():         # Mooncake's batch calls land every value at once: no `landed`
-            return self._get_now(keys, targets)
+        with self._using():
+            return self._get_now(keys, targets, landed)
 
     def _put_from(self, keys: List[str], sources: List[List[memoryview]], fill) -> List[Status]:
         go = [fill(i) is not False for i in range(len(keys))]   # Mooncake's batch calls read every source at once
@@ -268,12 +269,12 @@ class MooncakeEngine(Engine):
             return self._unanswered(len(keys))
         return [Status.HIT if c == 0 or c in _NOT_FOUND else _fault(c) for c in codes]
 
-    def _get_now(self, keys: List[str], targets: List[List[memoryview]]) -> List[Status]:
+    def _get_now(self, keys: List[str], targets: List[List[memoryview]], landed) -> List[Status]:
         end = self._deadline()
         lengths = [sum(v.nbytes for v in t) for t in targets]
         out: List[Optional[Status]] = [None] * len(keys)
         for idx in _rounds(keys):
-            self._get_some(keys, targets, lengths, idx, out, end)
+            self._get_some(keys, targets, lengths, idx, out, end, landed)
         return out
 
     def _put_now(self, keys: List[str], sources: List[List[memoryview]]) -> List[Status]:
@@ -284,7 +285,7 @@ class MooncakeEngine(Engine):
             self._put_some(keys, sources, lengths, idx, out, end)
         return out
 
-    def _get_some(self, keys, targets, lengths, idx, out, end) -> None:
+    def _get_some(self, keys, targets, lengths, idx, out, end, landed) -> None:
         direct: List[int] = []
         staged: List[int] = []
         for i in idx:
@@ -293,7 +294,7 @@ class MooncakeEngine(Engine):
         if direct:
             self._direct_get(keys, targets, lengths, direct, out, end)
         if staged:
-            self._staged_get(keys, targets, lengths, staged, out, end)
+            self._staged_get(keys, targets, lengths, staged, out, end, landed)
 
     def _put_some(self, keys, sources, lengths, idx, out, end) -> None:
         direct: List[int] = []      # written from the caller's pieces (zero-copy)
@@ -364,7 +365,10 @@ class MooncakeEngine(Engine):
         codes = self._call("get", end, read, keep=[targets[i] for i in idx])
         self._answer(out, idx, codes, self._get_status)
 
-    def _staged_get(self, keys, targets, lengths, idx, out, end) -> None:
+    def _staged_get(self, keys, targets, lengths, idx, out, end, landed) -> None:
+        """Reads into a staging region, then each value copied into its target and
+        reported there (``landed``: a reader checks it while the CPU's cache holds it);
+        a direct read lands every value at once and reports none."""
         for group, region in self._regions(idx, lengths, out, end):
             offsets, at = [], 0
             for i in group:
@@ -387,6 +391,7 @@ class MooncakeEngine(Engine):
                         for piece in targets[i]:
                             piece[:] = region.view[at:at + piece.nbytes]
                             at += piece.nbytes
+                        landed(i)
                 self._staging.give(region)
             self._answer(out, group, codes, self._get_status)
 
