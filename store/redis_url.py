@@ -5,8 +5,10 @@
 
 ``valkey://`` and ``valkey+cluster://`` are the same. The port defaults to 6379; an
 IPv6 host is written in brackets. ``connections`` is how many connections one call
-spreads a node's keys over, each driven by its own thread (default 4: the most robust
-for writes on a busy 2-core machine, where reads did as well over 1; docs/store-redis.md).
+spreads its keys over, each driven by its own thread, shared by the nodes the call
+reaches in proportion to their keys, at least one a node (default 4: the most robust
+for writes to one node on a busy 2-core machine, where reads did as well over 1;
+docs/store-redis.md).
 A cluster has one database, so its URL names none."""
 from __future__ import annotations
 

@@ -146,6 +146,31 @@ def test_connections_option(url, connections):
         e.close()
 
 
+@pytest.mark.parametrize("connections", [1, 4, 9])
+def test_a_call_uses_its_connections_in_all(redis_url, redis_cluster_url, connections):
+    """``connections`` is the call's, shared by the nodes it reaches in proportion to
+    their keys (at least one each, never more than their keys): one node takes them
+    all, a 3-master cluster about a third each."""
+    for url, masters in ((redis_url, 1), (redis_cluster_url, 3)):
+        e = open_store(f"{url}?connections={connections}")
+        used, real = [], e._task
+        e._task = lambda op, node, idxs, *rest: (used.append((node, len(idxs))), real(op, node, idxs, *rest))
+        try:
+            keys = fresh_keys(60)
+            assert e.put_from(keys, [[b"v"]] * 60) == [Status.HIT] * 60
+            per_node = {}
+            for node, n in used:
+                per_node.setdefault(node, []).append(n)
+            assert len(per_node) == masters and sum(sum(v) for v in per_node.values()) == 60
+            keys_of = {node: sum(v) for node, v in per_node.items()}
+            for node, stripes in per_node.items():
+                assert len(stripes) == max(1, round(connections * keys_of[node] / 60)), (node, stripes)
+            assert len(used) <= connections + masters - 1
+            assert e.delete(keys) == [Status.HIT] * 60
+        finally:
+            e.close()
+
+
 def test_key_slot_matches_the_cluster(redis_cluster_url):    
     port = int(redis_cluster_url.split("//")[1].split(",")[0].split(":")[1])
     rng = random.Random(3)
