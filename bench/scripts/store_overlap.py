@@ -3,8 +3,9 @@ page staged and sealed on the engine's thread as the engine sends it, verified a
 placed in its host page as it lands; a call of several batches runs each batch's
 engine call on the tier's worker thread beside its neighbours') beside the same calls
 run one step after another (engine calls on the calling thread, each batch staged and
-sealed before its engine call, verified and placed after it), and beside the shipped
-calls without the checksum, interleaved in one process on one store.
+sealed before its engine call, verified and placed after it), beside the shipped calls
+with pages verified and placed after each engine call instead of as they land, and
+beside the shipped calls without the checksum, interleaved in one process on one store.
 
 Pages of 256 KiB and 1 MiB (the bench's MHA bf16 pools), host layouts
 ``page_first_direct`` (in place) and ``page_first`` (staged), 64 MiB of pages per point,
@@ -66,13 +67,27 @@ class _WholeBatches(Engine):
         return self.inner.delete(keys)
 
 
+class _Unreported(_WholeBatches):
+    """``inner`` reporting no page landed, its puts as ``inner`` makes them: the tier
+    then verifies and places each batch after its engine call."""
+
+    def __init__(self, inner: Engine):
+        super().__init__(inner)
+        self.fills_as_sent = inner.fills_as_sent
+
+    def _put_from(self, keys, sources, fill):
+        return self.inner.put_from(keys, sources, fill)
+
+
 def _tiers(host, engine):
     shipped = StoreTier(host, engine, model="overlap-bench")
     in_order = StoreTier(host, _WholeBatches(engine), model="overlap-bench")
     in_order._workers = _InOrder
+    after = StoreTier(host, _Unreported(engine), model="overlap-bench")
     unchecked = StoreTier(host, engine, model="overlap-bench")
     unchecked.format.checksum = _Unchecked()
-    return {"in order": in_order, "as shipped": shipped, "as shipped, no checksum": unchecked}
+    return {"in order": in_order, "as shipped": shipped, "checked after each call": after,
+            "as shipped, no checksum": unchecked}
 
 
 def main(argv=None) -> None:
@@ -84,9 +99,9 @@ def main(argv=None) -> None:
         ap.error(f"--rounds {args.rounds}: must be at least 1")
     engine = open_store(args.url)
     try:
-        print(f"{'page':>8} {'layout':18} " + "  ".join(f"{m:>24}" for m in ("in order", "as shipped",
-                                                                         "as shipped, no checksum")))
-        print(f"{'':>8} {'':18} " + "  ".join(f"{'backup / prefetch GB/s':>24}" for _ in range(3)))
+        modes = ("in order", "as shipped", "checked after each call", "as shipped, no checksum")
+        print(f"{'page':>8} {'layout':18} " + "  ".join(f"{m:>24}" for m in modes))
+        print(f"{'':>8} {'':18} " + "  ".join(f"{'backup / prefetch GB/s':>24}" for _ in modes))
         for size in PAGE_BYTES:
             pages = TOTAL_BYTES // size
             for layout in LAYOUTS:
