@@ -174,12 +174,14 @@ class FileEngine(Engine):
         thread takes the first share); returns once every thread is done with its keys,
         so no buffer is touched after the call."""
         n = min(self.threads, len(keys))
-        if n <= 1:
+        pool = self._thread_pool() if n > 1 else None
+        if pool is None:                # one thread, or closed (ERROR for every key)
             return self._each(what, keys, one, views)
         shares = [range(t, len(keys), n) for t in range(n)]
-        pool = self._thread_pool()
-        futures = [pool.submit(self._each, what, keys, one, views, s) for s in shares[1:]]
-        try:
+        futures: list = []
+        try:                            # (a pool closed meanwhile refuses a share: ERROR for all)
+            for share in shares[1:]:
+                futures.append(pool.submit(self._each, what, keys, one, views, share))
             first = self._each(what, keys, one, views, shares[0])
         finally:
             concurrent.futures.wait(futures)
@@ -189,8 +191,11 @@ class FileEngine(Engine):
                 out[i] = s
         return out
 
-    def _thread_pool(self) -> concurrent.futures.ThreadPoolExecutor:
+    def _thread_pool(self) -> Optional[concurrent.futures.ThreadPoolExecutor]:
+        """The engine's threads (None once closed: none are made again)."""
         with self._pool_lock:
+            if self._closed:
+                return None
             if self._pool is None:
                 self._pool = concurrent.futures.ThreadPoolExecutor(
                     self.threads - 1, thread_name_prefix="kvtier-file")

@@ -130,6 +130,8 @@ def test_a_call_is_spread_over_its_threads(tmp_path, threads):
     e.close()
     assert not any(t.is_alive() for t in workers)
     assert e.put_from(["x"], [[b"1"]]) == [Status.ERROR]
+    assert e.get_into(keys, [[t] for t in targets]) == [Status.ERROR] * 10
+    assert e._pool is None          # a call after close makes no threads
 
 
 def test_a_fault_in_one_thread_is_that_keys_status(tmp_path, monkeypatch):
@@ -167,3 +169,37 @@ def test_a_fault_in_one_thread_is_that_keys_status(tmp_path, monkeypatch):
     assert e.put_from(keys, [[b"2"]] * 4) == [Status.ERROR] * 4
     assert any(p.endswith(object_name("d")) for p in done)     # returned only once it was done
     assert e.stats["put.error"] == 5
+
+
+def test_close_during_a_call_leaves_no_write_after_it_returns(tmp_path):
+    """`close` while a call's threads are writing: the call returns only once none of
+    them touches its buffers (a share already running finishes; its keys HIT where
+    written, ERROR where not), and no thread is made after the close."""
+    import threading
+    import time
+    e = open_store(f"file://{tmp_path}?threads=2")
+    real = e._write
+    began, ended = threading.Event(), []
+
+    def slow(path, views):
+        began.set()
+        time.sleep(0.1)
+        r = real(path, views)
+        ended.append(time.monotonic())
+        return r
+
+    e._write = slow
+    out, returned = [], []
+
+    def call():
+        out.extend(e.put_from([f"k{i}" for i in range(8)], [[b"x"]] * 8))
+        returned.append(time.monotonic())
+
+    t = threading.Thread(target=call)
+    t.start()
+    assert began.wait(10)
+    e.close()
+    t.join(10)
+    assert returned and all(w <= returned[0] for w in ended)
+    assert len(out) == 8 and out.count(Status.HIT) == len(ended)      # the rest ERROR
+    assert e._pool is None and e.put_from(["a", "b"], [[b"1"], [b"2"]]) == [Status.ERROR] * 2
