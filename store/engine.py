@@ -67,7 +67,7 @@ class Engine:
     at once (HiCache's controller runs a backup thread and a prefetch thread)."""
 
     scheme = ""
-    fills_as_sent = False       # `put_from` calls ``fill(i)`` on the thread that sends key i, just before
+    fills_as_sent = False       # True: `_put_from` calls ``fill(i)`` as it sends key i; False: `put_from` fills all first
 
     def __init__(self, url: str, timeout_ms: int = DEFAULT_TIMEOUT_MS):
         if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, (int, float)) or not timeout_ms > 0:
@@ -109,7 +109,19 @@ class Engine:
         keys = _keys(keys)
         sources = _buffers("sources", sources, len(keys), writable=False)
         fill = fill or _unheard
-        return self._guarded("put", len(keys), lambda: self._put_from(keys, sources, fill))
+        if self.fills_as_sent or fill is _unheard:
+            return self._guarded("put", len(keys), lambda: self._put_from(keys, sources, fill))
+        return self._guarded("put", len(keys), lambda: self._put_filled(keys, sources, fill))
+
+    def _put_filled(self, keys: List[str], sources: List[List[memoryview]], fill) -> List[Status]:
+        """`_put_from` for an engine that reads every source at once: every key filled
+        first, the keys whose fill returned False ERROR without being sent."""
+        go = [i for i in range(len(keys)) if fill(i) is not False]
+        out = [Status.ERROR] * len(keys)
+        if go:
+            for i, s in zip(go, self._put_from([keys[i] for i in go], [sources[i] for i in go], _unheard)):
+                out[i] = s
+        return out
 
     def delete(self, keys: Sequence[str]) -> List[Status]:
         """Remove the objects (HIT: removed or absent; a fault: its status)."""
@@ -136,6 +148,8 @@ class Engine:
 
     def _put_from(self, keys: List[str], sources: List[List[memoryview]],
                   fill: Callable[[int], Optional[bool]]) -> List[Status]:
+        """Put the keys; an engine that `fills_as_sent` calls ``fill(i)`` just before it
+        reads source i (False: ERROR, not sent), any other is given sources filled."""
         raise NotImplementedError
 
     def _delete(self, keys: List[str]) -> List[Status]:

@@ -177,16 +177,10 @@ class FileEngine(Engine):
         pool = self._thread_pool() if n > 1 else None
         if pool is None:                # one thread, or closed (ERROR for every key)
             return self._each(what, keys, one, views)
-        shares = [range(t, len(keys), n) for t in range(n)]
-        futures: list = []
-        try:                            # (a pool closed meanwhile refuses a share: ERROR for all)
-            for share in shares[1:]:
-                futures.append(pool.submit(self._each, what, keys, one, views, share))
-            first = self._each(what, keys, one, views, shares[0])
-        finally:
-            concurrent.futures.wait(futures)
+        shares = _deal(len(keys), n)
         out: List[Status] = [Status.ERROR] * len(keys)
-        for share, statuses in zip(shares, [first] + [f.result() for f in futures]):
+        for share, statuses in zip(shares, _on_threads(
+                pool, shares, lambda share: self._each(what, keys, one, views, share))):
             for i, s in zip(share, statuses):
                 out[i] = s
         return out
@@ -330,15 +324,12 @@ class FileEngine(Engine):
                 with open(paths[i], "rb", buffering=0) as f:
                     f.readinto(one)
 
-        shares = [range(t, len(values), threads) for t in range(threads)]
+        shares = _deal(len(values), threads)
         pool = concurrent.futures.ThreadPoolExecutor(threads - 1) if threads > 1 else None
 
         def timed(fn) -> float:
             t = time.perf_counter()
-            futures = [pool.submit(fn, s) for s in shares[1:]] if pool else []
-            fn(shares[0])
-            for f in futures:
-                f.result()
+            _on_threads(pool, shares, fn)
             return time.perf_counter() - t
 
         try:
@@ -349,6 +340,25 @@ class FileEngine(Engine):
             for p in paths:
                 _unlink_quietly(p)
             os.rmdir(where)
+
+
+def _deal(count: int, threads: int) -> List[range]:
+    """Positions 0 .. count-1 dealt round-robin to ``threads`` shares."""
+    return [range(t, count, threads) for t in range(threads)]
+
+
+def _on_threads(pool, shares: List[range], fn) -> list:
+    """``fn(share)`` per share, the first on the calling thread and the others on
+    ``pool``; their results in share order. Returns or raises only once every share
+    it started has ended (a pool shut down meanwhile refuses the rest: an exception)."""
+    futures: list = []
+    try:
+        for share in shares[1:]:
+            futures.append(pool.submit(fn, share))
+        first = fn(shares[0])
+    finally:
+        concurrent.futures.wait(futures)
+    return [first] + [f.result() for f in futures]
 
 
 def _preadv_all(fd: int, views: Sequence[memoryview]) -> int:

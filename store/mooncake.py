@@ -247,15 +247,8 @@ class MooncakeEngine(Engine):
             return self._get_now(keys, targets, landed)
 
     def _put_from(self, keys: List[str], sources: List[List[memoryview]], fill) -> List[Status]:
-        go = [fill(i) is not False for i in range(len(keys))]   # Mooncake's batch calls read every source at once
-        some = [i for i, g in enumerate(go) if g]
-        out = [Status.ERROR] * len(keys)
-        if some:
-            with self._using():
-                done = self._put_now([keys[i] for i in some], [sources[i] for i in some])
-            for i, st in zip(some, done):
-                out[i] = st
-        return out
+        with self._using():         # batch calls read every source at once: filled already
+            return self._put_now(keys, sources)
 
     def _exists_now(self, keys: List[str]) -> List[Status]:
         codes = self._call("exists", self._deadline(), lambda: self._store.batch_is_exist(keys))

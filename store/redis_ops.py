@@ -147,7 +147,7 @@ def put_from(conn: resp.Connection, items: Sequence[Item], out: list, deadline: 
     ``role``: ask the node's ROLE in the same pipeline, ahead of the SETs (so a write
     that needs a replica's acknowledgement costs no extra round trip to find out)."""
 
-    unsent = set()      # ids of the items whose fill said not to send them
+    unsent = set()      # the items (by id: all alive for this call) whose fill said not to send them
 
     def encode(it: Item):
         if it.fill is not None and it.fill() is False:

@@ -27,6 +27,7 @@ once (HiCache's backup and prefetch threads).
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
 import logging
 import threading
 from collections import Counter
@@ -140,16 +141,11 @@ class StoreTier:
 
         def finish(batch: _Batch, statuses: List[Status]) -> bool:
             run = self._verified(batch, statuses)
-            placed = batch.placed
             j = 0
-            while j < run:              # pages not yet placed, in runs (one copy each)
-                if placed[j]:
-                    j += 1
-                    continue
-                k = j
-                while k < run and not placed[k]:
-                    k += 1
-                self.plan.from_staging(batch.staging, batch.pages[j:k], j)
+            for was_placed, same in itertools.groupby(batch.placed[:run]):     # runs: one copy each
+                k = j + len(list(same))
+                if not was_placed:
+                    self.plan.from_staging(batch.staging, batch.pages[j:k], j)
                 j = k
             done[0] += run
             return run == len(batch.keys)

@@ -59,9 +59,7 @@ class _WholeBatches(Engine):
         return self.inner.get_into(keys, targets)
 
     def _put_from(self, keys, sources, fill):
-        for i in range(len(keys)):
-            fill(i)
-        return self.inner.put_from(keys, sources)
+        return self.inner.put_from(keys, sources, fill)
 
     def _delete(self, keys):
         return self.inner.delete(keys)
@@ -74,9 +72,6 @@ class _Unreported(_WholeBatches):
     def __init__(self, inner: Engine):
         super().__init__(inner)
         self.fills_as_sent = inner.fills_as_sent
-
-    def _put_from(self, keys, sources, fill):
-        return self.inner.put_from(keys, sources, fill)
 
 
 def _tiers(host, engine):

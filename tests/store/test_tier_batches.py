@@ -62,11 +62,7 @@ class Recording(Engine):
         self._enter()
         try:
             self.puts.append(list(keys))
-            if self.fills_as_sent:
-                return self.inner.put_from(keys, sources, fill)
-            go = [fill(i) is not False for i in range(len(keys))]
-            out = self.inner.put_from([k for k, g in zip(keys, go) if g], [v for v, g in zip(sources, go) if g])
-            return [out.pop(0) if g else Status.ERROR for g in go]
+            return self.inner.put_from(keys, sources, fill)
         finally:
             self._leave()
 
