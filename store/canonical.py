@@ -31,9 +31,10 @@ import torch
 
 from kvtier.kernels import RowMap
 
-from .page import Geometry, as_bytes_view
+from .page import Geometry, as_bytes_view, header_len
 
 LAYER_PIECE_MIN = 16 * 1024     # smaller per-layer pieces are staged (docs/store.md)
+HEADER_KEY_ROOM = 512           # key bytes a staging slot's header room holds (`object_view`)
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ class Direct:
 @dataclass(frozen=True)
 class Staged:
     """A component moved through the staging buffer: ``length`` bytes at ``offset`` of
-    each staged page."""
+    each staging slot."""
 
     name: str
     offset: int
@@ -62,14 +63,15 @@ class Staged:
 
 
 class Staging:
-    """A staging buffer for ``capacity`` pages, with its row maps (one per copy group)
-    and a flat byte view; reused across calls (`CanonicalPages.take_staging`)."""
+    """A staging buffer for ``capacity`` pages, one slot of `CanonicalPages.slot_bytes`
+    each, with its row maps (one per copy group) and a flat byte view; reused across
+    calls (`CanonicalPages.take_staging`)."""
 
     def __init__(self, plan: "CanonicalPages", capacity: int):
         self.capacity = capacity
-        self.tensor = torch.empty((capacity, max(plan.staged_bytes, 1)), dtype=torch.uint8)
+        self.tensor = torch.empty((capacity, max(plan.slot_bytes, 1)), dtype=torch.uint8)
         self.view = as_bytes_view(self.tensor)
-        P, stride = plan.page_size, plan.staged_bytes
+        P, stride = plan.page_size, plan.slot_bytes
         maps = {}
         for s in plan.staged:
             c = plan.component(s.name)
@@ -101,24 +103,30 @@ class CanonicalPages:
                 group_of[n] = (names, gmap, buf, view)
         self.parts: List[object] = []         # Direct or Staged, in payload order
         self.staged: List[Staged] = []
-        staged_off = 0
+        # A page staged whole has room for its header just before its payload in its
+        # slot, so that header and payload are one buffer for the engine (`object_view`).
+        self.header_room = 0
         P = self.page_size
+        if not any(self._moves_in_place(c, host.maps[c.name], layer_piece_min) for c in self.geometry.components):
+            text_bytes = len(self.geometry.text.encode())
+            self.header_room = -(-header_len(text_bytes, HEADER_KEY_ROOM) // 64) * 64
+        staged_off = self.header_room
         for c in self.geometry.components:
             m = host.maps[c.name]
             _, _, buf, view = group_of[c.name]
             offset = m.base - buf.data_ptr()
             rows = P * c.row_bytes
-            whole = m.page_contiguous and (c.num_layers == 1 or m.layer_stride == rows)
-            if whole:
+            how = self._moves_in_place(c, m, layer_piece_min)
+            if how == "whole":
                 part = Direct(c.name, view, offset, m.page_stride, 0, 1, c.num_layers * rows)
-            elif m.page_contiguous and rows >= layer_piece_min:
+            elif how == "layers":
                 part = Direct(c.name, view, offset, m.page_stride, m.layer_stride, c.num_layers, rows)
             else:
                 part = Staged(c.name, staged_off, c.num_layers * rows)
                 staged_off += part.length
                 self.staged.append(part)
             self.parts.append(part)
-        self.staged_bytes = staged_off
+        self.slot_bytes = staged_off if self.staged else 0
         # Copy groups: a host group's staged components, stacked in one map where the
         # staging buffer holds them at equal steps (K then V), else one per component.
         staged_names = {s.name for s in self.staged}
@@ -136,6 +144,16 @@ class CanonicalPages:
 
     def component(self, name: str):
         return next(c for c in self.geometry.components if c.name == name)
+
+    def _moves_in_place(self, c, m: RowMap, layer_piece_min: int) -> Optional[str]:
+        """"whole" or "layers" where component ``c`` (host map ``m``) moves in place
+        (module doc), None where it is staged."""
+        rows = self.page_size * c.row_bytes
+        if m.page_contiguous and (c.num_layers == 1 or m.layer_stride == rows):
+            return "whole"
+        if m.page_contiguous and rows >= layer_piece_min:
+            return "layers"
+        return None
 
     def _stackable(self, names: Sequence[str]) -> bool:
         """Whether the staging buffer holds ``names`` at one step apart, in host order."""
@@ -180,9 +198,19 @@ class CanonicalPages:
                     a = base + i * part.layer_stride
                     out.append(part.view[a:a + part.length])
             else:
-                a = slot * self.staged_bytes + part.offset
+                a = slot * self.slot_bytes + part.offset
                 out.append(staging.view[a:a + part.length])
         return out
+
+    def object_view(self, staging: Optional[Staging], slot: int, header_bytes: int) -> Optional[memoryview]:
+        """Staging slot ``slot`` as one buffer of a header of ``header_bytes`` followed by
+        the page's payload, where the page is staged whole and its header fits the
+        slot's room; else None. Engines move a value in one buffer faster than in two
+        (Mooncake sends each buffer as a transfer of its own, so it would gather them)."""
+        if staging is None or header_bytes > self.header_room:
+            return None
+        a = slot * self.slot_bytes + self.header_room
+        return staging.view[a - header_bytes:a + self.payload_bytes]
 
     # ------------------------------------------------------------------ staged copies
     def to_staging(self, host_pages: Sequence[int], staging: Staging, first_slot: int = 0) -> None:

@@ -80,7 +80,7 @@ class StoreTier:
             self.engine, self._owns = store, False
         else:
             self.engine, self._owns = open_store(store, timeout_ms=timeout_ms), True
-        staged = max(self.plan.staged_bytes, 1)
+        staged = max(self.plan.slot_bytes, 1)
         self.batch_pages = max(1, min(batch_pages, STAGING_BYTES // staged)) if self.plan.staged else batch_pages
         hint = getattr(self.engine, "batch_bytes", None)     # an engine's preferred call size
         if hint:
@@ -233,51 +233,71 @@ class StoreTier:
             return self._pool
 
     def _sealed(self, keys: List[str], pages: List[int], staging: Optional[Staging]) -> "_Batch":
-        """A backup batch: each page's staged components copied out and its header
-        sealed, now, or by `_put` just before the engine sends the page where the engine
-        says when that is (`Engine.fills_as_sent`)."""
-        plan, fmt = self.plan, self.format
-        pieces = [plan.pieces(p, staging, j) for j, p in enumerate(pages)]
-        if self.engine.fills_as_sent:
-            sources = [[fmt.header(k), *ps] for k, ps in zip(keys, pieces)]
-            return _Batch(keys, pages, staging, sources, pieces, unsealed=[True] * len(keys))
-        plan.to_staging(pages, staging)
-        sources = [[fmt.seal(k, ps), *ps] for k, ps in zip(keys, pieces)]
-        return _Batch(keys, pages, staging, sources, pieces)
+        """A backup batch: its pages are staged and sealed one by one by `_sealer`, as
+        the engine sends them where it sends values one by one (`Engine.fills_as_sent`),
+        else now (this thread, beside the engine call of the batch before)."""
+        pieces = [self.plan.pieces(p, staging, j) for j, p in enumerate(pages)]
+        headers, buffers = self._framed([self.format.header(k) for k in keys], pieces, staging)
+        batch = _Batch(keys, pages, staging, headers, buffers, pieces, sealed=[None] * len(keys))
+        if not self.engine.fills_as_sent:
+            fill = self._sealer(batch)
+            for j in range(len(keys)):
+                fill(j)
+        return batch
 
     def _receivers(self, keys: List[str], pages: List[int], staging: Optional[Staging]) -> "_Batch":
         """A prefetch batch: a header buffer and the payload pieces (host memory or
         staging) per page, for the engine to read into."""
         plan, fmt = self.plan, self.format
         pieces = [plan.pieces(p, staging, j) for j, p in enumerate(pages)]
-        targets = [[bytearray(fmt.header_size(k)), *ps] for k, ps in zip(keys, pieces)]
-        return _Batch(keys, pages, staging, targets, pieces, [_UNHEARD] * len(keys),
+        headers, buffers = self._framed([bytearray(fmt.header_size(k)) for k in keys], pieces, staging)
+        return _Batch(keys, pages, staging, headers, buffers, pieces, [_UNHEARD] * len(keys),
                       placed=[staging is None] * len(keys))
 
+    def _framed(self, headers: List[bytearray], pieces: List[List[memoryview]],
+                staging: Optional[Staging]) -> Tuple[list, List[list]]:
+        """Each page's header buffer, and the buffers the engine moves: the header then
+        the payload pieces, or one buffer where the page's staging slot holds its header
+        just before its payload (a page staged whole, `CanonicalPages.object_view`; the
+        header is copied there)."""
+        out_headers, buffers = [], []
+        for j, (h, ps) in enumerate(zip(headers, pieces)):
+            whole = self.plan.object_view(staging, j, len(h))
+            if whole is None:
+                out_headers.append(h)
+                buffers.append([h, *ps])
+            else:
+                whole[:len(h)] = h
+                out_headers.append(whole[:len(h)])
+                buffers.append([whole])
+        return out_headers, buffers
+
     def _put(self, batch: "_Batch") -> List[Status]:
-        """The engine call of a backup batch; pages not sealed yet are staged and sealed
-        as the engine is about to send them (on its thread, so the page is in the CPU's
-        cache for the send). A page whose seal failed is not sent (reported not stored;
-        its header keeps algorithm 0, which no reader accepts)."""
-        unsealed = batch.unsealed
-        if unsealed is None:
-            return self.engine.put_from(batch.keys, batch.buffers)
-        plan, fmt, buffers, pieces = self.plan, self.format, batch.buffers, batch.pieces
-        pages, staging = batch.pages, batch.staging
+        """The engine call of a backup batch. A page whose staging copy or seal failed
+        is not sent (reported not stored; its header keeps algorithm 0, which no reader
+        accepts)."""
+        statuses = self.engine.put_from(batch.keys, batch.buffers, self._sealer(batch))
+        return [s if ok else Status.ERROR for s, ok in zip(statuses, batch.sealed)]
+
+    def _sealer(self, batch: "_Batch"):
+        """``fill(j)`` for `Engine.put_from`: page j's staged components copied into its
+        staging slot and its header sealed, once, just before the page is read (the
+        checksum then reads the page from the CPU's cache); False where that failed."""
+        plan, fmt, headers, pieces = self.plan, self.format, batch.headers, batch.pieces
+        pages, staging, sealed = batch.pages, batch.staging, batch.sealed
 
         def fill(j: int) -> bool:
-            try:
-                plan.to_staging(pages[j:j + 1], staging, j)
-                fmt.seal_into(buffers[j][0], pieces[j])
-            except Exception as e:
-                self._warn("backup.seal", "a page could not be sealed (%s: %s); it is not stored",
-                           type(e).__name__, e)
-                return False
-            unsealed[j] = False
-            return True
-
-        statuses = self.engine.put_from(batch.keys, buffers, fill)
-        return [Status.ERROR if u else s for s, u in zip(statuses, unsealed)]
+            if sealed[j] is None:
+                try:
+                    plan.to_staging(pages[j:j + 1], staging, j)
+                    fmt.seal_into(headers[j], pieces[j])
+                    sealed[j] = True
+                except Exception as e:
+                    self._warn("backup.seal", "a page could not be sealed (%s: %s); it is not "
+                               "stored", type(e).__name__, e)
+                    sealed[j] = False
+            return sealed[j]
+        return fill
 
     def _get(self, batch: "_Batch") -> List[Status]:
         """The engine call of a prefetch batch. Each page the engine reports whole in
@@ -288,19 +308,19 @@ class StoreTier:
         placed in its host page that turns out to lie after a miss is outside the
         leading run: its host page holds undefined bytes, as `prefetch` says."""
         plan, fmt = self.plan, self.format
-        keys, buffers, pieces, verdicts = batch.keys, batch.buffers, batch.pieces, batch.verdicts
+        keys, headers, pieces, verdicts = batch.keys, batch.headers, batch.pieces, batch.verdicts
         pages, staging, placed = batch.pages, batch.staging, batch.placed
 
         def landed(j: int) -> None:
             try:
-                verdicts[j] = why = fmt.verify(keys[j], buffers[j][0], pieces[j])
+                verdicts[j] = why = fmt.verify(keys[j], headers[j], pieces[j])
                 if why is None and not placed[j]:
                     plan.from_staging(staging, pages[j:j + 1], j)
                     placed[j] = True
             except Exception:       # verified and placed again after the call
                 verdicts[j] = _UNHEARD
 
-        return self.engine.get_into(keys, buffers, landed)
+        return self.engine.get_into(keys, batch.buffers, landed)
 
     def _verified(self, batch: "_Batch", statuses: List[Status]) -> int:
         """The leading run of ``batch``'s pages read whole and verified; the first page
@@ -312,7 +332,7 @@ class StoreTier:
                 break
             why = batch.verdicts[j]
             if why is _UNHEARD:
-                why = self.format.verify(k, batch.buffers[j][0], batch.pieces[j])
+                why = self.format.verify(k, batch.headers[j], batch.pieces[j])
             if why is not None:
                 self._failed_verification(k, why)
                 break
@@ -377,16 +397,18 @@ _MISS_KIND = {Status.MISS: "misses", Status.TIMEOUT: "timeouts", Status.CORRUPT:
 @dataclass
 class _Batch:
     """One engine call's pages: ``buffers`` per key are what the engine writes from or
-    reads into (header, then the payload ``pieces``), ``staging`` holds staged pieces."""
+    reads into (``headers``, then the payload ``pieces``: in one buffer where the
+    staging slot holds both, `StoreTier._framed`), ``staging`` holds staged pieces."""
 
     keys: List[str]
     pages: List[int]
     staging: Optional[Staging]
+    headers: list
     buffers: List[list]
     pieces: List[List[memoryview]]
     verdicts: Optional[list] = None     # prefetch: `PageFormat.verify` per page, once landed
     placed: Optional[list] = None       # prefetch: True per page whose host page holds it
-    unsealed: Optional[list] = None     # backup sealed as sent: True per page until sealed
+    sealed: Optional[list] = None       # backup: per page None until staged and sealed, then whether that worked
 
 
 _UNHEARD = object()     # a page's verdict before its engine reported it landed

@@ -32,6 +32,7 @@ class Recording(Engine):
         self.inner = open_store(url)
         self.fills_as_sent, self.reports = fills_as_sent, reports
         self.gets, self.puts = [], []
+        self.buffer_counts = []     # per call: how many buffers each key's value was in
         self.running = self.most_running = 0
         self.before_get = None
         self._lock = threading.Lock()
@@ -52,6 +53,7 @@ class Recording(Engine):
         self._enter()
         try:
             self.gets.append(list(keys))
+            self.buffer_counts.append([len(t) for t in targets])
             if self.before_get is not None:
                 self.before_get(len(self.gets) - 1)
             return self.inner.get_into(keys, targets, landed if self.reports else None)
@@ -62,6 +64,7 @@ class Recording(Engine):
         self._enter()
         try:
             self.puts.append(list(keys))
+            self.buffer_counts.append([len(s) for s in sources])
             return self.inner.put_from(keys, sources, fill)
         finally:
             self._leave()
@@ -143,7 +146,7 @@ def test_backup_seals_the_next_batch_while_one_is_written(engine):
     sealed_while_writing = []
     first_put_running = threading.Event()
     release = threading.Event()
-    real_put, real_seal = engine._put_from, tier.format.seal
+    real_put, real_seal = engine._put_from, tier.format.seal_into
 
     def put(ks, sources, fill):
         if engine.puts:
@@ -155,13 +158,14 @@ def test_backup_seals_the_next_batch_while_one_is_written(engine):
         finally:
             first_put_running.clear()
 
-    def seal(key, pieces, algorithm=None):
-        if key == tier.key(keys[3]) and first_put_running.is_set():
+    def seal(header, pieces, algorithm=None):
+        key = tier.key(keys[3])
+        if key.encode() in bytes(header) and first_put_running.is_set():
             sealed_while_writing.append(key)
             release.set()
-        return real_seal(key, pieces, algorithm)
+        return real_seal(header, pieces, algorithm)
 
-    engine._put_from, tier.format.seal = put, seal
+    engine._put_from, tier.format.seal_into = put, seal
     want = [canonical(host, p * PAGE) for p in range(9)]
     assert tier.backup(keys, slots(range(9))) == [True] * 9
     assert sealed_while_writing == [tier.key(keys[3])]
@@ -207,9 +211,9 @@ def test_a_page_that_fails_verification_ends_the_call_with_nothing_running(engin
 
 @pytest.mark.parametrize("op", ["backup", "prefetch"])
 def test_a_failure_between_batches_leaves_nothing_running_and_every_staging_back(tmp_path, op, caplog):
-    """The calling thread's staging copy of the second batch fails (with an engine
-    that takes every source at once and reports no page landed, as Mooncake, the
-    staging copies run there): the call ends with what was moved before it."""
+    """Preparing the second batch fails on the calling thread (backup: its payload
+    pieces; prefetch, with an engine that reports no page landed, as Mooncake: its
+    staging copy, which runs there): the call ends with what was moved before it."""
     engine = Recording(f"file://{tmp_path}/store", reports=False)
     host, tier, keys, _ = _stored(engine)
     plan = tier.plan
@@ -218,18 +222,19 @@ def test_a_failure_between_batches_leaves_nothing_running_and_every_staging_back
     plan.take_staging = lambda n: taken.append(real_take(n)) or taken[-1]
     plan.give_staging = lambda s: (taken.remove(s), real_give(s))
     calls = [0]
-    where = plan.to_staging if op == "backup" else plan.from_staging
+    where = plan.pieces if op == "backup" else plan.from_staging
+    fail_at = 4 if op == "backup" else 2        # the second batch's first page, its second copy
 
-    def fails_second_time(*a):
+    def fails(*a):
         calls[0] += 1
-        if calls[0] == 2:
+        if calls[0] == fail_at:
             raise MemoryError("no memory")
         return where(*a)
 
     if op == "backup":
-        plan.to_staging = fails_second_time
+        plan.pieces = fails
     else:
-        plan.from_staging = fails_second_time
+        plan.from_staging = fails
     with caplog.at_level(logging.WARNING, logger="kvtier"):
         if op == "backup":
             assert tier.backup(keys, slots(range(9))) == [True] * 3 + [False] * 6
@@ -348,10 +353,12 @@ def test_backup_stages_and_seals_each_page_as_the_engine_sends_it(tmp_path, layo
     assert [canonical(host, p * PAGE) for p in range(9)] == want
 
 
-def test_a_page_that_cannot_be_staged_is_not_stored(tmp_path, caplog):
-    """A page whose staging copy fails inside the engine call is not sent (reported
-    not stored, an older object under its key kept); the others are stored."""
-    engine = Recording(f"file://{tmp_path}/store", fills_as_sent=True)
+@pytest.mark.parametrize("fills_as_sent", [True, False])
+def test_a_page_that_cannot_be_staged_is_not_stored(tmp_path, caplog, fills_as_sent):
+    """A page whose staging copy fails (inside the engine call, or before it for an
+    engine that takes a batch at once) is not sent (reported not stored, an older
+    object under its key kept); the others are stored."""
+    engine = Recording(f"file://{tmp_path}/store", fills_as_sent=fills_as_sent)
     host = host_case("mha", "page_first", pages=12).host
     tier = _tier(host, engine)
     keys = _keys(9)
@@ -370,3 +377,29 @@ def test_a_page_that_cannot_be_staged_is_not_stored(tmp_path, caplog):
     assert "could not be sealed (MemoryError" in caplog.text
     assert open(engine.inner._path(tier.key(keys[4])), "rb").read() == before
     assert tier.stats["store_failed"] == 1 and engine.running == 0
+
+
+@pytest.mark.parametrize("fills_as_sent", [False, True])
+@pytest.mark.parametrize("layout", ["page_first", "page_head", "page_first_direct"])
+def test_a_page_staged_whole_moves_as_one_buffer(tmp_path, layout, fills_as_sent):
+    """A page staged whole reaches the engine as one buffer, its header just before its
+    payload in the staging slot; a key whose header does not fit the slot's room, and
+    pages in place, as the header then the payload pieces. All read back byte-exact."""
+    engine = Recording(f"file://{tmp_path}/store", fills_as_sent=fills_as_sent)
+    host = host_case("mha_v_indexer", layout, pages=12).host
+    tier = _tier(host, engine, batch_pages=9)
+    keys = _keys(8) + ["long-" + "x" * 600]
+    staged = layout != "page_first_direct"
+    want = [canonical(host, p * PAGE) for p in range(9)]
+    assert tier.backup(keys, slots(range(9))) == [True] * 9
+    poison(host)
+    assert tier.prefetch(keys, slots(range(9))) == 9
+    assert [canonical(host, p * PAGE) for p in range(9)] == want
+    staging = tier.plan.take_staging(1)
+    separate = 1 + len(tier.plan.pieces(0, staging, 0))     # a header, then the payload pieces
+    assert engine.buffer_counts == [[1] * 8 + [separate] if staged else [separate] * 9] * 2
+    for k in keys:
+        with open(engine.inner._path(tier.key(k)), "rb") as f:
+            obj = f.read()
+        assert tier.format.verify(tier.key(k), obj[:-tier.plan.payload_bytes],
+                                  [memoryview(obj)[-tier.plan.payload_bytes:]]) is None
