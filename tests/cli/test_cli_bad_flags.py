@@ -22,18 +22,10 @@ import torch
 from bench_support import bench  # noqa: F401  (kvtier.bench importable in this process)
 from kvtier.cli.main import main
 
-SUBPROCESS_CASES = [
-    (["demo", "--pages", "0"], "--pages"),
+SUBPROCESS_CASES = [      # one per command; the other flags' refusals run in-process (CASES)
     (["demo", "--layers", "x"], "--layers"),
-    (["demo", "--layout", "sideways"], "--layout"),
-    (["demo", "--pages", "4", "--moved-pages", "9"], "--moved-pages"),
     (["codegen", "--target", "sm999"], "--target"),
-    (["autotune", "--layers", "0"], "--layers"),
-    (["autotune", "--top", "-1"], "--top"),
-    (["autotune", "--platform", "tpu"], "--platform"),
     (["autotune", "--platform", "npu"], "--platform='npu'"),
-    (["autotune", "--ops", ","], "--ops"),
-    (["bench", "--ops", "swap"], "--ops"),
     (["bench", "--rows", "0"], "--rows='0'"),
     (["nonsense"], "nonsense"),
 ]
@@ -127,6 +119,8 @@ CASES = [
     (["bench", "--layouts", ""], {}, "--layouts=''"),
     (["bench", "--strategies", "copy"], {}, "--strategies='copy'"),
     (["bench", "--ops", ""], {}, "--ops=''"),
+    (["bench", "--ops", "swap"], {}, "--ops"),
+    (["nonsense"], {}, "nonsense"),
     (["bench", "--pages", "64", "--tokens", "32"], {}, "--pages=64 --tokens=32: no point to measure"),
     (["bench", "--layouts", "page_head", "--rows", "656"], {}, "--layouts=page_head --rows=656: no point"),
     (["bench", "--rows", HUGE], {}, f"--rows={HUGE}: needs"),
@@ -156,11 +150,18 @@ CASES = [
     (["codegen", "--json", "{under}"], {}, "--json='{under}'"),
     (["codegen", "--json", ""], {}, "--json=''"),
     pytest.param(["codegen", "--json", "/proc/kvtier.json"], {}, "--json='/proc/kvtier.json'", marks=linux_only),
-    # kvtier demo: sizes past this machine's memory
+    # kvtier demo: flags, sizes past this machine's memory
+    (["demo", "--pages", "0"], {}, "--pages"),
+    (["demo", "--layout", "sideways"], {}, "--layout"),
+    (["demo", "--pages", "4", "--moved-pages", "9"], {}, "--moved-pages"),
     (["demo", "--pages", HUGE], {}, f"--layers=4 --pages={HUGE} --page-size=16 --heads=4 --head-dim=64: needs"),
     (["demo", "--layers", HUGE], {}, f"--layers={HUGE}"),
     (["demo", "--head-dim", HUGE], {}, f"--head-dim={HUGE}: needs"),
     # kvtier autotune: shapes, lists, conflicts
+    (["autotune", "--layers", "0"], {}, "--layers"),
+    (["autotune", "--top", "-1"], {}, "--top"),
+    (["autotune", "--platform", "tpu"], {}, "--platform"),
+    (["autotune", "--ops", ","], {}, "--ops"),
     (MLA + [""], {}, "--mla=''"),
     (MLA + ["0,64"], {}, "--mla='0,64'"),
     (MLA + ["512"], {}, "--mla='512': must be kv_lora_rank,qk_rope_head_dim"),
