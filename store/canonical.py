@@ -9,7 +9,9 @@ Each component of a host pool is moved one of three ways, read off its row map:
   piece per layer, in place, where a piece is at least `LAYER_PIECE_MIN` bytes.
 - "staged": anything else (``page_first``, ``page_head``, small layer pieces): a row
   copy between the host pool's row maps and row maps over a staging buffer in
-  canonical order, for a whole batch of pages per component group.
+  canonical order, for a whole batch of pages per component group. Where every
+  component is staged, a slot also holds the page's header just before its payload,
+  so the engine moves the object as one buffer (`CanonicalPages.object_view`).
 
 Both sides of a staged copy are host memory, so it runs on the CPU: the bytes never
 cross a link. It runs as `copy_pages`, the row copy of whole pages read off the same
