@@ -14,8 +14,9 @@ token-granular host indices, whole pages, one page per key, as HiCache passes th
 
 Each page's staging copy and checksum run on the engine's thread as the engine moves
 the page, where the engine says when (`Engine.put_from`'s ``fill``, `Engine.get_into`'s
-``landed``; `StoreTier._put`, `StoreTier._get`); what the engine does not report runs
-on the calling thread, beside the next batch's engine call (`StoreTier._run`).
+``landed``; `StoreTier._sealer`, `StoreTier._get`); what the engine does not report
+runs on the calling thread, page by page, beside the next batch's engine call
+(`StoreTier._run`).
 
 A page that is missing, timed out, refused, of another length, geometry, dtype or key,
 or whose checksum fails reads as a miss: never as an exception, never as bytes the
