@@ -47,7 +47,7 @@ from .page import PageFormat, namespace, store_key
 log = logging.getLogger("kvtier")
 
 BATCH_PAGES = 128               # pages per engine call at most (HiCache passes up to 128)
-STAGING_BYTES = 64 << 20        # and at most this much staging memory per call
+STAGING_BYTES = 64 << 20        # and at most this much staged page data per call (slots add header room)
 
 
 class StoreTier:
@@ -81,7 +81,7 @@ class StoreTier:
             self.engine, self._owns = store, False
         else:
             self.engine, self._owns = open_store(store, timeout_ms=timeout_ms), True
-        staged = max(self.plan.slot_bytes, 1)
+        staged = max(self.plan.slot_bytes - self.plan.header_room, 1)
         self.batch_pages = max(1, min(batch_pages, STAGING_BYTES // staged)) if self.plan.staged else batch_pages
         hint = getattr(self.engine, "batch_bytes", None)     # an engine's preferred call size
         if hint:

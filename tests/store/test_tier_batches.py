@@ -403,3 +403,15 @@ def test_a_page_staged_whole_moves_as_one_buffer(tmp_path, layout, fills_as_sent
             obj = f.read()
         assert tier.format.verify(tier.key(k), obj[:-tier.plan.payload_bytes],
                                   [memoryview(obj)[-tier.plan.payload_bytes:]]) is None
+
+
+def test_a_call_stages_at_most_staging_bytes_of_page_data(engine, monkeypatch):
+    """Batches hold as many pages as `STAGING_BYTES` of page data: the header room
+    beside each staged page does not cost a page of the batch."""
+    import kvtier.store.tier as tier_module
+    host = host_case("mha", "page_first", pages=12).host
+    monkeypatch.setattr(tier_module, "STAGING_BYTES", 4 * host.page_bytes)
+    tier = StoreTier(host, engine, model="m", batch_pages=128)
+    assert tier.plan.header_room > 0 and tier.batch_pages == 4
+    monkeypatch.setattr(tier_module, "STAGING_BYTES", 4 * host.page_bytes - 1)
+    assert StoreTier(host, engine, model="m", batch_pages=128).batch_pages == 3
