@@ -65,19 +65,25 @@ def _windows(items: Sequence[Item]):
 
 
 def _pipeline(conn: resp.Connection, items: Sequence[Item], out: list, deadline: float,
-              encode: Callable[[Item], list], decode: Callable[[Item], object],
+              encode: Callable[[Item], Optional[list]], decode: Callable[[Item], object],
               lead: Optional[Tuple[bytes, Callable[[], None]]] = None) -> None:
-    """Send window k+1 before reading window k's replies; out[i] = decode(items[i]).
+    """Send window k+1 before reading window k's replies; out[i] = decode(items[i]), or
+    ERROR where encode(items[i]) returned None (nothing sent for it, not even ASKING).
     ``lead``: a command sent ahead of the first window, and what reads its reply."""
     windows = list(_windows(items))
+    sent = [True] * len(items)
 
     def send(w):
         lo, hi = windows[w]
         parts: list = [lead[0]] if lead and w == 0 else []
-        for it in items[lo:hi]:
-            if it.asking:
+        for i in range(lo, hi):
+            command = encode(items[i])
+            if command is None:
+                sent[i] = False
+                continue
+            if items[i].asking:
                 parts.append(_ASKING)
-            parts += encode(it)
+            parts += command
         conn.send(parts, deadline)
 
     send(0)
@@ -88,6 +94,9 @@ def _pipeline(conn: resp.Connection, items: Sequence[Item], out: list, deadline:
             lead[1]()
         for i in range(lo, hi):
             it = items[i]
+            if not sent[i]:
+                out[i] = Status.ERROR
+                continue
             if it.asking:
                 conn.read_reply(deadline)       # ASKING's +OK
             out[i] = decode(it)
@@ -147,18 +156,13 @@ def put_from(conn: resp.Connection, items: Sequence[Item], out: list, deadline: 
     ``role``: ask the node's ROLE in the same pipeline, ahead of the SETs (so a write
     that needs a replica's acknowledgement costs no extra round trip to find out)."""
 
-    unsent = set()      # the items (by id: all alive for this call) whose fill said not to send them
-
     def encode(it: Item):
         if it.fill is not None and it.fill() is False:
-            unsent.add(id(it))
-            return []
+            return None         # not sent: ERROR
         head = b"*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n" % (len(it.key), it.key, it.nbytes)
         return [head, *it.buffers, resp.CRLF]
 
     def decode(it: Item):
-        if id(it) in unsent:
-            return Status.ERROR
         reply = conn.read_reply(deadline)
         if reply == "OK":
             return Status.HIT

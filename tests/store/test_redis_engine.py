@@ -260,3 +260,31 @@ def test_client_comparison_script_runs(redis_url, monkeypatch, capsys):
     for name in ("redis-benchmark", "kvtier RESP x1", "kvtier RESP x4"):
         assert name in out
     assert script.main([]) == 2
+
+
+class _Wire:
+    """A connection that records what is sent and answers from a list."""
+
+    def __init__(self, replies):
+        self.sent, self.replies = [], list(replies)
+
+    def send(self, parts, deadline):
+        self.sent += [bytes(p) for p in parts]
+
+    def read_reply(self, deadline):
+        return self.replies.pop(0)
+
+
+def test_a_value_its_fill_refuses_sends_nothing_not_even_asking():
+    """A put whose fill returns False sends no command for its key (no stray ASKING that
+    would apply to the next key's SET) and reads no reply for it: ERROR; the others go."""
+    wire = _Wire(["OK", "OK"])
+    items = [redis_ops.Item(b"a", [memoryview(b"x")], 1, asking=True, fill=lambda: False),
+             redis_ops.Item(b"b", [memoryview(b"y")], 1, fill=lambda: True),
+             redis_ops.Item(b"c", [memoryview(b"z")], 1)]
+    out = [None] * 3
+    redis_ops.put_from(wire, items, out, float("inf"), redis_ops.ServerErrors())
+    assert out == [Status.ERROR, Status.HIT, Status.HIT] and wire.replies == []
+    sent = b"".join(wire.sent)
+    assert b"ASKING" not in sent and b"\r\na\r\n" not in sent
+    assert sent.count(b"SET") == 2 and b"\r\nb\r\n" in sent and b"\r\nc\r\n" in sent
