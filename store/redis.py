@@ -228,9 +228,8 @@ class _RedisEngine(Engine):
                     pending.append(i)
                     if r.kind == "ASK":
                         asked[i] = node
-                        items[i] = items[i]._replace(asking=True)
-                    else:
-                        items[i] = items[i]._replace(asking=False)
+                    # sent once already: its fill has run and is not called again
+                    items[i] = items[i]._replace(asking=r.kind == "ASK", fill=None)
             if not pending:
                 break
         return [Status.ERROR if not isinstance(s, Status) else s for s in out]

@@ -289,7 +289,9 @@ def test_cluster_follows_ask_and_moved_while_a_slot_migrates(redis_servers):
     got = [[bytearray(30_000)], [bytearray(30_000)]]
     assert e.get_into([k1, k2], got) == [Status.HIT] * 2            # k1 via ASK, k2 where it was
     assert [bytes(g[0]) for g in got] == [v1, v2]
-    assert e.put_from([k3], [[v3]]) == [Status.HIT]                 # a new key: ASK to the importer
+    filled = []
+    assert e.put_from([k3], [[v3]], filled.append) == [Status.HIT]  # a new key: ASK to the importer
+    assert filled == [0]                                            # filled once, not again on the retry
     assert call(dst, "EXISTS", k3, asking=True) == 1 and call(src, "EXISTS", k3) != 1
     assert e.stats["cluster.ask"] >= 2
 
