@@ -139,14 +139,11 @@ def test_a_fault_in_one_thread_is_that_keys_status(tmp_path, monkeypatch):
     is not a store fault ends the call as ERROR for every key, after every thread
     has stopped touching the buffers."""
     import errno
-    import threading
     import time
     e = open_store(f"file://{tmp_path}?threads=2")
     real = e._write
-    running = []
 
     def write(path, views):
-        running.append(threading.current_thread().name)
         if path.endswith(object_name("bad")):
             raise OSError(errno.EIO, "I/O error")
         return real(path, views)
