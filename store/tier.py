@@ -35,6 +35,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple, Union
 
+import numpy as np
 import torch
 
 from kvtier.kernels.errors import fail
@@ -361,14 +362,26 @@ class StoreTier:
         return [self.key(k) for k in page_keys]
 
     def _pages(self, host_indices, n: int, distinct: bool) -> List[int]:
-        """Host page numbers of token-granular ``host_indices``: ``n`` whole pages in range."""
+        """Host page numbers of token-granular ``host_indices``: ``n`` whole pages in range.
+        They are checked on a private copy of the indices, and that copy is what the call
+        uses: indices rewritten while the call runs (an engine's own kernel, a numpy view)
+        cannot change a page number after its check."""
         check_index("host_indices", host_indices, torch.device("cpu"))
         P = self.page_size
         if host_indices.numel() != n * P:
             raise fail("host_indices", f"{host_indices.numel()} indices",
                        f"must be {n} pages of {P} slots, one page per key ({n * P} indices)")
-        check_pages_in_range("host_indices", host_indices, self.host.size, P)
-        pages = (host_indices.reshape(-1, P)[:, 0] // P).tolist() if n else []
+        if not n:
+            return []
+        idx = np.array(host_indices.detach().numpy(), dtype=np.int64)      # the copy
+        rows = idx.reshape(n, P)
+        first = rows[:, 0]
+        # in range before any sum (no int64 overflow), then whole pages
+        if not (first.min() >= 0 and first.max() <= self.host.size - P and not (first % P).any()
+                and np.array_equal(rows, first[:, None] + np.arange(P))):
+            check_pages_in_range("host_indices", torch.from_numpy(idx), self.host.size, P)   # names it
+            raise fail("host_indices", idx.tolist()[:P], "must be whole pages in range")
+        pages = (first // P).tolist()
         if distinct and len(set(pages)) != len(pages):
             seen = set()
             dup = next(p for p in pages if p in seen or seen.add(p))

@@ -337,6 +337,8 @@ def test_bad_arguments_raise_before_anything_moves(url):
         (lambda: tier.backup(keys, good.view(2, -1)), "host_indices"),
         (lambda: tier.backup(keys, good + 1), "host_indices"),                 # not whole pages
         (lambda: tier.backup(keys, slots([0, 12])), "host_indices"),           # past the pool
+        (lambda: tier.backup(keys, slots([0, 1]) - 2 * PAGE), "host_indices"),   # pages -2, -1
+        (lambda: tier.backup(keys, slots([0, 1]) + (2**63 - 2 * PAGE)), "host_indices"),  # no wrap
         (lambda: tier.backup(keys, [0, 1, 2, 3, 4, 5, 6, 7]), "host_indices"),
         (lambda: tier.prefetch(keys, slots([3, 3])), "host_indices"),          # one page twice
         (lambda: tier.prefetch(keys, good.to("meta")), "host_indices"),
@@ -356,6 +358,46 @@ def test_bad_arguments_raise_before_anything_moves(url):
         StoreTier(host, url, model="")
     with pytest.raises(KvtierError, match="url"):
         StoreTier(host, "nowhere://x", model="m")
+
+
+@pytest.mark.parametrize("form", ["int32", "strided"])
+def test_host_indices_of_either_dtype_and_any_strides(url, form):
+    host = host_case("mha", "page_first").host
+    tier = _tier(host, url)
+    keys = _keys(3)
+    originals = [host.get_page(p * PAGE).clone() for p in (4, 0, 9)]
+    idx = slots([4, 0, 9])
+    idx = idx.int() if form == "int32" else torch.stack([idx, -idx], 1)[:, 0]
+    assert form == "int32" or not idx.is_contiguous()
+    assert tier.backup(keys, idx) == [True] * 3
+    poison(host)
+    dst = [2, 11, 5]
+    idx = slots(dst)
+    assert tier.prefetch(keys, idx.int() if form == "int32" else torch.stack([idx, idx], 1)[:, 1]) == 3
+    _assert_pages(host, dst, originals)
+
+
+def test_indices_rewritten_after_their_check_change_no_page(url, monkeypatch):
+    """An engine's own code rewrites the index list while a call runs (here: at once
+    after its range check, to page -1, which Python's slicing would take as the pool's
+    last page): the call moves the pages that were checked, and nothing else."""
+    import kvtier.store.tier as tier_module
+    host = host_case("mha", "page_first_direct").host
+    tier = _tier(host, url)
+    keys = _keys(2)
+    originals = [host.get_page(p * PAGE).clone() for p in (0, 1)]
+    assert tier.backup(keys, slots([0, 1])) == [True, True]
+    real = tier_module.check_pages_in_range
+
+    def then_rewritten(arg, idx, *a):
+        real(arg, idx, *a)
+        idx.copy_(slots([0, 1]) - 2 * PAGE)
+
+    monkeypatch.setattr(tier_module, "check_pages_in_range", then_rewritten)
+    poison(host)
+    idx = slots([3, 4])
+    assert tier.prefetch(keys, idx) == 2
+    _assert_pages(host, [3, 4], originals)
 
 
 # ---------------------------------------------------------------------- threads
