@@ -22,6 +22,7 @@ from __future__ import annotations
 import binascii
 import concurrent.futures
 import functools
+import re
 import threading
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -37,6 +38,10 @@ SLOTS = 16384
 MAX_IDLE = 8                # idle connections kept per node
 MAX_ROUNDS = 5              # redirects followed per key in one call
 REFRESH_EVERY = 0.1         # seconds between slot-map reloads while it is stale
+
+
+# redis-benchmark's key names in a cluster: a tag of a few characters, which may hold "}"
+_BENCHMARK_KEY = re.compile(rb"key:\{(.{1,8}?)\}:(?:__rand_int__|\d{12})\Z", re.DOTALL)
 
 
 def key_slot(key: bytes) -> int:
@@ -164,8 +169,12 @@ class _RedisEngine(Engine):
         host, port = self._benchmark_node()
         result = run(host, port, value_bytes, count, cluster=self.cluster,
                      username=self._conf.username, password=self._conf.password, db=self._conf.db)
-        self.delete(result.pop("written"))          # what redis-benchmark's SETs left behind
+        self.delete(self._benchmark_keys(result.pop("written")))   # what its SETs left behind
         return result
+
+    def _benchmark_keys(self, written: List[str]) -> List[str]:
+        """The names redis-benchmark's keys ``written`` have on this store."""
+        return written
 
     # ------------------------------------------------------------------ for the engines
     def _node(self, host: str, port: int) -> Node:
@@ -409,6 +418,36 @@ class RedisClusterEngine(_RedisEngine):
     def _benchmark_node(self):
         node = self._masters[0] if self._masters else self._seeds[0]
         return node.host, node.port
+
+    def _benchmark_keys(self, written: List[str]) -> List[str]:
+        """In a cluster, redis-benchmark puts a hash tag of one slot per master into
+        every key name, so that the master it sends a key to serves it
+        (``key:{06S}:000000000042`` for slot 0, ``key:{8M}}:...`` for slot 5461). The tags
+        are read back from each master's first slot, the one redis-benchmark 7 tags
+        with (``CLUSTER GETKEYSINSLOT``): every name of redis-benchmark's shape there."""
+        deadline = time.monotonic() + self.timeout
+        tags = set()
+        for node in self._masters:
+            if node not in self._slots:
+                continue
+            slot = self._slots.index(node)
+            conn = None
+            try:
+                conn = node.acquire(deadline)
+                names = conn.call(deadline, "CLUSTER", "GETKEYSINSLOT", slot, 1 << 16)
+            except resp.Fault as e:
+                self.warn_once("benchmark.keys", "cannot list %s's slot %d to remove "
+                               "redis-benchmark's keys (%s)", node, slot, e)
+                names = None
+                if conn is not None:
+                    conn.close()
+            if conn is not None:
+                node.release(conn)
+            for name in names if isinstance(names, list) else ():
+                m = _BENCHMARK_KEY.match(name)
+                if m and m.group(1).isascii() and key_slot(name) == slot:
+                    tags.add(m.group(1).decode())
+        return [f"key:{{{tag}}}:{name[4:]}" for tag in sorted(tags) for name in written]
 
     def _refresh(self, deadline: float) -> Optional[str]:
         """Reload the slot map from the first node that gives one; None, or why none did.

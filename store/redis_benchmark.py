@@ -25,7 +25,9 @@ def run(host: str, port: int, value_bytes: int, count: int, *, cluster: bool = F
     many names as requests, so most SETs make a key, as a store tier's backups do; SETs
     that overwrite one key cost the server about half as much, kept as
     ``set_one_key_gbps``). ``written``: the key names the SETs may have made (the
-    caller removes them); ``how``: the commands, the password replaced."""
+    caller removes them; in a cluster redis-benchmark adds a hash tag per master after
+    ``key:``, which the cluster engine finds); ``how``: the commands, the password
+    replaced."""
     for arg, v in (("value_bytes", value_bytes), ("count", count)):
         if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
             raise fail(arg, v, "must be a positive int")
