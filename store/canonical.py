@@ -109,16 +109,16 @@ class CanonicalPages:
         # slot, so that header and payload are one buffer for the engine (`object_view`).
         self.header_room = 0
         P = self.page_size
-        if not any(self._moves_in_place(c, host.maps[c.name], layer_piece_min) for c in self.geometry.components):
+        hows = [self._moves_in_place(c, host.maps[c.name], layer_piece_min) for c in self.geometry.components]
+        if not any(hows):
             text_bytes = len(self.geometry.text.encode())
             self.header_room = -(-header_len(text_bytes, HEADER_KEY_ROOM) // 64) * 64
         staged_off = self.header_room
-        for c in self.geometry.components:
+        for c, how in zip(self.geometry.components, hows):
             m = host.maps[c.name]
             _, _, buf, view = group_of[c.name]
             offset = m.base - buf.data_ptr()
             rows = P * c.row_bytes
-            how = self._moves_in_place(c, m, layer_piece_min)
             if how == "whole":
                 part = Direct(c.name, view, offset, m.page_stride, 0, 1, c.num_layers * rows)
             elif how == "layers":
