@@ -362,7 +362,8 @@ def test_bad_arguments_raise_before_anything_moves(url):
 
 @pytest.mark.parametrize("form", ["int32", "strided"])
 def test_host_indices_of_either_dtype_and_any_strides(url, form):
-    host = host_case("mha", "page_first").host
+    hc = host_case("mha", "page_first")
+    host = hc.host
     tier = _tier(host, url)
     keys = _keys(3)
     originals = [host.get_page(p * PAGE).clone() for p in (4, 0, 9)]
@@ -375,6 +376,7 @@ def test_host_indices_of_either_dtype_and_any_strides(url, form):
     idx = slots(dst)
     assert tier.prefetch(keys, idx.int() if form == "int32" else torch.stack([idx, idx], 1)[:, 1]) == 3
     _assert_pages(host, dst, originals)
+    hc.check_margins()
 
 
 def test_indices_rewritten_after_their_check_change_no_page(url, monkeypatch):
@@ -382,7 +384,8 @@ def test_indices_rewritten_after_their_check_change_no_page(url, monkeypatch):
     after its range check, to page -1, which Python's slicing would take as the pool's
     last page): the call moves the pages that were checked, and nothing else."""
     import kvtier.store.tier as tier_module
-    host = host_case("mha", "page_first_direct").host
+    hc = host_case("mha", "page_first_direct")
+    host = hc.host
     tier = _tier(host, url)
     keys = _keys(2)
     originals = [host.get_page(p * PAGE).clone() for p in (0, 1)]
@@ -398,6 +401,7 @@ def test_indices_rewritten_after_their_check_change_no_page(url, monkeypatch):
     idx = slots([3, 4])
     assert tier.prefetch(keys, idx) == 2
     _assert_pages(host, [3, 4], originals)
+    hc.check_margins()
 
 
 # ---------------------------------------------------------------------- threads
