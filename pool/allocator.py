@@ -8,7 +8,7 @@ from typing import Hashable, List, Optional
 import torch
 
 from kvtier.kernels.errors import fail
-from kvtier.kernels.validate import check_page_aligned, is_int
+from kvtier.kernels.validate import check_index, check_page_aligned, is_int
 
 from .spec import check_positive
 
@@ -77,9 +77,7 @@ class PageAllocator:
         """Return whole pages of slots; returns the number of slots freed. Raises
         `KvtierError` naming ``indices`` (or ``owner``) and the first bad slot, freeing
         nothing, for any failure listed in the class docstring."""
-        if not isinstance(indices, torch.Tensor) or indices.dim() != 1 or indices.dtype not in (torch.int32, torch.int64):
-            got = (tuple(indices.shape), indices.dtype) if isinstance(indices, torch.Tensor) else type(indices).__name__
-            raise fail("indices", got, "must be a 1-D int32/int64 tensor")
+        check_index("indices", indices, indices.device if isinstance(indices, torch.Tensor) else None)
         _check_owner(owner)
         indices = indices.cpu()
         check_page_aligned("indices", indices, self.page_size)

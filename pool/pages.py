@@ -8,7 +8,7 @@ from typing import Iterator, List, Tuple
 import torch
 
 from kvtier.kernels.errors import fail
-from kvtier.kernels.validate import check_index, check_pages_in_range
+from kvtier.kernels.validate import check_dense, check_index, check_pages_in_range
 
 from kvtier.kernels.layouts import host_layout
 
@@ -36,9 +36,11 @@ def get_page(host, index: int) -> torch.Tensor:
 
 def set_page(host, index: int, data: torch.Tensor) -> None:
     _check_page_index(host, index)
-    if not isinstance(data, torch.Tensor) or data.dtype != torch.uint8 or data.shape != (host.page_bytes,):
-        got = (tuple(data.shape), data.dtype) if isinstance(data, torch.Tensor) else type(data).__name__
-        raise fail("data", got, f"must be a flat uint8 tensor of {host.page_bytes} bytes (get_page's form)")
+    check_dense("data", data, "page bytes", " of uint8")
+    if data.dtype != torch.uint8 or data.shape != (host.page_bytes,):
+        raise fail("data", (tuple(data.shape), data.dtype),
+                   f"must be a flat uint8 tensor of {host.page_bytes} bytes (get_page's form)")
+    data = data.contiguous()        # (every part below is a view of it: none can fail half-way)
     off = 0
     for v in page_views(host, index):
         b = v.view(torch.uint8)

@@ -101,8 +101,8 @@ def test_free_of_free_pages_raises_and_names_the_slot():
     (torch.tensor([4, 5, 6, 8]), r"indices=\[4, 5, 6, 8\]: page 0 is not 4 consecutive"),
     (torch.tensor([0, 1, 2, 3, 0, 1, 2, 3]), r"indices=0: frees a page twice in one call"),
     (torch.tensor([0, 1]), r"len\(indices\)=2"),
-    (torch.zeros(4), r"indices=\(\(4,\), torch.float32\)"),
-    (torch.zeros(1, 4, dtype=torch.int64), r"indices=\(\(1, 4\), torch.int64\)"),
+    (torch.zeros(4), r"indices.dtype=torch.float32"),
+    (torch.zeros(1, 4, dtype=torch.int64), r"indices.shape=\(1, 4\)"),
 ], ids=["negative", "past-the-end", "not-a-run", "duplicate", "partial", "float", "2-d"])
 def test_each_documented_check_names_the_value(indices, match):
     a = PageAllocator(32, 4)

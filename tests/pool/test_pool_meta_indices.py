@@ -47,3 +47,31 @@ def test_a_meta_index_list_is_named_and_nothing_moves(arg, name, call):
     assert all(torch.equal(a, b) for a, b in zip(before, after)), "bytes moved for a meta index list"
     host.load_to_device_all_layer(dev, GOOD, GOOD + 8)        # a good call afterwards works
     dev.synchronize()
+
+
+def test_a_meta_or_sparse_list_given_to_free_is_named_and_frees_nothing():
+    dev, host = _pools()
+    held = host.alloc(8)
+    for bad, why in ((torch.arange(8, device="meta"), "indices.device='meta'"),
+                     (torch.arange(8).to_sparse(), "indices.layout=torch.sparse_coo")):
+        with pytest.raises(KvtierError, match=why):
+            host.free(bad)
+        assert host.available_size() == host.size - 8, "pages freed by a refused call"
+    assert host.free(held) == 8
+
+
+def test_meta_page_bytes_given_to_set_page_are_named_and_nothing_is_written():
+    dev, host = _pools()
+    before = [b.clone() for b in host.buffers.values()]
+    with pytest.raises(KvtierError, match="data.device='meta'"):
+        host.set_page(0, torch.zeros(host.page_bytes, dtype=torch.uint8, device="meta"))
+    assert all(torch.equal(a, b) for a, b in zip(before, host.buffers.values()))
+
+
+def test_set_page_takes_strided_bytes_whole():
+    """A strided view of the page's bytes writes the whole page (its parts are views of one
+    contiguous copy, so no part can fail after another was written)."""
+    dev, host = _pools()
+    want = torch.randint(0, 256, (2 * host.page_bytes,), dtype=torch.uint8)
+    host.set_page(4, want[::2])
+    assert torch.equal(host.get_page(4), want[::2])
