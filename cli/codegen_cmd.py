@@ -21,12 +21,22 @@ def run(args) -> int:
         output_file(args.json, "--json")      # before compiling: a bad path is refused at once
     print(f"kvtier codegen --target {args.target}: widths are bytes per access x number of such "
           "instructions; spills are bytes (CUDA) or registers (AMD)")
-    reports = []
+    reports, held = [], []
     for config, shape in default_sweep(args.target):
         r = compile_report(args.target, config=config, **shape)
         reports.append(r)
+        if r.error and len(held) == len(reports) - 1:
+            held.append(r)        # nothing compiled yet: maybe nothing can here (said in one line)
+            continue
+        for h in held:
+            print(h.row())
+        held = []
         print(r.row(), flush=True)
     failed = [r for r in reports if r.error]
+    if reports and len(failed) == len(reports):
+        print(f"kvtier codegen: no configuration compiles for --target {args.target} here "
+              f"({len(reports)} tried); the first failed with: {failed[0].error}")
+        return 1
     spilled = [r for r in reports if r.spills]
     print(f"{len(reports)} configurations, {len(failed)} failed to compile, {len(spilled)} spill")
     if args.json:

@@ -56,3 +56,40 @@ def test_codegen_unknown_target(capsys):
         main(["codegen", "--target", "nope"])
     assert e.value.code == 2
     assert "--target" in capsys.readouterr().err
+
+
+def _reports(monkeypatch, fails):
+    """`kvtier codegen` over a short sweep whose compiles fail where ``fails(i)`` says."""
+    import kvtier.kernels.codegen as codegen
+    sweep = list(codegen.default_sweep("sm90"))[:4]
+    monkeypatch.setattr(codegen, "default_sweep", lambda target: sweep)
+    import inspect
+    defaults = {k: p.default for k, p in inspect.signature(codegen.compile_report).parameters.items()
+                if p.kind is p.KEYWORD_ONLY and k != "config"}
+    calls = []
+
+    def report(target, config=None, **shape):
+        i = len(calls)
+        calls.append(i)
+        r = codegen.KernelReport(target=target, config=config.to_dict(), shape=dict(defaults, **shape))
+        if fails(i):
+            r.error = "RuntimeError: no cuda backend here"
+        return r
+    monkeypatch.setattr(codegen, "compile_report", report)
+
+
+def test_codegen_where_nothing_compiles_says_why_in_one_line(monkeypatch, capsys):
+    _reports(monkeypatch, lambda i: True)
+    assert main(["codegen", "--target", "sm90"]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 2, out          # the header and one line saying why
+    assert "no configuration compiles for --target sm90 here (4 tried)" in out[1]
+    assert "no cuda backend here" in out[1]
+
+
+def test_codegen_prints_every_failure_once_something_compiled(monkeypatch, capsys):
+    _reports(monkeypatch, lambda i: i in (0, 2))
+    assert main(["codegen", "--target", "sm90"]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert sum("ERROR" in line for line in out) == 2 and len(out) == 6
+    assert out[-1].startswith("4 configurations, 2 failed to compile")
