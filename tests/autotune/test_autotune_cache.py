@@ -175,3 +175,29 @@ def test_a_damaged_file_never_stops_a_transfer(tmp_cache, caplog):
         cfg = select.select_config("backup", "cuda", row_bytes=1024, page_size=16, num_rows=4096,
                                    num_layers=32, crosses_link=True, device_name=DEV.name)
     assert cfg == default_config("cuda")
+
+
+@pytest.mark.parametrize("text", ["", "{\"version\": 1, \"dev", "[1, 2]", "\"entries\"",
+                                  json.dumps({"version": 1, "device": {}, "entries": []}),
+                                  json.dumps({"version": 1, "entries": {"backup": 5}})],
+                         ids=["empty", "truncated", "list", "string", "entries-list", "entries-wrong-type"])
+def test_a_damaged_file_warns_once_naming_it_and_pool_calls_use_the_defaults(tmp_cache, caplog, text):
+    """The pools' lookups read this device's file once: a damaged one gives one WARNING
+    that names the file, however many calls follow, and every call runs (the defaults)."""
+    import torch
+    from kvtier.autotune import select
+    from kvtier.autotune.key import device_identity
+    from kvtier.pool import HostPool, MHADevicePool
+    path = cache_path(device_identity("cpu"))
+    path.write_text(text)
+    select.invalidate()
+    dev = MHADevicePool(32, 4, 2, 1, 8, dtype=torch.float16, device="cpu")
+    host = HostPool(dev, layout="layer_first", size_tokens=32)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="kvtier"):
+        for layer in range(2):
+            host.load_to_device_per_layer(dev, torch.arange(8), torch.arange(8, 16), layer)
+        host.backup_from_device_all_layer(dev, torch.arange(8), torch.arange(8))
+    said = [r.getMessage() for r in caplog.records if r.name == "kvtier" and r.levelno >= logging.WARNING]
+    assert len([m for m in said if str(path) in m]) == 1, said
+    select.invalidate()
