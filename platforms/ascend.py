@@ -22,6 +22,7 @@ from __future__ import annotations
 import ctypes
 import importlib.util
 import os
+import weakref
 import statistics
 from dataclasses import replace
 from functools import lru_cache
@@ -147,24 +148,47 @@ def _fit_space(space: Space, figures: dict) -> Space:
 
 
 # ------------------------------------------------------------------ host memory
-# Registrations: storage start address -> (device address, bytes), recorded by
-# `register_npu_host` or by an engine that registered the memory itself
-# (`register_host_memory`).
+# Registrations: storage start address -> (device address, bytes, weak reference to the
+# storage), recorded by `register_npu_host` or by an engine that registered the memory
+# itself (`register_host_memory`). An entry lives as long as its storage: it is dropped
+# when the storage is freed, and it answers only while the storage it names still starts
+# at that address with that size (re-checked on every lookup), so an address the
+# allocator hands out again is never taken for registered memory.
 _registered = {}
 
 
 def register_host_memory(tensor: torch.Tensor, device_address: int) -> None:
-    """Record that ``tensor``'s storage is registered with the NPU at ``device_address``."""
+    """Record that ``tensor``'s storage is registered with the NPU at ``device_address``
+    (for as long as that storage lives)."""
     if tensor.device.type != "cpu":
         raise PlatformUnavailable(f"tensor on {tensor.device}: only host memory is registered")
     st = tensor.untyped_storage()
-    _registered[st.data_ptr()] = (int(device_address), st.nbytes())
+    start = st.data_ptr()
+    ref = weakref.ref(st, lambda r, start=start: _forget_registration(start, r))
+    _registered[start] = (int(device_address), st.nbytes(), ref)
+
+
+def _forget_registration(start: int, ref) -> None:
+    """The storage behind a registration was freed: drop its entry (only that one)."""
+    entry = _registered.get(start)
+    if entry is not None and entry[2] is ref:
+        del _registered[start]
+
+
+def _live(start: int, entry) -> bool:
+    """Whether a registration still describes its storage: alive, at ``start``, same size."""
+    st = entry[2]()
+    return st is not None and st.data_ptr() == start and st.nbytes() == entry[1]
 
 
 def registered_device_address(addr: int) -> Optional[int]:
-    """The NPU device address of host byte ``addr`` under a recorded registration, or None."""
-    for start, (dev, nbytes) in _registered.items():
+    """The NPU device address of host byte ``addr`` under a live registration, or None."""
+    for start, entry in list(_registered.items()):
+        dev, nbytes = entry[0], entry[1]
         if start <= addr < start + nbytes:
+            if not _live(start, entry):
+                _forget_registration(start, entry[2])
+                continue
             return dev + (addr - start)
     return None
 
@@ -243,8 +267,9 @@ def register_npu_host(t: torch.Tensor) -> int:
     start, nbytes = st.data_ptr(), st.nbytes()
     if start % HOST_PAGE:
         raise fail("tensor", hex(start), f"storage must start on a {HOST_PAGE}-byte boundary to be registered")
-    if start in _registered:
-        return _registered[start][0] + (t.data_ptr() - start)
+    entry = _registered.get(start)
+    if entry is not None and _live(start, entry):
+        return entry[0] + (t.data_ptr() - start)
     register = _acl("aclrtHostRegister", [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int,
                                           ctypes.POINTER(ctypes.c_void_p)])
     dev = ctypes.c_void_p()
@@ -252,6 +277,7 @@ def register_npu_host(t: torch.Tensor) -> int:
     if rc != 0 or not dev.value:
         raise PlatformUnavailable(f"aclrtHostRegister of {nbytes} bytes at {start:#x} failed ({rc})")
     register_host_memory(t, dev.value)
+    _owned.add(start)
     return dev.value + (t.data_ptr() - start)
 
 
@@ -261,17 +287,25 @@ def unregister_npu_host(t: torch.Tensor) -> None:
 
 
 def unregister_storage(start: int) -> None:
-    """Undo the registration of the storage that starts at host address ``start``."""
-    if _registered.pop(start, None) is not None:
+    """Undo the registration of the storage that starts at host address ``start`` (with
+    the NPU where kvtier registered it, `register_npu_host`; the record either way)."""
+    _registered.pop(start, None)
+    if start in _owned:
+        _owned.discard(start)
         _acl("aclrtHostUnregister", [ctypes.c_void_p])(start)
+
+
+# Storage starts kvtier registered with the NPU itself (`register_npu_host`), so that each
+# is unregistered once: explicitly, or when its storage is freed.
+_owned = set()
 
 
 
 def _register_for_pool(buf: torch.Tensor):
-    """HostPool(register=True): register ``buf`` and unregister it when it is freed."""
-    import weakref
+    """HostPool(register=True): register ``buf`` and unregister it when its storage is freed."""
     register_npu_host(buf)
-    return weakref.finalize(buf, unregister_storage, buf.untyped_storage().data_ptr())
+    st = buf.untyped_storage()
+    return weakref.finalize(st, unregister_storage, st.data_ptr())
 
 
 # ------------------------------------------------------------------ bulk copies (dma)

@@ -102,3 +102,37 @@ def test_register_npu_host_needs_host_memory_on_a_page_boundary_and_torch_npu():
     if aligned.untyped_storage().data_ptr() % 4096 == 0 and not plat.npu_available():
         with pytest.raises(plat.PlatformUnavailable):
             host_maps.register_npu_host(aligned)
+
+
+def test_a_registration_dies_with_its_memory_and_a_reused_address_is_not_registered():
+    """An engine registers host memory itself and tells kvtier the device address. Once
+    that memory is freed and the same address is handed out again (here: a new tensor over
+    the same bytes, as an allocator reusing the block gives), no lookup returns the old
+    device address: the kernel path refuses the new tensor instead of writing through it."""
+    block = bytearray(1 << 16)
+    first = torch.frombuffer(block, dtype=torch.uint8)
+    addr = first.data_ptr()
+    host_maps.register_host_memory(first, 0x5000_0000)
+    assert plat.host_device_address(first[64:], "npu") == 0x5000_0000 + 64
+    del first                                   # freed: the storage goes, and its record
+    again = torch.frombuffer(block, dtype=torch.uint8)
+    assert again.data_ptr() == addr             # the same address, other memory
+    assert host_maps.registered_device_address(addr) is None
+    assert plat.host_device_address(again, "npu") is None
+    m = RowMap.from_stacked(again.view(4, 16, 1024), 1)
+    assert not host_maps.npu_reachable(m)
+    with pytest.raises(KvtierError, match="not registered"):
+        host_maps.translate(m, torch.device("cpu"))
+    assert addr not in host_maps._registered
+
+
+def test_a_registration_answers_only_while_its_storage_is_where_it_was():
+    """A storage resized in place moves its bytes: the old registration no longer answers."""
+    t = torch.empty(4096, dtype=torch.uint8)
+    start = t.data_ptr()
+    host_maps.register_host_memory(t, 0x6000_0000)
+    assert host_maps.registered_device_address(start + 8) == 0x6000_0000 + 8
+    t.untyped_storage().resize_(1 << 24)        # moved (a new allocation)
+    if t.untyped_storage().data_ptr() != start:
+        assert host_maps.registered_device_address(start + 8) is None
+    assert host_maps.registered_device_address(t.data_ptr()) is None
