@@ -33,9 +33,11 @@ multi-layer tensors, one per table entry of a layer (SGLang's Ascend pools keep
 head_dim)``): layer ``l`` of entry ``e`` starts at ``tensors[e][l]``, addressed by base
 and strides without a table.
 
-Each call ends in `run_jobs` (one launch per group of components that can share one);
-the maps of a memory object and of a table are kept across calls, so a call reads no
-table and builds no map it built before. Differences from LMCache, all on inputs it
+Each call ends in one `EngineCall` (one launch per group of components that can share
+one). Where the memory objects and the paged cache belong to a registered buffer set
+(`kvtier.adapters.registry.register`), each call kind's is prepared once and kept by the
+registration, so a call reads no table and builds no map it built before; elsewhere it
+is prepared for the call. Differences from LMCache, all on inputs it
 leaves undefined: ``slot_mapping`` may be int32 and may live on another device (it is
 moved); its slots are range-checked against ``page_buffer_size`` without a device sync
 (`kvtier.kernels.index_check`: a bad device-resident list moves nothing and raises at
@@ -49,13 +51,14 @@ from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
-from kvtier.kernels.errors import KvtierError, fail
+from kvtier.errors import KvtierError, fail
 from kvtier.kernels.iota import iota
 from kvtier.kernels.ops import BACKUP, GATHER, LOAD, SCATTER
 from kvtier.kernels.rowmap import RowMap
 from kvtier.kernels.validate import compute_device
 
-from .maps import call, layout_keys, plain, run_copy
+from . import registry
+from .maps import EngineCall, plain
 
 __all__ = ["KVCacheFormat", "multi_layer_kv_transfer"]
 
@@ -237,11 +240,11 @@ def multi_layer_kv_transfer(key_value: torch.Tensor, key_value_ptrs, slot_mappin
         raise fail("slot_mapping", f"{slot_mapping.numel()} slots",
                    f"must give one slot per token of key_value ({key_value.shape[2]})")
     comps = _components(key_value, use_mla, fmt, page_buffer_size, k_hidden_dims, v_hidden_dims)
-    args = (key_value, key_value_ptrs)
-    key = ("lmcache", comps, to_lmcache, *plain(page_buffer_size, config), str(paged_memory_device),
-           *layout_keys(args))
+    # The memory object's token list is kvtier's own (0 .. num_tokens - 1) on the paged side's device.
+    tokens = _tokens(key_value, key_value_ptrs)
+    si, di = (slot_mapping, tokens) if to_lmcache else (tokens, slot_mapping)
 
-    def full():
+    def build():
         paged = _paged_maps(key_value_ptrs, comps, key_value.shape[1], page_buffer_size)
         _check_device(paged_memory_device, paged)
         lmc = _lmcache_maps(key_value, comps)
@@ -253,13 +256,10 @@ def multi_layer_kv_transfer(key_value: torch.Tensor, key_value_ptrs, slot_mappin
         else:
             pairs, si, di, names = list(zip(lmc, paged)), tokens, slot_mapping, ("key_value tokens", "slot_mapping")
             op = LOAD if host else SCATTER
-        return run_copy(pairs, si, di, num_layers=key_value.shape[1], op=op, skip_negative=True, config=config,
-                        check=check, index_names=names, table_names=("key_value_ptrs", "key_value_ptrs"), args=args,
-                        arg_names=("key_value", "key_value_ptrs"))
-    # The memory object's token list is kvtier's own (0 .. num_tokens - 1) on the paged side's device.
-    tokens = _tokens(key_value, key_value_ptrs)
-    si, di = (slot_mapping, tokens) if to_lmcache else (tokens, slot_mapping)
-    call(key, args, si, di, check, full)
+        return EngineCall([(pairs, 0, 0, key_value.shape[1])], si, di, op=op, skip_negative=True, config=config,
+                          index_names=names, table_names=("key_value_ptrs", "key_value_ptrs"))
+    registry.call(("lmcache", comps, to_lmcache, str(paged_memory_device)), plain(page_buffer_size, config),
+                  (key_value, key_value_ptrs), si, di, check, build)
 
 
 def _tokens(key_value: torch.Tensor, ptrs) -> Optional[torch.Tensor]:

@@ -34,13 +34,14 @@ from typing import Optional, Sequence
 
 import torch
 
+from kvtier.errors import KvtierError, fail
 from kvtier.kernels.ops import BACKUP, LOAD, LOAD_LAYER
-
-from .maps import (_SHAPES as SHAPES, _rebuild, call, dense_keys, direction, layer_table, lf_buffer, page_count,
-                   per_layer_list, pf_buffer, ph_buffer, plain, run_copy)
-from kvtier.kernels.errors import KvtierError, fail
 from kvtier.kernels.rowmap import RowMap
 from kvtier.kernels.validate import is_int
+
+from . import registry
+from .maps import (copy_pairs, direction, layer_table, lf_buffer, page_count, per_layer_list, pf_buffer, ph_buffer,
+                   plain)
 
 __all__ = [
     "transfer_kv_per_layer", "transfer_kv_per_layer_pf_lf", "transfer_kv_per_layer_ph_lf",
@@ -74,52 +75,44 @@ def _layer_id(layer_id, m: RowMap, arg: str = "layer_id") -> int:
 
 
 # ------------------------------------------------------------------ one layer, per component
-# Each call is keyed by its kind, scalars and its tensors' layouts (`call`): a repeated
-# call (the same kind of buffers, often new views) builds no map.
+# Each call names its kind and scalars; on registered buffers its prepared transfer is
+# kept and found again by them and its tensors' addresses (`kvtier.adapters.registry`).
 def _lf_lf(kind, names, tensors, src_indices, dst_indices, item_size, block_quota, config, check):
-    ptrs = []
     if type(item_size) is int and block_quota is None and config is None:      # (`plain`, the usual call)
-        key = (kind, item_size, None, None, *dense_keys(tensors, ptrs))
+        scalars = (item_size, None, None)
     else:
-        key = (kind, *plain(item_size, block_quota, config), *dense_keys(tensors, ptrs))
-    shape = SHAPES.get(key)
-    if shape is not None:               # (`call`, inline: a layer loop's every call)
-        shape.run(tensors, src_indices, dst_indices, check, _rebuild, ptrs)
-        return
+        scalars = plain(item_size, block_quota, config)
 
-    def full():
+    def build():
         pairs = [(lf_buffer(sn, s, item_size), lf_buffer(dn, d, item_size)) for sn, s, dn, d in _comps(names, tensors)]
-        return run_copy(pairs, src_indices, dst_indices, op=LOAD_LAYER, skip_negative=True,
-                        block_quota=block_quota, config=config, check=check, args=tensors,
-                        arg_names=sum(names, ()))
-    call(key, tensors, src_indices, dst_indices, check, full, ptrs)
+        return _prepared(pairs, src_indices, dst_indices, op=LOAD_LAYER, skip_negative=True,
+                         block_quota=block_quota, config=config)
+    registry.call(kind, scalars, tensors, src_indices, dst_indices, check, build)
 
 
 def _pf_lf(names, tensors, src_indices, dst_indices, layer_id, item_size, src_layout_dim, block_quota,
            config, check):
-    def full():
+    def build():
         pairs = [(pf_buffer(sn, s, item_size, src_layout_dim), lf_buffer(dn, d, item_size))
                  for sn, s, dn, d in _comps(names, tensors)]
-        return run_copy(pairs, src_indices, dst_indices, src_layer=_layer_id(layer_id, pairs[0][0]),
-                        num_layers=1, op=LOAD_LAYER, skip_negative=True, block_quota=block_quota,
-                        config=config, check=check, args=tensors, arg_names=sum(names, ()))
-    ptrs = []
-    call(("pf_lf", names, *plain(layer_id, item_size, src_layout_dim, block_quota, config),
-          *dense_keys(tensors, ptrs)), tensors, src_indices, dst_indices, check, full, ptrs)
+        return _prepared(pairs, src_indices, dst_indices, src_layer=_layer_id(layer_id, pairs[0][0]), num_layers=1,
+                         op=LOAD_LAYER, skip_negative=True, block_quota=block_quota, config=config)
+    registry.call(("pf_lf", names), plain(layer_id, item_size, src_layout_dim, block_quota, config), tensors,
+                  src_indices, dst_indices, check, build)
+
+
+def _prepared(pairs, src_indices, dst_indices, *, src_layer: int = 0, dst_layer: int = 0, num_layers=None, **kw):
+    """The `EngineCall` of one layer map over component ``pairs`` (not launched)."""
+    from .maps import EngineCall
+    return EngineCall([(pairs, src_layer, dst_layer, num_layers)], src_indices, dst_indices, **kw)
 
 
 def transfer_kv_per_layer(src_k, dst_k, src_v, dst_v, src_indices, dst_indices, item_size: int,
                           block_quota: Optional[int] = None, num_warps_per_block: Optional[int] = None,
                           *, config=None, check: Optional[bool] = None) -> None:
     """K and V of one layer, ``lf`` -> ``lf``: ``dst[d[j]] = src[s[j]]`` for each pair."""
-    tensors = (src_k, dst_k, src_v, dst_v)
-    if type(item_size) is int and block_quota is None and config is None:     # (HiCache's layer loop: `_lf_lf`
-        ptrs = []                                                             # inline, one frame fewer)
-        shape = SHAPES.get(("lf_lf", item_size, None, None, *dense_keys(tensors, ptrs)))
-        if shape is not None:
-            shape.run(tensors, src_indices, dst_indices, check, _rebuild, ptrs)
-            return
-    _lf_lf("lf_lf", _KV, tensors, src_indices, dst_indices, item_size, block_quota, config, check)
+    _lf_lf("lf_lf", _KV, (src_k, dst_k, src_v, dst_v), src_indices, dst_indices, item_size, block_quota, config,
+           check)
 
 
 def transfer_kv_per_layer_mla(src, dst, src_indices, dst_indices, item_size: int,
@@ -161,15 +154,13 @@ def transfer_kv_per_layer_ph_lf(src_k, dst_k, src_v, dst_v, src_indices, dst_ind
     SGLang's page-head kernel does not skip them."""
     tensors = (src_k, dst_k, src_v, dst_v)
 
-    def full():
+    def build():
         pairs = [(ph_buffer(sn, s, item_size, src_layout_dim, page_size, head_num), lf_buffer(dn, d, item_size))
                  for sn, s, dn, d in _comps(_KV, tensors)]
-        return run_copy(pairs, src_indices, dst_indices, src_layer=_layer_id(layer_id, pairs[0][0]),
-                        num_layers=1, op=LOAD_LAYER, block_quota=block_quota, config=config, check=check,
-                        args=tensors, arg_names=sum(_KV, ()))
-    ptrs = []
-    call(("ph_lf", *plain(layer_id, item_size, src_layout_dim, page_size, head_num, block_quota, config),
-          *dense_keys(tensors, ptrs)), tensors, src_indices, dst_indices, check, full, ptrs)
+        return _prepared(pairs, src_indices, dst_indices, src_layer=_layer_id(layer_id, pairs[0][0]), num_layers=1,
+                         op=LOAD_LAYER, block_quota=block_quota, config=config)
+    registry.call("ph_lf", plain(layer_id, item_size, src_layout_dim, page_size, head_num, block_quota, config),
+                  tensors, src_indices, dst_indices, check, build)
 
 
 # ------------------------------------------------------------------ all layers, tables
@@ -177,17 +168,15 @@ def _all_layer(kind, names, tensors, host_side, src_indices, dst_indices, item_s
                skip_negative, block_quota, config, check):
     """Every layer from per-layer source tables: to tables (``host_side`` None) or to the
     host buffers ``host_side(name, tensor)`` builds (``scalars``: what that depends on)."""
-    def full():
+    def build():
         pairs = [(layer_table(sn, s, item_size, num_layers),
                   layer_table(dn, d, item_size, num_layers, exact=False) if host_side is None else host_side(dn, d))
                  for sn, s, dn, d in _comps(names, tensors)]
-        return run_copy(pairs, src_indices, dst_indices, num_layers=num_layers, op=BACKUP,
-                        skip_negative=skip_negative, block_quota=block_quota, config=config, check=check,
-                        table_names=_table_names(names, host_side is None), args=tensors,
-                        arg_names=sum(names, ()))
-    ptrs = []
-    call((kind, names, *plain(item_size, num_layers, *scalars, block_quota, config), *dense_keys(tensors, ptrs)),
-         tensors, src_indices, dst_indices, check, full, ptrs)
+        return _prepared(pairs, src_indices, dst_indices, num_layers=num_layers, op=BACKUP,
+                         skip_negative=skip_negative, block_quota=block_quota, config=config,
+                         table_names=_table_names(names, host_side is None))
+    registry.call((kind, names), plain(item_size, num_layers, *scalars, block_quota, config), tensors,
+                  src_indices, dst_indices, check, build)
 
 
 def _table_names(names, dst_tables: bool):
@@ -277,7 +266,7 @@ def transfer_kv_direct(src_layers: Sequence[torch.Tensor], dst_layers: Sequence[
     for s, d in pairs:
         if s.row_bytes != d.row_bytes:
             raise fail("dst_layers", f"rows of {d.row_bytes} bytes", f"the src_layers rows are {s.row_bytes} bytes")
-    run_copy(pairs, src_indices, dst_indices, op=direction(pairs), config=config, check=check)
+    copy_pairs(pairs, src_indices, dst_indices, op=direction(pairs), config=config, check=check)
 
 
 def _host_pages(arg: str, t, page_size: int) -> RowMap:
@@ -319,8 +308,8 @@ def transfer_kv_per_layer_direct_pf_lf(src_ptrs, dst_ptrs, src_indices, dst_indi
     if not is_int(layer_id) or layer_id < 0 or layer_id + n > pairs[0][0].num_layers:
         raise fail("layer_id", layer_id, f"layers {layer_id}..+{n} are outside the host buffer's "
                    f"{pairs[0][0].num_layers}")
-    run_copy(pairs, src_indices, dst_indices, src_layer=layer_id, num_layers=n, by_page=True,
-             op=LOAD_LAYER if n == 1 else LOAD, config=config, check=check)
+    copy_pairs(pairs, src_indices, dst_indices, src_layer=layer_id, num_layers=n, by_page=True,
+               op=LOAD_LAYER if n == 1 else LOAD, config=config, check=check)
 
 
 def transfer_kv_all_layer_direct_lf_pf(src_ptrs, dst_ptrs, src_indices, dst_indices,
@@ -337,5 +326,5 @@ def transfer_kv_all_layer_direct_lf_pf(src_ptrs, dst_ptrs, src_indices, dst_indi
     if pairs[0][1].num_layers < pairs[0][0].num_layers:
         raise fail("dst_ptrs", f"{pairs[0][1].num_layers} host layers",
                    f"src_ptrs lists {pairs[0][0].num_layers} layers per component")
-    run_copy(pairs, src_indices, dst_indices, num_layers=pairs[0][0].num_layers, by_page=True,
-             op=BACKUP, config=config, check=check)
+    copy_pairs(pairs, src_indices, dst_indices, num_layers=pairs[0][0].num_layers, by_page=True,
+               op=BACKUP, config=config, check=check)

@@ -16,7 +16,11 @@ import ...`` on Ascend) and, on CUDA/ROCm, take their own JIT HiCache kernels fo
    bound it (or left it unbound, as on a CPU), and answers no in the JIT-availability
    checks, so ``layer_first`` / ``page_first`` take the kvcacheio calls, i.e. kvtier;
    Mamba's JIT calls are bound to kvtier's single-component calls;
-3. makes SGLang's pointer tables use `kvtier.adapters.sglang_ranges.get_device_accessible_ptr`.
+3. makes SGLang's pointer tables use `kvtier.adapters.sglang_ranges.get_device_accessible_ptr`;
+4. registers every SGLang host pool as it is built (each ``HostKVCache`` class's
+   ``__init__``, wrapped): its tensors (host buffers, the device buffers and pointer
+   tables it holds) become a buffer set of `kvtier.adapters.registry`, so each of its
+   calls' transfers is prepared once and kept for the pool's lifetime.
 
 Call it before SGLang builds its host pools: a pool decides JIT or not when it is built.
 Idempotent; ``uninstall()`` restores every binding it changed. Each routed module is
@@ -32,6 +36,9 @@ import threading
 import types
 from typing import Dict, List, Tuple
 
+import torch
+
+from . import registry
 from . import sglang as _cuda_calls
 from . import sglang_npu as _npu_calls
 from . import sglang_npu_state as _npu_state
@@ -193,9 +200,46 @@ def install(modules=SGLANG_MODULES) -> Dict[str, List[str]]:
             if wanted:
                 _routed[name] = wanted
                 log.info("kvtier: SGLang install: %s -> kvtier: %s", name, ", ".join(wanted))
+            for cls in _host_pool_classes(module):
+                _set(cls, "__init__", _registering(cls.__dict__["__init__"]))
         if not _routed:
             log.info("kvtier: SGLang install: no SGLang module imported; kvcacheio modules provided")
         return installed()
+
+
+def _host_pool_classes(module: types.ModuleType) -> List[type]:
+    """The classes ``module`` defines that are SGLang host pools (``HostKVCache``
+    subclasses) with an ``__init__`` of their own."""
+    base = getattr(sys.modules.get("sglang.srt.mem_cache.pool_host.base"), "HostKVCache", None)
+    if base is None:
+        return []
+    return [c for c in vars(module).values()
+            if isinstance(c, type) and issubclass(c, base) and c.__module__ == module.__name__
+            and "__init__" in c.__dict__ and not getattr(c.__dict__["__init__"], "_kvtier_registers", False)]
+
+
+def _registering(init):
+    """``init`` (a host pool class's ``__init__``), then the pool registered as a buffer
+    set (`register_pool`)."""
+    def __init__(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        register_pool(self)
+    __init__._kvtier_registers = True
+    __init__.__wrapped__ = init
+    __init__.__doc__ = init.__doc__
+    return __init__
+
+
+def register_pool(pool) -> None:
+    """Register SGLang host pool ``pool``'s tensors and its device pool's (those each holds
+    as attributes, and in lists and tuples of them: a transfer's calls pass both sides) as a
+    buffer set owned by the host pool (`kvtier.adapters.registry`);
+    call it again after the pool's buffers change."""
+    owners = [pool] + [d for d in (getattr(pool, "device_pool", None),) if d is not None and hasattr(d, "__dict__")]
+    held = [v for o in owners for v in vars(o).values() if isinstance(v, torch.Tensor)
+            or (isinstance(v, (list, tuple)) and v and all(isinstance(x, torch.Tensor) for x in v))]
+    if held:
+        registry.register(pool, held)
 
 
 def uninstall() -> None:

@@ -28,8 +28,8 @@ import torch
 
 from kvtier.kernels.ops import Op
 
-from .maps import page_count, run_jobs
-from kvtier.kernels.errors import KvtierError, fail
+from .maps import copy_jobs, page_count
+from kvtier.errors import KvtierError, fail
 from kvtier.kernels.rowmap import RowMap
 
 __all__ = ["TransferDirection", "TransferFlag", "transfer_kv_dim_exchange",
@@ -158,7 +158,7 @@ def transfer_kv_dim_exchange(
     src_idx, dst_idx = (host_indices, device_indices) if h2d else (device_indices, host_indices)
     # A call that moves one layer is a per-layer transfer (HiCache's layer-wise load).
     op = Op("load" if h2d else "backup", "layer" if all(j[3] == 1 for j in jobs) else "all")
-    run_jobs(jobs, src_idx, dst_idx, op=op, by_page=True, config=config,
+    copy_jobs(jobs, src_idx, dst_idx, op=op, by_page=True, config=config,
              check=check, index_names=("host_indices", "device_indices") if h2d
              else ("device_indices", "host_indices"))
 

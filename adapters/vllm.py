@@ -41,11 +41,13 @@ import numpy as np
 import torch
 
 import kvtier.platforms as platforms
-from kvtier.kernels.errors import KvtierError, fail
+from kvtier.errors import KvtierError, fail
+from kvtier.kernels.index_check import Checks
 from kvtier.kernels.ops import BACKUP, LOAD
 from kvtier.kernels.rowmap import RowMap
+from kvtier.kernels.transfer import Copy, Transfer
 from kvtier.kernels.validate import compute_device
-from kvtier.pool.launch import launch
+from kvtier.pool import tuning
 
 from .vllm_blocks import block_ids, fill_rows, group_layout, refs_or_all
 
@@ -160,11 +162,13 @@ class _Job:
 @dataclass
 class _Group:
     """One KV cache group: its (GPU map, CPU map) pairs, one per tensor geometry, the
-    GPU blocks every tensor of it has, and the bytes one of its blocks moves."""
+    GPU blocks every tensor of it has, the bytes one of its blocks moves, and (once the
+    handler's direction is known) the prepared transfer of its pairs."""
 
     maps: list
     gpu_blocks: int
     block_bytes: int
+    transfer: Optional[Transfer] = None
 
 
 # ---------------------------------------------------------------- the handler
@@ -209,6 +213,8 @@ class KvtierOffloadingHandler:
         self.device = compute_device(*maps)
         _check_reach(maps, self.device)
         self._op = BACKUP if gpu_to_cpu else LOAD
+        for g in self._groups:
+            g.transfer = _transfer(self._op, g.maps, self.device) if g.maps else None
         self._queue = _queue(self.device)
         self._jobs: deque = deque()
         self._pending: dict = {}          # job_id -> end event
@@ -255,11 +261,10 @@ class KvtierOffloadingHandler:
                 if a == b:
                     continue
                 gi, ci = rows.dev[a:b], rows.dev[n + a:n + b]
-                for gmap, cmap in group.maps:
-                    if store:
-                        launch(self._op, gmap, gi, cmap, ci, num_layers=gmap.num_layers)
-                    else:
-                        launch(self._op, cmap, ci, gmap, gi, num_layers=gmap.num_layers)
+                if store:
+                    group.transfer.launch(gi, ci)
+                else:
+                    group.transfer.launch(ci, gi)
             end.record(queue.stream)
         nbytes = sum(s * g.block_bytes for s, g in zip(sizes, self._groups))
         self._jobs.append(_Job(int(job_id), start, end, nbytes, rows))
@@ -360,6 +365,17 @@ def _group(gpus, cpus, refs, factor: int) -> _Group:
             for pairs in classes.values()]
     return _Group(maps=maps, gpu_blocks=min(gpus[t].shape[0] for t, _ in refs) if refs else 0,
                   block_bytes=sum(page for _, page in refs))
+
+
+def _transfer(op, maps, device: torch.device) -> Transfer:
+    """The prepared transfer of one group's (GPU map, CPU map) pairs in ``op``'s direction.
+    Its row lists are kvtier's own, checked on the host when they are made
+    (`vllm_blocks.fill_rows`), so its launches check nothing more."""
+    copies = [Copy(g, c, 0, 0, g.num_layers) if op is BACKUP else Copy(c, g, 0, 0, g.num_layers) for g, c in maps]
+    first = copies[0]
+    checks = Checks(("src rows", first.src.num_rows, 1), ("dst rows", first.dst.num_rows, 1))
+    return Transfer(copies, device=device, checks=checks, check=False, resolve=tuning.resolver(op),
+                    epoch=tuning.EPOCH, op=op)
 
 
 def _check_reach(maps, device: torch.device) -> None:

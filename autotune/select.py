@@ -25,13 +25,10 @@ from .key import DeviceId, TuneKey, device_identity, rows_bucket
 _RESOLVED = Bounded(4096)
 _BY_DEVICE = Bounded(4096)      # config_for's answers, by op and torch device
 _TABLES = Bounded(64)           # each device's tuned results, read once
-_GENERATION = [0]
-
-
-def generation() -> int:
-    """Bumped by `invalidate`: callers that keep a looked-up configuration (the pools'
-    routes) look it up again when it changed."""
-    return _GENERATION[0]
+# The tuning epoch, bumped by `invalidate`: whoever keeps a looked-up configuration (a
+# prepared transfer's steps) compares ``EPOCH[0]`` with the one it looked up under, and
+# looks up again when it moved on.
+EPOCH = [0]
 
 
 class Table:
@@ -136,7 +133,7 @@ def _device(platform: str, device_name: str) -> Optional[DeviceId]:
 
 def invalidate() -> None:
     """Forget what was read and resolved (after tuning, or when the cache dir changes)."""
-    _GENERATION[0] += 1
+    EPOCH[0] += 1
     _RESOLVED.clear()
     _BY_DEVICE.clear()
     _TABLES.clear()

@@ -11,8 +11,8 @@ and host slots, as a hierarchical cache allocates them.
 `Pools.transfer(op)` is one operation of `kvtier.kernels.ops.LABELS`. Its
 ``runner(config)`` runs the pools' call for it (`HostPool` backup and loads, through
 the kernel or the dma path with its runtime copies; `DevicePool` gather and scatter)
-with ``config`` forced on every launch (`kvtier.pool.launch.forced`), or under the pools'
-own lookup when ``config`` is None. `RowCopy` says what a transfer moves, as
+with ``config`` fixed on both pools (their ``config``), or under the pools' own lookup
+when ``config`` is None. `RowCopy` says what a transfer moves, as
 `copy_rows` takes it; its `mismatch` compares every destination row with its source row,
 byte for byte.
 """
@@ -32,7 +32,6 @@ from kvtier.kernels.reference import layer_rows
 from kvtier.kernels.validate import compute_device
 from kvtier.pool import HostPool, MHADevicePool, MLADevicePool
 from kvtier.pool.gather import contiguous_map, group_shape
-from kvtier.pool.launch import forced
 
 POISON = 0xA5
 DEVICE_LAYOUTS = ("layers", "stacked")
@@ -368,18 +367,17 @@ class Transfer:
 
     def runner(self, config: Optional[CopyConfig] = None) -> Callable[[], None]:
         """A callable that performs the transfer once: the pools' own call with ``config``
-        forced on every launch it makes (None: the configuration the pools look up). A
+        fixed on both pools for every launch it makes (None: the configuration the pools look up). A
         kernel configuration across the link needs host memory kernels reach; where they
         do not, the pool would move it with the dma strategy, so it is refused."""
         call = self.call()
-        if config is None:
-            return call
-        if config.strategy == "kernel" and self.crosses_link and not self.pools.kernels_reach:
+        if config is not None and config.strategy == "kernel" and self.crosses_link and not self.pools.kernels_reach:
             raise fail("config.strategy", config.strategy, self.pools.platform.unreachable)
+        host, dev = self.pools.host_pool, self.pools.device_pool
 
         def run():
-            with forced(config):
-                call()
+            host.config = dev.config = config      # the pools re-resolve only when it changes
+            call()
         return run
 
     def written(self) -> Optional[RowCopy]:

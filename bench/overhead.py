@@ -331,7 +331,7 @@ def measure_overhead(device: Optional[torch.device] = None, *, calls: Optional[i
 
 
 def _environment() -> dict:
-    from kvtier.kernels.copy_rows import interpreter_active, triton_available
+    from kvtier.kernels.launcher import interpreter_active, triton_available
     env = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "torch": torch.__version__, "triton_available": triton_available(),
            "interpreter": interpreter_active()}

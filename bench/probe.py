@@ -1,7 +1,7 @@
 """Look at a kvtier call up to its kernel launches without running a kernel.
 
 Inside ``LaunchProbe()``, both kernels a call can launch are replaced by recorders: the
-row-copy kernel (`kvtier.kernels.copy_rows`) and the index-check kernel
+row-copy kernel (`kvtier.kernels.launcher`) and the index-check kernel
 (``_check_indices_kernel`` in `kvtier.kernels.index_check_kernel`, which
 `kvtier.kernels.index_check` launches before the copies when value checks are on).
 Every call of the core, a pool or an adapter still validates, plans, looks up its
@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import importlib
 
-# The module, not the function of the same name that kvtier.kernels exports.
-_core = importlib.import_module("kvtier.kernels.copy_rows")
+import kvtier.kernels.launcher as _core
 
 
 class NoKernel(RuntimeError):

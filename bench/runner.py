@@ -25,7 +25,7 @@ POINT_BUDGET_S = 0.25
 
 def environment(device: torch.device, sweep: Sweep) -> dict:
     """Where and how the run was made; ``hardware_figures`` is False for CPU runs."""
-    from kvtier.kernels.copy_rows import interpreter_active, triton_available
+    from kvtier.kernels.launcher import interpreter_active, triton_available
     env = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "device": device_name(device) or "cpu", "platform": platform_of(device),
            "torch": torch.__version__, "triton_available": triton_available(),

@@ -82,7 +82,7 @@ def run(args) -> int:
             raise UsageError(f"{e} (or pass --no-write)") from None
     from kvtier.autotune.search import tune
     from kvtier.autotune.report import format_results
-    from kvtier.kernels.copy_rows import interpreter_active
+    from kvtier.kernels.launcher import interpreter_active
 
     target = None if args.codegen_target == "none" else args.codegen_target
     print(f"kvtier autotune on {platform}: {shape.describe()}; ops {','.join(ops)}; rows {list(sizes)}")

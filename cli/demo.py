@@ -64,7 +64,7 @@ def _run(args, store, torch, device, platform) -> int:
         # Triton runs CPU tensors only in its interpreter, chosen before Triton is imported.
         os.environ.setdefault("TRITON_INTERPRET", "1")
     from kvtier.kernels import RowMap, copy_rows
-    from kvtier.kernels.copy_rows import interpreter_active
+    from kvtier.kernels.launcher import interpreter_active
     from kvtier.kernels.layouts import host_layout
     from kvtier.platforms import device_name, synchronize
     L, pages, P, H, D = args.layers, args.pages, args.page_size, args.heads, args.head_dim

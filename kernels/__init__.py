@@ -7,9 +7,10 @@ Triton cannot run, copies fall back to the torch reference with one warning.
 """
 # platforms first: it keeps `import torch` from auto-loading torch_npu (see kvtier.platforms).
 import kvtier.platforms  # noqa: F401
-from .config import CopyConfig, Space
-from .copy_rows import copy_rows, synchronize
-from .errors import KvtierError
+from kvtier.config import CopyConfig, Space
+from .launcher import synchronize
+from .transfer import Copy, Transfer, copy_rows
+from kvtier.errors import KvtierError
 from .reference import copy_rows_reference
 from .layouts import NAMES as LAYOUTS, HostLayout, host_layout
 from .ops import OPS, Op
@@ -17,7 +18,7 @@ from .rowmap import RowMap
 
 __all__ = [
     "RowMap", "LAYOUTS", "HostLayout", "host_layout", "OPS", "Op", "CopyConfig", "Space", "default_config",
-    "copy_rows", "copy_rows_reference", "synchronize", "KvtierError",
+    "copy_rows", "copy_rows_reference", "synchronize", "KvtierError", "Transfer", "Copy",
 ]
 
 

@@ -138,7 +138,7 @@ def compile_reports(requests) -> list:
 def _interpreter_ran_here() -> bool:
     """Whether Triton runs kernels in its interpreter in this process (then compiling
     here may fail: see `compile_reports`)."""
-    from .copy_rows import interpreter_active
+    from .launcher import interpreter_active
     return interpreter_active()
 
 

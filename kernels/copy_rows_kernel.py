@@ -1,4 +1,4 @@
-"""The row-copy Triton kernel (its launcher is kvtier.kernels.copy_rows).
+"""The row-copy Triton kernel (its launcher is kvtier.kernels.launcher).
 
 Kept in its own module so that importing kvtier does not import Triton: Triton decides
 at import time whether kernels run compiled or in its CPU interpreter.
@@ -40,7 +40,7 @@ def table_base(table, table2, comp, e, t_comp, base, comp_stride, TSPLIT: tl.con
 @triton.jit(do_not_specialize=NOT_SPECIALIZED)
 def _copy_rows_kernel(
     # What changes from call to call first (the lists and their checks, each side's buffer
-    # or tables, the layer range), then what a bound copy keeps (passed as one prebuilt
+    # or tables, the layer range), then what a copy launch keeps (passed as one prebuilt
     # tuple), then the compile-time constants.
     src_idx, dst_idx, n_idx, n_rows, src_idx_stride, dst_idx_stride,
     src_limit, dst_limit, src_arg, dst_arg, src_targ, dst_targ, verdict, record,

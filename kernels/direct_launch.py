@@ -4,7 +4,7 @@ On every launch Triton's `JITFunction.run` works out the specialization of every
 argument, a cache key, its knobs and hooks, then calls the compiled kernel's launcher.
 For the row copy's 43 arguments that is about 17 µs of host time per launch on the
 development CPU (`bench/scripts/launch_binding.py` times its largest part), more than
-the rest of a pool call. A bound copy passes the same arguments on every launch but its
+the rest of a pool call. A copy launch passes the same arguments every time but its
 indices, row count and verdict word (and a gather's new buffer), so once Triton has
 launched it, its compiled kernel is kept per specialization of those (the current
 device, each tensor's dtype and 16-byte alignment, the row count's integer width), and
@@ -153,7 +153,7 @@ def _same(theirs: tuple, ours: tuple) -> bool:
     return True
 
 
-COPY_CALL_ARGS = 22     # the row copy's per-call arguments come first (kvtier.kernels.copy_rows)
+COPY_CALL_ARGS = 22     # the row copy's per-call arguments come first (kvtier.kernels.launcher)
 CHECK_CALL_ARGS = 18    # the index check's (kvtier.kernels.index_check)
 
 
@@ -172,7 +172,7 @@ def _spec(args) -> tuple:
 def copy_spec(args: tuple) -> tuple:
     """The row copy's specialization among the arguments that change from call to call
     (the lists, their strides, limits and names, the verdict or record, each side's base
-    or tables; the rest are a bound copy's own)."""
+    or tables; the rest are a copy launch's own)."""
     return _spec(args[:COPY_CALL_ARGS])
 
 
@@ -208,7 +208,7 @@ def through_triton(jit_fn, grid: int, args: tuple, num_warps: Optional[int] = No
     """Launch ``jit_fn`` over ``grid`` programs through Triton (``num_warps`` None:
     Triton's default); an interpreted kernel runs only while no other thread's does."""
     kw = {} if num_warps is None else {"num_warps": num_warps}
-    if interpreted(jit_fn):
+    if type(jit_fn).__name__ == "InterpretedFunction":      # (`interpreted`, without its frame)
         with _INTERPRETER:
             return jit_fn[(grid,)](*args, **kw)
     return jit_fn[(grid,)](*args, **kw)

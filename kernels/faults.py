@@ -104,9 +104,10 @@ def record(device: torch.device) -> Record:
     return r
 
 
-def ready(device: torch.device) -> Record:
-    """This thread's record on ``device``, after raising the failure any of this thread's
-    records holds (`raise_pending`): what every launching call asks first."""
+def call_record(device: torch.device) -> Record:
+    """This thread's record on ``device`` for the call about to launch, after raising the
+    failure an earlier call left in any of this thread's records (`raise_pending`): what
+    every launching call asks first."""
     for r in getattr(_local, "visible", ()):
         if r.view[0]:
             _raise(r, tuple(r.view[:6]), False)

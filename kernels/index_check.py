@@ -62,12 +62,14 @@ class Checks:
     """What a call's two index lists must satisfy: each side's argument name (as the
     caller named it) and its id in failure records, its exclusive limit and the page size
     its list comes in whole runs of (1: none), whether negative pairs are skipped, and
-    the argument ids of each side's engine tables. Made once per call shape (`of`)."""
+    the argument ids of each side's engine tables. Made once by whoever owns the lists'
+    transfer (`kvtier.kernels.transfer.Transfer`)."""
 
     __slots__ = ("src_name", "dst_name", "src_arg", "dst_arg", "src_limit", "dst_limit", "src_page", "dst_page",
                  "skip_negative", "src_targ", "dst_targ", "launch_args", "paged")
 
-    def __init__(self, src: tuple, dst: tuple, skip_negative: bool, tables: tuple):
+    def __init__(self, src: tuple, dst: tuple, skip_negative: bool = False,
+                 tables: tuple = ("src table", "dst table")):
         self.src_name, self.src_limit, self.src_page = src
         self.dst_name, self.dst_limit, self.dst_page = dst
         self.src_arg, self.dst_arg = faults.arg_id(src[0]), faults.arg_id(dst[0])
@@ -76,13 +78,6 @@ class Checks:
         # What an inline-checking launch passes (the row copy's limits and ids, in order).
         self.launch_args = (self.src_limit, self.dst_limit, self.src_arg, self.dst_arg, self.src_targ, self.dst_targ)
         self.paged = self.src_page > 1 or self.dst_page > 1
-
-    @staticmethod
-    @functools.lru_cache(maxsize=1024)
-    def of(src: tuple, dst: tuple, skip_negative: bool = False, tables: tuple = ("src table", "dst table")) -> "Checks":
-        """The checks of lists ``src`` and ``dst``, each (name, limit, page); ``tables``:
-        how the caller names each side's tables (a pure function of its arguments)."""
-        return Checks(src, dst, skip_negative, tables)
 
     def count(self, n: int) -> None:
         """A page-granular list's count must be whole pages (metadata: checked here)."""
@@ -116,7 +111,7 @@ def check_launch(device: torch.device, checks: Checks, si: torch.Tensor, di: tor
     (word 0) or, for a copy that must run only when the call is refused, word 1.
     ``two=False``: only ``si`` is checked (against the source side's limit and page).
     ``direct``: the check kernel is compiled, and kept for direct launches
-    (`kvtier.kernels.copy_rows.direct_launches`)."""
+    (`kvtier.kernels.launcher.direct_launches`)."""
     words = faults.verdict_words(device) if words is None else words
     record = record or faults.record(device)
     tables = _tables(bounds, sides, (checks.src_targ, checks.dst_targ))

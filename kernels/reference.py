@@ -1,5 +1,5 @@
 """Plain-torch implementation of the row copy: the test oracle, and the fallback where
-Triton cannot run. Same signature and checks as `kvtier.kernels.copy_rows`."""
+Triton cannot run. Same signature and checks as `kvtier.kernels.copy_rows` (the function)."""
 from __future__ import annotations
 
 from typing import Optional

@@ -205,10 +205,10 @@ class RowMap:
         return v
 
     def layout_key(self) -> tuple:
-        """Everything a bound copy depends on in this map but its addresses: the
+        """Everything a copy launch depends on in this map but its addresses: the
         geometry, the strides, the alignment, how a table is read and the device type. Two
-        maps with equal keys are launched by one bound copy, each call passing its own
-        base or tables (`kvtier.kernels.copy_rows.Side`)."""
+        maps with equal keys share one `CopyLaunch`, each passing its own
+        base or tables (`kvtier.kernels.launcher.Addresses`)."""
         return (self.num_components, self.num_layers, self.num_rows, self.page_size, self.row_bytes,
                 self.chunk_bytes, self.n_chunks, self.chunk_stride, self.token_stride, self.page_stride,
                 self.layer_stride, self.is_table, self.align, self.device.type, self.entry_comp,
@@ -458,7 +458,7 @@ class RowMap:
         """Single-component stacked maps of equal geometry, in any allocations, as one map
         whose components are ``comp_stride`` bytes apart (the step between consecutive
         bases, which may be negative): one launch moves them all, each call passing its
-        own bases (`kvtier.kernels.copy_rows.Side`). None where the steps differ or the
+        own bases (`kvtier.kernels.launcher.Addresses`). None where the steps differ or the
         maps cannot be joined."""
         maps = list(maps)
         if len(maps) == 1:

@@ -26,7 +26,7 @@ from .errors import fail
 _LAST = Bounded(64)     # (device, stream) -> (snapshot, on device); docs/design.md, "Caches"
 
 
-def on_device(idx: torch.Tensor, device: torch.device, arg: str = "indices") -> torch.Tensor:
+def stage(idx: torch.Tensor, device: torch.device, arg: str = "indices") -> torch.Tensor:
     """``idx`` (1-D, any strides) on ``device`` without waiting for it."""
     if idx.device == device:
         return idx

@@ -202,7 +202,7 @@ def npu_reachable(m) -> bool:
 def device_addressed(m, device: torch.device):
     """Row map ``m`` as a kernel on ``device`` addresses it: a host map lying in one
     registration is the same map at the registered device address of its base (what a
-    call on such a buffer passes, `kvtier.kernels.copy_rows.Side`); any other host map
+    call on such a buffer passes, `kvtier.kernels.launcher.Addresses`); any other host map
     becomes a table of its layers' device addresses; device maps are returned unchanged."""
     if m.device.type != "cpu" or device.type == "cpu":
         return m

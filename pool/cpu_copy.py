@@ -10,7 +10,7 @@ import torch
 
 from kvtier.kernels import faults
 from kvtier.kernels.errors import fail
-from kvtier.kernels.copy_rows import direct_launches
+from kvtier.kernels.launcher import direct_launches
 from kvtier.kernels.index_check import Checks, check_launch, checks_on
 from kvtier.kernels.validate import check_index, is_int
 
@@ -50,7 +50,7 @@ def _checked(pool, indices: torch.Tensor):
     if not checks_on(pool.check) or not indices.numel():
         return None
     faults.raise_pending()
-    checks = Checks.of(("indices", pool.size, 1), ("indices", pool.size, 1))
+    checks = Checks(("indices", pool.size, 1), ("indices", pool.size, 1))
     words = check_launch(pool.device, checks, indices, indices, direct=direct_launches())
     if pool.device.type == "cpu":
         faults.raise_pending(this_call=True)

@@ -17,13 +17,13 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from kvtier.kernels import RowMap
-from kvtier.kernels.errors import KvtierError, fail
-from kvtier.kernels import faults
 from kvtier.bounded import Bounded
+from kvtier.errors import KvtierError, fail
+from kvtier.kernels import RowMap, faults
 from kvtier.kernels.validate import is_int
 
 from .gather import gather as _gather, scatter as _scatter
+from .tuning import FixedConfig
 from .spec import Component, check_bool, check_positive
 
 Buffers = Dict[str, Union[torch.Tensor, Sequence[torch.Tensor]]]
@@ -36,6 +36,9 @@ class DevicePool:
     adopt an engine's tensors with their ``from_layers`` / ``from_stacked``
     classmethods; the engine keeps ownership of that memory.
     """
+
+    # The configuration every gather and scatter launches with (None: the tuned one).
+    config = FixedConfig()
 
     def __init__(self, buffers: Buffers, page_size: int, *, start_layer: int = 0,
                  paged_dims: bool = False, _args: Optional[Dict[str, str]] = None):
@@ -97,10 +100,10 @@ class DevicePool:
         self.page_runs = self.page_size > 1 and all(m.page_contiguous for _, m in self.groups)
         # Index value checks of gather/scatter/CPU copies: None follows KVTIER_CHECK (on).
         self.check: Optional[bool] = None
-        # Gathers' and scatters' copies per call shape, and group buffers' shapes per
-        # slot count (pool/gather.py: pure functions of the shape and this pool's maps).
-        self._gather_layouts = Bounded(16)
-        self._gather_specs = Bounded(64)
+        # Gathers' and scatters' prepared copies per call shape, and group buffers' shapes
+        # per slot count (pool/gather.py: this pool's own, a few shapes at a time).
+        self.gathers = Bounded(16)
+        self.gather_specs = Bounded(64)
         self._component_names = list(self.components)
 
     # ------------------------------------------------------------------ description

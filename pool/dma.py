@@ -46,16 +46,18 @@ import torch
 
 import kvtier.platforms as platforms
 from kvtier.autotune.select import config_for
-from kvtier.kernels import RowMap
 from kvtier.bounded import Bounded
-from kvtier.kernels.errors import fail
+from kvtier.errors import fail
+from kvtier.kernels import RowMap
+from kvtier.kernels.index_check import Checks
 from kvtier.kernels.iota import iota
 from kvtier.kernels.layouts import host_layout
 from kvtier.kernels.ops import Op
+from kvtier.kernels.transfer import Copy, Transfer
+from kvtier.kernels.validate import compute_device
 
 from . import link_copy
 from .dma_copies import Chunk, chunks_of, runs_of, shape_2d
-from .launch import launch
 
 Runs = Tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 CHUNK_ENV = "KVTIER_DMA_CHUNK_BYTES"
@@ -238,7 +240,7 @@ def backup(op, dev_map, didx, host_buf, layout, page_size, dev_layer, host_layer
     """Device rows ``didx`` of layers dev_layer.. -> host layers host_layer.. at the runs.
     ``verdict``: the words the call's check launch wrote (None: unchecked); ``host_map``:
     the host buffer as one map of unit rows (the bad-verdict fill reads through it)."""
-    t = _Transfer(op, dev_map, didx, host_buf, layout, page_size, dev_layer, host_layer, num_layers,
+    t = _DmaCall(op, dev_map, didx, host_buf, layout, page_size, dev_layer, host_layer, num_layers,
                   run_list, by_page, config, verdict, host_map)
     if t.chunks:
         with t.staging.lock:
@@ -248,11 +250,40 @@ def backup(op, dev_map, didx, host_buf, layout, page_size, dev_layer, host_layer
 def load(op, dev_map, didx, host_buf, layout, page_size, dev_layer, host_layer, num_layers,
          run_list, by_page, config, verdict=None, host_map=None) -> None:
     """Host layers host_layer.. at the runs -> device rows ``didx`` of layers dev_layer.."""
-    t = _Transfer(op, dev_map, didx, host_buf, layout, page_size, dev_layer, host_layer, num_layers,
+    t = _DmaCall(op, dev_map, didx, host_buf, layout, page_size, dev_layer, host_layer, num_layers,
                   run_list, by_page, config, verdict, host_map)
     if t.chunks:
         with t.staging.lock:
             t.load()
+
+
+class DmaMove:
+    """One copy of a host pool transfer that the dma strategy moves: the bulk mover of a
+    `kvtier.kernels.transfer.Step`. ``host_side(host_list, checked)`` finds the runs of
+    the host list (its values checked first where ``checked``, raising before any byte
+    of the call moves); calling it with the call's lists, those runs and the call's
+    verdict enqueues the move."""
+
+    def __init__(self, op, dev_map: RowMap, host_buf: torch.Tensor, layout: str, page_size: int, dev_layer: int,
+                 host_layer: int, num_layers: int, by_page: bool, config, limit: int):
+        self.op, self.dev_map, self.host_buf, self.layout, self.page_size = op, dev_map, host_buf, layout, page_size
+        self.dev_layer, self.host_layer, self.num_layers, self.by_page = dev_layer, host_layer, num_layers, by_page
+        self.config = config
+        paged = host_layout(layout).paged
+        self.unit = page_size if paged else 1
+        self.check = (limit, self.unit)
+        # The host buffer as one map of unit rows (the bad-verdict fill reads the host rows through it).
+        self.host_map = RowMap.stack([RowMap.from_host_layout(host_buf[c], layout, self.unit)
+                                      for c in range(host_buf.shape[0])])
+        self.move = backup if op.from_device else load
+
+    def host_side(self, host_list: torch.Tensor, checked: bool) -> Runs:
+        return runs(host_list.cpu(), self.unit, self.check if checked else None)
+
+    def __call__(self, si: torch.Tensor, di: torch.Tensor, run_list: Runs, verdict) -> None:
+        self.move(self.op, self.dev_map, si if self.op.from_device else di, self.host_buf, self.layout,
+                  self.page_size, self.dev_layer, self.host_layer, self.num_layers, run_list, self.by_page,
+                  self.config, verdict, self.host_map)
 
 
 def verdict_now(verdict: Optional[torch.Tensor]) -> Optional[int]:
@@ -265,7 +296,22 @@ def verdict_now(verdict: Optional[torch.Tensor]) -> Optional[int]:
     return None
 
 
-class _Transfer:
+def _staging_copy(op: Op, src: RowMap, si: torch.Tensor, dst: RowMap, di: torch.Tensor, src_layer: int,
+                  dst_layer: int, num_layers: int, by_page: bool, config, verdict) -> None:
+    """One copy between a staging slot and the device pool (or the host rows) at lists
+    kvtier made itself (parts of the call's checked lists, or rows 0 .. n-1), gated by the
+    call's ``verdict`` (None: the call is unchecked): a transfer of its own, kept nowhere
+    (the staging ring's slots change as it grows)."""
+    if not si.numel():
+        return
+    checks = Checks(("src_indices", src.num_rows, 1), ("dst_indices", dst.num_rows, 1))
+    t = Transfer([Copy(src, dst, src_layer, dst_layer, num_layers, by_page)], device=compute_device(src, dst),
+                 checks=checks, check=False, resolve=lambda c, n: (config, "kernel"), watched=False, op=op,
+                 strategy="dma")
+    t.launch_checked(t.steps(si.numel()), si, di, None, verdict, False)
+
+
+class _DmaCall:
     """One backup or load of one host component group through its stream's staging."""
 
     def __init__(self, op, dev_map, didx, host_buf, layout, page_size, dev_layer, host_layer, num_layers,
@@ -305,7 +351,7 @@ class _Transfer:
 
     def _stage_config(self, rows: int):
         # The gather's own configuration (device-local, many programs), not the link's,
-        # and not a configuration `launch.forced` imposes on link copies.
+        # and not a configuration a pool fixes for its own transfers.
         return config_for(self.stage_op, self.didx.device, row_bytes=self.dev_map.row_bytes,
                           page_size=self.dev_map.page_size, num_rows=rows, num_layers=self.num_layers)
 
@@ -314,13 +360,11 @@ class _Transfer:
         si = iota(di.numel(), di.dtype, di.device)
         cfg = self._stage_config(di.numel())
         if to_stage:
-            launch(self.stage_op, self.dev_map, di, slot.map, si, src_layer=self.dev_layer, dst_layer=0,
-                   num_layers=self.num_layers, by_page=self.by_page, config=cfg, strategy="dma",
-                   verdict=self.verdict)
+            _staging_copy(self.stage_op, self.dev_map, di, slot.map, si, self.dev_layer, 0, self.num_layers,
+                          self.by_page, cfg, self.verdict)
         else:
-            launch(self.stage_op, slot.map, si, self.dev_map, di, src_layer=0, dst_layer=self.dev_layer,
-                   num_layers=self.num_layers, by_page=self.by_page, config=cfg, strategy="dma",
-                   verdict=self.verdict)
+            _staging_copy(self.stage_op, slot.map, si, self.dev_map, di, 0, self.dev_layer, self.num_layers,
+                          self.by_page, cfg, self.verdict)
 
     def _copies(self, ch: Chunk, slot: Slot, to_host: bool) -> None:
         with self.staging.on_side():
@@ -339,9 +383,8 @@ class _Transfer:
     def _fill_from_host(self, ch: Chunk, slot: Slot, inverted: torch.Tensor) -> None:
         """Staging slot <- the chunk's host rows, only where the verdict is bad."""
         hs = self.staging.host_slots_of(ch, self.unit)
-        launch(self.op, self._host_map(), hs, slot.map, iota(hs.numel(), hs.dtype, hs.device),
-               src_layer=self.host_layer, dst_layer=0, num_layers=self.num_layers, by_page=self.by_page,
-               config=self.config, strategy="dma", verdict=inverted)
+        _staging_copy(self.op, self._host_map(), hs, slot.map, iota(hs.numel(), hs.dtype, hs.device),
+                      self.host_layer, 0, self.num_layers, self.by_page, self.config, inverted)
 
     # -- the pipelines
     def backup(self) -> None:

@@ -2,27 +2,26 @@
 one contiguous buffer per component group, and back (prefill-decode transfer, storage
 backends, CPU copies). One launch per group of components covers every layer.
 
-The copies are bound to the buffers' *layout* (`Layout`, per pool, operation and call
-shape: a pure function of them), so a call only passes its buffers' addresses and no
-buffer is kept alive; the caller's buffers (a scatter's data, a gather's ``out``) are
-checked on every call."""
+Each call shape (operation, page mode, slot count) has one prepared `Transfer` per pool
+(`DevicePool.gathers`, the pool's own: a few shapes at a time) whose buffer side is a
+template of the group buffers' geometry; a call passes its own buffers (a gather's new
+or ``out`` buffers, a scatter's data), checked on every call, and no buffer is kept."""
 from __future__ import annotations
 
-from typing import Dict, List, NamedTuple, Optional
+from typing import Dict, List, Optional
 
 import torch
 
+from kvtier.errors import fail
 from kvtier.kernels import RowMap
-from kvtier.kernels.copy_rows import BY_VERDICT, BoundCopy, _dummy, run
-from kvtier.kernels.errors import fail
-from kvtier.kernels.index_check import Checks, checks_on
+from kvtier.kernels.index_check import Checks
 from kvtier.kernels.iota import iota
-from kvtier.kernels.storage_watch import Watch, check_storage, watch
+from kvtier.kernels.launcher import layout_of
+from kvtier.kernels.ops import GATHER, SCATTER, Op
+from kvtier.kernels.transfer import Copy, Transfer
 from kvtier.kernels.validate import check_index, index_ok
 
-from kvtier.kernels.ops import GATHER, SCATTER, Op
-
-from .launch import DEBUG, bind_launch, log, log_launch, lookup, lookup_state
+from . import tuning
 
 
 def group_shape(pool, names, n_slots: int, pages: bool):
@@ -38,115 +37,75 @@ def contiguous_map(t: torch.Tensor, pool, pages: bool) -> RowMap:
     return RowMap.stack([RowMap.from_stacked(t[i], page, paged_dims=pages) for i in range(t.shape[0])])
 
 
-class _Group(NamedTuple):
-    """One group's copy of a `Layout`: the bound copy, the pool side's addresses, the
-    buffer side's component stride in the copy's units, the pool's map (for the torch
-    reference), the word alignment the buffers must have and the tensor that stands in
-    for a stacked side's unused tables."""
-
-    bound: BoundCopy
-    pool_side: tuple
-    comp_units: int
-    pool_map: RowMap
-    align: int
-    dummy: torch.Tensor
-
-
-class Layout:
-    """The copies of one call shape (per pool, operation, page mode, slot count and
-    lookup state) between the pool and contiguous group buffers of the shapes
-    `group_shape` gives: made from the first call's buffers, used with any buffers of
-    those shapes and alignment."""
+class GroupCopies:
+    """A pool's gathers or scatters of one call shape (operation, page mode, slot count):
+    the `Transfer` between the pool's group maps and templates of group buffers of the
+    shapes `group_shape` gives (made from the first call's buffers, holding none of them),
+    the buffers' shapes and dtypes, the alignment each must have, and the buffer side's
+    rows 0 .. n-1 per index dtype."""
 
     def __init__(self, pool, op: Op, bufs: List[torch.Tensor], pages: bool, page_indices: bool, n_slots: int,
                  into_pool: bool):
         self.shapes = [(group_shape(pool, names, n_slots, pages), pool.components[names[0]].dtype)
                        for names, _ in pool.groups]
-        self.into_pool, self.op, self.pages, self.page_indices = into_pool, op, pages, page_indices
-        self.groups, self.watch = [], Watch((), (), ())
+        self.into_pool = into_pool
+        copies, self.aligns, tuned_as = [], [], []
         for (names, m), buf in zip(pool.groups, bufs):
             layers = pool.components[names[0]].num_layers
             cmap = contiguous_map(buf, pool, pages)
             pool_side, buf_side = (m.pages_as_rows(), cmap.pages_as_rows()) if page_indices else (m, cmap)
+            buf_side = layout_of(buf_side)
             src, dst = (buf_side, pool_side) if into_pool else (pool_side, buf_side)
-            config = lookup(op, cmap, m, n_slots, layers) if into_pool else lookup(op, m, cmap, n_slots, layers)
-            bound = bind_launch(op, src, dst, num_layers=layers,
-                                n_rows=n_slots // (pool.page_size if page_indices else 1),
-                                by_page=pages and not page_indices, config=config)
-            sides = bound.sides(src, dst)
-            half = sides[:4] if not into_pool else sides[4:]
-            self.groups.append(_Group(bound, half, cmap.comp_stride // bound.unit, pool_side, buf_side.align,
-                                      _dummy(pool.device)))
-            self.watch = self.watch + watch(m, 0, layers)      # the pool's tensors its maps rest on
-        self.bounds = [g.bound for g in self.groups]
-        self.rows: Dict[torch.dtype, torch.Tensor] = {}     # the buffer side's rows 0 .. n-1, per index dtype
+            copies.append(Copy(src, dst, 0, 0, layers, pages and not page_indices))
+            self.aligns.append(buf_side.align)
+            tuned_as.append((m, layout_of(cmap), layers))   # (no buffer kept; a call of page indices is tuned by its slots)
+        limit = pool.size // pool.page_size if page_indices else pool.size
+        page = pool.page_size if pages and not page_indices else 1
+        n = n_slots // (pool.page_size if page_indices else 1)
+        listed, buffer = ("indices", limit, page), ("buffer rows", n, page)
+        checks = Checks(buffer, listed) if into_pool else Checks(listed, buffer)
+
+        def resolve(copy: Copy, rows: int):
+            m, cmap, layers = tuned_as[copies.index(copy)]
+            src, dst = (cmap, m) if into_pool else (m, cmap)
+            return pool.config or tuning.tuned_for(op, src, dst, n_slots, layers), "kernel"
+        self.transfer = Transfer(copies, device=pool.device, checks=checks, check=pool.check, resolve=resolve,
+                                 epoch=tuning.EPOCH, call_side=0 if into_pool else 1, op=op)
+        self.rows: Dict[torch.dtype, torch.Tensor] = {}
 
     def fits(self, bufs: List[torch.Tensor]) -> bool:
-        """Whether ``bufs`` are contiguous in the layout's shapes and aligned as it assumes
+        """Whether ``bufs`` are contiguous in the shapes and aligned as the templates assume
         (fresh allocations are)."""
-        for b, (shape, dtype), g in zip(bufs, self.shapes, self.groups):
-            if b.shape != shape or b.dtype != dtype or not b.is_contiguous() or b.data_ptr() % g.align:
+        for b, (shape, dtype), align in zip(bufs, self.shapes, self.aligns):
+            if b.shape != shape or b.dtype != dtype or not b.is_contiguous() or b.data_ptr() % align:
                 return False
         return True
 
-    def run(self, pool, bufs: List[torch.Tensor], idx: torch.Tensor, checks,
-            verdict: Optional[torch.Tensor] = None) -> None:
-        """The call: every group's copy between the pool at ``idx`` and its buffer (rows
-        0 .. n-1 of it), the lists checked by ``checks``, or gated by the ``verdict`` words
-        of a check launch this call made already (a call of several steps:
-        `kvtier.pool.cpu_copy`)."""
-        check_storage(self.watch)       # the pool's own tensors, where its maps were built
-        bounds, sides = self.bounds, []
-        for g, b in zip(self.groups, bufs):
-            buf = (b.data_ptr(), g.dummy, g.dummy, g.comp_units)
-            sides.append((*buf, *g.pool_side) if self.into_pool else (*g.pool_side, *buf))
-        if log.isEnabledFor(DEBUG):
-            for b in bounds:
-                log_launch(self.op, b.config.strategy, b.config, idx.numel(), idx.numel() * b.op_bytes)
+    def move(self, pool, bufs: List[torch.Tensor], idx: torch.Tensor, verdict: Optional[torch.Tensor] = None) -> None:
+        """Every group's copy between the pool at ``idx`` and its buffer (rows 0 .. n-1 of
+        it), the lists checked by the transfer, or gated by the ``verdict`` words of a
+        check launch this call made already (a call of several steps: `kvtier.pool.cpu_copy`)."""
         rows = self.rows.get(idx.dtype)
         if rows is None:
             rows = self.rows[idx.dtype] = iota(idx.numel(), idx.dtype, idx.device)
         si, di = (rows, idx) if self.into_pool else (idx, rows)
+        t = self.transfer
+        t.check = pool.check        # (the pool's setting as it is now)
         if verdict is None:
-            run(bounds, sides, si, di, checks, pool.device, None if bounds[0].runner == "kernel" else
-                self.maps(pool, bufs))
-        elif bounds[0].runner != "kernel":
-            run(bounds, sides, si, di, None, pool.device, self.maps(pool, bufs))
+            t.launch(si, di, buffers=bufs)
         else:
-            for b, sd in zip(bounds, sides):
-                b(si, di, sd, BY_VERDICT, verdict)
-
-    def maps(self, pool, bufs: List[torch.Tensor]) -> list:
-        """(source, destination) maps of each group's copy with ``bufs``: what the torch
-        reference copies between."""
-        out = []
-        for g, b in zip(self.groups, bufs):
-            cmap = contiguous_map(b, pool, self.pages)
-            cmap = cmap.pages_as_rows() if self.page_indices else cmap
-            out.append((cmap, g.pool_map) if self.into_pool else (g.pool_map, cmap))
-        return out
+            t.launch_checked(t.steps(idx.numel()), si, di, None, verdict, True, buffers=bufs)
 
 
-def _layout(pool, op: Op, bufs, pages: bool, page_indices: bool, n_slots: int, into_pool: bool) -> Layout:
-    """The pool's `Layout` for this call shape (kept per pool: a few shapes at a time)."""
-    key = (op, pages, page_indices, n_slots, *lookup_state())
-    laid = pool._gather_layouts.get(key)
-    if laid is None or not laid.fits(bufs):
-        laid = Layout(pool, op, bufs, pages, page_indices, n_slots, into_pool)
-        if laid.fits(bufs):
-            pool._gather_layouts.put(key, laid)
-    return laid
-
-
-def _checks(pool, pages: bool, page_indices: bool, n: int, into_pool: bool) -> Optional[Checks]:
-    """The checks of a gather's or scatter's pool list (below the pool's slots, or pages
-    with ``page_indices``) and of the buffer side's rows (kvtier's own, 0..n-1)."""
-    if not checks_on(pool.check):
-        return None
-    limit = pool.size // pool.page_size if page_indices else pool.size
-    page = pool.page_size if pages and not page_indices else 1
-    listed, buffer = ("indices", limit, page), ("buffer rows", n, page)
-    return Checks.of(buffer, listed) if into_pool else Checks.of(listed, buffer)
+def _copies(pool, op: Op, bufs, pages: bool, page_indices: bool, n_slots: int, into_pool: bool) -> GroupCopies:
+    """The pool's `GroupCopies` for this call shape (kept by the pool: a few shapes at a time)."""
+    key = (op, pages, page_indices, n_slots)
+    found = pool.gathers.get(key)
+    if found is None or not found.fits(bufs):
+        found = GroupCopies(pool, op, bufs, pages, page_indices, n_slots, into_pool)
+        if found.fits(bufs):
+            pool.gathers.put(key, found)
+    return found
 
 
 def _slots(pool, indices: torch.Tensor, pages: bool):
@@ -184,7 +143,7 @@ def gather(pool, indices: torch.Tensor, *, pages: bool = False,
 def gather_groups(pool, indices: torch.Tensor, bufs: List[torch.Tensor], pages: bool, op: Op = GATHER,
                   verdict: Optional[torch.Tensor] = None) -> None:
     """Fill group buffers ``bufs`` (shapes as `group_shape`) from slot (or page) ``indices``
-    (``verdict``: see `Layout.run`)."""
+    (``verdict``: see `GroupCopies.move`)."""
     _move_groups(pool, indices, bufs, pages, op, verdict, into_pool=False)
 
 
@@ -198,7 +157,7 @@ def scatter(pool, indices: torch.Tensor, data: Dict[str, torch.Tensor], *, pages
 def scatter_groups(pool, indices: torch.Tensor, bufs: List[torch.Tensor], pages: bool, op: Op = SCATTER,
                    verdict: Optional[torch.Tensor] = None) -> None:
     """Write group buffers (shapes as `group_shape`) back at slot (or page) ``indices``
-    (``verdict``: see `Layout.run`)."""
+    (``verdict``: see `GroupCopies.move`)."""
     _move_groups(pool, indices, bufs, pages, op, verdict, into_pool=True)
 
 
@@ -208,8 +167,7 @@ def _move_groups(pool, indices, bufs, pages: bool, op: Op, verdict, into_pool: b
     if not n:
         return
     n_slots = n * (pool.page_size if page_indices else 1)
-    laid = _layout(pool, op, bufs, pages, page_indices, n_slots, into_pool)
-    laid.run(pool, bufs, idx, _checks(pool, pages, page_indices, n, into_pool), verdict)
+    _copies(pool, op, bufs, pages, page_indices, n_slots, into_pool).move(pool, bufs, idx, verdict)
 
 
 def _out_buffers(pool, out, n_slots: int, pages: bool) -> List[torch.Tensor]:
@@ -244,9 +202,9 @@ def _group_specs(pool, n_slots: int, pages: bool) -> list:
     """(names, group buffer shape, dtype) of each group for ``n_slots`` slots (kept per
     pool: a pure function of the count)."""
     key = (pages, n_slots)
-    specs = pool._gather_specs.get(key)
+    specs = pool.gather_specs.get(key)
     if specs is None:
-        specs = pool._gather_specs.put(key, [(names, torch.Size(group_shape(pool, names, n_slots, pages)),
+        specs = pool.gather_specs.put(key, [(names, torch.Size(group_shape(pool, names, n_slots, pages)),
                                               pool.components[names[0]].dtype) for names, _ in pool.groups])
     return specs
 

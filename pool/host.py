@@ -9,86 +9,59 @@ from __future__ import annotations
 
 import math
 import os
-import weakref
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 
 import kvtier.platforms as platforms
-from kvtier.autotune.key import rows_bucket
-from kvtier.kernels import RowMap
-from kvtier.kernels.config import STRATEGIES as LINK_STRATEGIES
-from kvtier.kernels.errors import fail
+from kvtier.config import STRATEGIES as LINK_STRATEGIES
+from kvtier.errors import fail
+from kvtier.kernels import RowMap, faults
+from kvtier.kernels.index_check import Checks
 from kvtier.kernels.layouts import host_layout
 from kvtier.kernels.ops import BACKUP, LOAD, LOAD_LAYER, Op
-from kvtier.kernels import faults
-from kvtier.bounded import Bounded
-from kvtier.kernels.copy_rows import BY_VERDICT, UNCHECKED, direct_launches, run
-from kvtier.kernels.index_check import Checks, check_launch, checks_on
-from kvtier.kernels.staging import on_device
-from kvtier.kernels.storage_watch import check_storage, watch
+from kvtier.kernels.staging import stage
+from kvtier.kernels.transfer import Copy, Transfer
 from kvtier.kernels.validate import check_index, index_ok, is_int
 
-from . import dma
+from . import tuning
 from .allocator import PageAllocator
 from .device import DevicePool
-from . import launch as launcher
-from .launch import DEBUG, bind_launch, lookup, lookup_state
+from .dma import DmaMove
 from .spec import Component
-
-if TYPE_CHECKING:
-    from .plan import TransferPlan
 
 _CPU = torch.device("cpu")
 
 STRATEGIES = ("auto",) + LINK_STRATEGIES   # "auto": the tuned configuration decides
 
 
-@dataclass(frozen=True)
-class Move:
-    """One launch of a transfer: a device map and the host map (and buffer) it pairs with."""
+class GroupPair(NamedTuple):
+    """One host buffer group paired with the device pool's matching map: what one copy of
+    a transfer moves (K and V share one where both sides hold them together)."""
 
     names: Tuple[str, ...]
     dev_map: RowMap
     host_map: RowMap
-    host_buf: torch.Tensor      # (C, ...) in the host layout, the components of this move
+    host_buf: torch.Tensor      # (C, ...) in the host layout, the components of this pair
     num_layers: int             # the device pool's layers of these components
     host_layer: int             # where the device pool's layer 0 sits in the host buffer
 
 
-@dataclass(frozen=True)
-class Step:
-    """One launch of a call shape's steps: a move over a layer range, with its
-    configuration and strategy; ``bound`` is the kernel strategy's bound copy (None for
-    dma)."""
+class PoolTransfers:
+    """Everything a host pool moves between itself and one device pool, prepared once
+    (`HostPool.transfers`, for the packed pools, made with the host pool): the backup and
+    the load of every layer (the target pool's packed drafts included) and the load of
+    each layer, by the device pool's own layer index. Each is a `Transfer` whose steps
+    are resolved per size class of the index lists and kept in it."""
 
-    move: Move
-    dev_layer: int
-    host_layer: int
-    count: int
-    config: object
-    strategy: str
-    bound: object
-    watch: object       # what `check_storage` compares before the call's first launch
-    sides: tuple        # the addresses each call passes the bound copy (`BoundCopy.sides`)
-    maps: tuple         # (source, destination) maps, for the torch reference
+    __slots__ = ("device_pool", "start_layer", "backup", "load", "layers")
 
-
-_SHAPES_PER_POOL = 256      # call shapes whose steps a host pool keeps per device pool
-
-
-class _LastCall(NamedTuple):
-    """The last call's shape (op, device pool, row count, lookup state), the steps of
-    that shape found so far by layer, and its lists' checks: a layer loop's next layer
-    and the next all-layer call of that shape find theirs here in one comparison."""
-
-    op: Op
-    pool: object
-    n: int
-    state: tuple
-    steps_by_layer: dict
-    checks: Checks
+    def __init__(self, host: "HostPool", device_pool: DevicePool, every: Sequence[Tuple[int, DevicePool]],
+                 own: Tuple[int, DevicePool]):
+        self.device_pool, self.start_layer = device_pool, device_pool.start_layer
+        self.backup = host._prepare(BACKUP, every, None)
+        self.load = host._prepare(LOAD, every, None)
+        self.layers = [host._prepare(LOAD_LAYER, (own,), layer) for layer in range(device_pool.num_layers)]
 
 
 class HostPool:
@@ -141,10 +114,7 @@ class HostPool:
         target = pools[0]
         for i, p in enumerate(pools[1:], 1):
             _check_rows(f"device_pools[{i}]", p, target)
-        self.pools, self.layout, self.strategy, self.check = pools, layout, strategy, check
-        # What _resolve answers: every (slot, pool), and each alone.
-        self._every = tuple(enumerate(pools))
-        self._each = tuple(((i, p),) for i, p in self._every)
+        self.pools, self.layout, self.strategy, self._check = pools, layout, strategy, check
         self.page_size = target.page_size
         self.device = target.device
         # Host layers per component: each pool's layers, target first.
@@ -174,16 +144,14 @@ class HostPool:
         # where they do not, "auto" takes the dma strategy.
         self._kernel_reaches = all(m.reachable_by(self._platform) for _, m, _ in self.groups)
         self.allocator = PageAllocator(self.size, self.page_size)
-        self._moves: Dict[int, List[Move]] = {}
-        # Steps per call shape (see _steps_of): for the packed pools, and per other pool
-        # that stands in for the target (dropped with that pool).
-        self._shape_steps = Bounded(_SHAPES_PER_POOL)
-        self._other_shape_steps: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-        self._last_call: Optional[_LastCall] = None
-        self._dma_host_maps: Dict[tuple, RowMap] = {}
         self._cpu_pool = self.device.type == "cpu"
         self._by_page = self._layout.paged and self.page_size > 1   # page layouts move whole pages
         self._index_page = self.page_size if self._layout.paged else 1   # indices come in whole pages
+        # The transfers with each packed pool, prepared now (target first: an all-layer call
+        # with the target moves every packed pool; each draft alone moves only itself).
+        every = tuple(enumerate(pools))
+        self.transfers: Tuple[PoolTransfers, ...] = tuple(
+            PoolTransfers(self, p, every if i == 0 else ((i, p),), (i, p)) for i, p in every)
 
     # ------------------------------------------------------------------ construction
     def _size(self, size_tokens, size_gb) -> int:
@@ -239,6 +207,23 @@ class HostPool:
             self.buffers.update({n: buf[i] for i, n in enumerate(names)})
             self.groups.append((tuple(names), RowMap.stack(maps), buf))
 
+    # The configuration every transfer of this pool launches with (None: the tuned one).
+    config = tuning.FixedConfig()
+
+    @property
+    def check(self) -> Optional[bool]:
+        """Whether calls check their index values (None: ``KVTIER_CHECK``, on)."""
+        return self._check
+
+    @check.setter
+    def check(self, check: Optional[bool]) -> None:
+        if check is not None and not isinstance(check, bool):
+            raise fail("check", check, "must be True, False or None (follow KVTIER_CHECK)")
+        self._check = check
+        for t in self.transfers:
+            for transfer in (t.backup, t.load, *t.layers):
+                transfer.check = check
+
     def __repr__(self) -> str:
         return (f"HostPool({self.layout}, size={self.size}, page_size={self.page_size}, "
                 f"{len(self.pools)} device pool(s), strategy={self.strategy}, pinned={self.pin_memory})")
@@ -262,96 +247,129 @@ class HostPool:
                                      device_indices: torch.Tensor) -> None:
         """Device -> host, every layer of every component. Passing the target pool moves
         the packed draft pools' layers too (they share the target's token slots)."""
-        self._transfer(BACKUP, device_pool, host_indices, device_indices, None)
+        for t in self.transfers:        # (the packed pools, target first: an identity scan)
+            if t.device_pool is device_pool:
+                break
+        else:
+            t = self._stand_in(device_pool)
+        h = self._lists(t, host_indices, device_indices, BACKUP)
+        t.backup.launch(device_indices, h, host_indices)
 
     def load_to_device_all_layer(self, device_pool, host_indices: torch.Tensor,
                                  device_indices: torch.Tensor) -> None:
         """Host -> device, every layer (target pool: drafts too)."""
-        self._transfer(LOAD, device_pool, host_indices, device_indices, None)
+        for t in self.transfers:
+            if t.device_pool is device_pool:
+                break
+        else:
+            t = self._stand_in(device_pool)
+        h = self._lists(t, host_indices, device_indices, LOAD)
+        t.load.launch(h, device_indices, host_indices)
 
     def load_to_device_per_layer(self, device_pool, host_indices: torch.Tensor,
                                  device_indices: torch.Tensor, layer_id: int) -> None:
         """Host -> device for model layer ``layer_id`` of ``device_pool`` only (layer-wise
         overlap with the forward pass). Indexer rows move for layers that have them."""
-        self._transfer(LOAD_LAYER, device_pool, host_indices, device_indices, layer_id)
+        for t in self.transfers:
+            if t.device_pool is device_pool:
+                break
+        else:
+            t = self._stand_in(device_pool)
+        local = layer_id - t.start_layer if type(layer_id) is int else -1
+        if not 0 <= local < len(t.layers):
+            t.device_pool.local_layer(layer_id)         # (names what is wrong)
+        h = self._lists(t, host_indices, device_indices, LOAD_LAYER)
+        t.layers[local].launch(h, device_indices, host_indices)
 
-    def _transfer(self, op: Op, device_pool, host_indices, device_indices, layer_id) -> None:
-        whole = op.scope == "all"
-        slots = self._resolve(device_pool, whole=whole)
-        local = None if whole else slots[0][1].local_layer(layer_id)   # checked before anything moves
-        capturing = not self._cpu_pool and platforms.capturing()
-        if capturing:
-            host_indices = self._staged_for_capture(host_indices)
-        self._check_shapes(slots, host_indices, device_indices)
+    def _lists(self, t: PoolTransfers, host_indices, device_indices, op: Op) -> torch.Tensor:
+        """Both lists' shapes checked, before any byte moves (int32/int64, 1-D, strided, host
+        indices on the CPU or the pool's device, device indices on the pool's device, equal
+        counts, whole pages where the layout moves pages); returns the host list where the
+        copy runs (staged on the device from the CPU without waiting). While a CUDA graph is
+        captured, a CPU host list is staged inside the graph (`_staged_for_capture`)."""
+        dev = self.device
+        if self._cpu_pool:
+            if not (type(host_indices) is torch.Tensor and type(device_indices) is torch.Tensor
+                    and index_ok(host_indices, dev) and index_ok(device_indices, dev)
+                    and host_indices.numel() == device_indices.numel() and self._index_page == 1):
+                self._check_shapes(t.device_pool, host_indices, device_indices)
+            return host_indices
+        if platforms.capturing():
+            return self._captured(t, host_indices, device_indices, op)
+        self._check_shapes(t.device_pool, host_indices, device_indices)
+        return host_indices if host_indices.device == dev else stage(host_indices, dev, "host_indices")
+
+    def _captured(self, t: PoolTransfers, host_indices, device_indices, op: Op) -> torch.Tensor:
+        """`_lists` while a CUDA graph is captured: a CPU host list is staged on the device by
+        a copy the graph captures (from pinned memory only: `stage`), so that each replay
+        checks and moves the values it stages then; the dma strategy cannot be captured."""
+        host_indices = self._staged_for_capture(host_indices)
+        self._check_shapes(t.device_pool, host_indices, device_indices)
         n = device_indices.numel()
-        if n == 0:
-            faults.raise_pending()
-            return
-        steps, checks = self._steps(op, device_pool, local, n, slots)
-        if capturing and any(step.bound is None for step in steps):
+        transfer = t.backup if op is BACKUP else t.load if op is LOAD else None
+        transfers = [transfer] if transfer is not None else t.layers
+        if n and any(s.launch is None for tr in transfers for s in tr.steps(n).all):
             raise fail("strategy", "dma", "cannot be captured in a CUDA graph: it plans its copies from the "
                        "host indices' values on the host, which a replay would not see; use strategy='kernel'")
-        checks = checks if checks_on(self.check) else None
-        h = host_indices if self._cpu_pool else on_device(host_indices, self.device, "host_indices")
-        si, di = (device_indices, h) if op.from_device else (h, device_indices)
-        if all(step.bound is not None for step in steps):
-            self._log(op, steps, n)
-            run([step.bound for step in steps], [step.sides for step in steps], si, di, checks, self.device,
-                lambda: [step.maps for step in steps])
-            return
-        faults.raise_pending()
-        verdict = None
-        if checks is not None:
-            # (the bulk copies' runs are planned from the values: checked with them, once per values)
-            self._runs(host_indices, True)
-            kernel = [step for step in steps if step.bound is not None]
-            verdict = check_launch(self.device, checks, si, di, [s.bound for s in kernel], [s.sides for s in kernel],
-                                   direct=direct_launches())
-            if self._cpu_pool:
-                faults.raise_pending(this_call=True)
-        self._launch(op, steps, host_indices, device_indices, si, di, verdict, n, checks is not None)
+        return host_indices
 
-    def _steps(self, op: Op, device_pool, local, n: int, slots):
-        """(the steps of this call shape, its lists' checks), every tensor they rest on
-        checked to be where it was (`check_storage`) before the first byte moves. The
-        steps of the last call's op, pool, count and lookup state are kept by layer: the
-        next all-layer call of that shape, or the layer loop's next layer, finds its own."""
-        state, last = lookup_state(), self._last_call
-        if not (last is not None and last.op is op and last.pool is device_pool and last.n == n
-                and last.state == state):
-            last = self._last_call = _LastCall(op, device_pool, n, state, {}, self._checks_for(op, slots))
-        steps = last.steps_by_layer.get(local)
-        if steps is None:
-            steps = last.steps_by_layer[local] = self._steps_of(op, device_pool, local, n, slots, state)
-        for step in steps:
-            check_storage(step.watch)
-        return steps, last.checks
+    def _stand_in(self, device_pool) -> PoolTransfers:
+        """The transfers with a device pool this host pool does not pack, standing in for
+        the target (the same components, rows, layers and page size): prepared for this
+        call, kept nowhere."""
+        if not isinstance(device_pool, DevicePool):
+            raise fail("device_pool", type(device_pool).__name__, "must be a DevicePool")
+        _check_rows("device_pool", device_pool, self.pools[0], layers=True)
+        return PoolTransfers(self, device_pool, ((0, device_pool),), (0, device_pool))
 
-    def _runs(self, host_indices, checked: bool):
-        """The runs of consecutive host units the dma path plans its bulk copies from (the
-        values checked first: ``checked``), kept by the values (`dma.runs`)."""
-        return dma.runs(host_indices.cpu(), self.page_size if self._layout.paged else 1,
-                        (self.size, self._index_page) if checked else None)
+    # ------------------------------------------------------------------ preparation
+    def _prepare(self, op: Op, slots: Sequence[Tuple[int, DevicePool]], local: Optional[int]) -> Transfer:
+        """The `Transfer` of ``op`` between this pool and the device pools ``slots`` names
+        ((packed index, pool) pairs; another pool standing in for the target takes index
+        0), over every layer or, with ``local``, that layer of the device pool: one copy
+        per host group and device map (`_pairs`), every copy's configuration and strategy
+        resolved per size class (`_resolve_for`)."""
+        copies, moved = [], []      # (each copy's host group pair and device layer, for its dma mover)
+        for slot, pool in slots:
+            for pair in self._pairs(slot, pool):
+                if local is None:
+                    dev_layer, count = 0, pair.num_layers
+                elif local < pair.num_layers:
+                    dev_layer, count = local, 1
+                else:
+                    continue    # an indexer with fewer layers than the model
+                host_layer = pair.host_layer + dev_layer
+                if op.from_device:
+                    copies.append(Copy(pair.dev_map, pair.host_map, dev_layer, host_layer, count, self._by_page))
+                else:
+                    copies.append(Copy(pair.host_map, pair.dev_map, host_layer, dev_layer, count, self._by_page))
+                moved.append((pair, dev_layer, host_layer, count))
+        limit = min(pool.size for _, pool in slots)
+        host, dev = ("host_indices", self.size, self._index_page), ("device_indices", limit, self._index_page)
+        checks = Checks(dev, host) if op.from_device else Checks(host, dev)
 
-    def _launch(self, op: Op, steps, host_indices, device_indices, si, di, verdict, n: int,
-                checked: bool) -> None:
-        """Every step of a call whose lists were checked (``verdict``: the words of the
-        check launch every step reads; None: checked on the host, or checks off): kernel
-        steps at ``si``, ``di``, dma steps at the device list and the host list's runs
-        (``checked``: the runs found with the host list's values checked)."""
-        self._log(op, steps, n)
-        run_list = None
-        for step in steps:
-            if step.bound is not None:
-                step.bound(si, di, step.sides, BY_VERDICT if verdict is not None else UNCHECKED,
-                           verdict if verdict is not None else si)
-                continue
-            if run_list is None:
-                run_list = self._runs(host_indices, checked)
-            move = dma.backup if op.from_device else dma.load
-            mv = step.move
-            move(op, mv.dev_map, device_indices, mv.host_buf, self.layout, self.page_size, step.dev_layer,
-                 step.host_layer, step.count, run_list, self._by_page, step.config, verdict, self._host_map(mv))
+        def dma_move(i: int, config, strategy: str) -> DmaMove:
+            pair, dev_layer, host_layer, count = moved[i]
+            return DmaMove(op, pair.dev_map, pair.host_buf, self.layout, self.page_size, dev_layer, host_layer,
+                           count, self._by_page, config, self.size)
+        return Transfer(copies, device=self.device, checks=checks, check=self.check,
+                        resolve=tuning.resolver(op, lambda: self.config, self._strategy), bulk=dma_move,
+                        epoch=tuning.EPOCH, op=op)
+
+    def _pairs(self, slot: int, pool: DevicePool) -> List[GroupPair]:
+        """Per host group: one pair with the pool's matching group map, else one pair per
+        component (the pool keeps those components in separate allocations)."""
+        dev_groups = {names: m for names, m in pool.groups}
+        pairs = []
+        for names, host_map, buf in self.groups:
+            layers = pool.components[names[0]].num_layers
+            off = self.offsets[slot][names[0]]
+            if names in dev_groups:
+                pairs.append(GroupPair(names, dev_groups[names], host_map, buf, layers, off))
+            else:
+                pairs.extend(GroupPair((n,), pool.maps[n], self.maps[n], buf[i:i + 1], layers, off)
+                             for i, n in enumerate(names))
+        return pairs
 
     # ------------------------------------------------------------------ batch plans
     def plan(self, device_pool, host_indices: torch.Tensor, device_indices: torch.Tensor) -> "TransferPlan":
@@ -362,101 +380,31 @@ class HostPool:
         from .plan import TransferPlan
         return TransferPlan(self, device_pool, host_indices, device_indices)
 
-    def _log(self, op: Op, steps, n: int) -> None:
-        """One DEBUG line per kernel step (the dma path's staging copies log their own)."""
-        if launcher.log.isEnabledFor(DEBUG):
-            for step in steps:
-                if step.bound is not None:
-                    launcher.log_launch(op, step.strategy, step.config, n, n * step.bound.op_bytes)
-
-    def _checks_for(self, op: Op, slots) -> Checks:
-        """The value checks of this pool's lists for ``op`` on the pools ``slots`` names:
-        device indices below the smallest pool's slots, host indices below the host
-        pool's, both in whole pages where the layout moves pages."""
-        limit = slots[0][1].size if len(slots) == 1 else min(pool.size for _, pool in slots)
-        host, dev = ("host_indices", self.size, self._index_page), ("device_indices", limit, self._index_page)
-        return Checks.of(dev, host) if op.from_device else Checks.of(host, dev)
+    def transfers_for(self, device_pool) -> PoolTransfers:
+        """The prepared transfers with ``device_pool``: a packed pool's, else ones prepared
+        for a pool standing in for the target (kept by the caller only)."""
+        for t in self.transfers:
+            if t.device_pool is device_pool:
+                return t
+        return self._stand_in(device_pool)
 
     def _staged_for_capture(self, host_indices):
         """While a CUDA graph is captured, host indices on the CPU are staged on the device
-        first (a copy the graph captures, from pinned memory only: `on_device`), so that
-        each replay checks and moves the values it stages then."""
+        first (a copy the graph captures, from pinned memory only: `stage`), so that each
+        replay checks and moves the values it stages then."""
         if type(host_indices) is not torch.Tensor or not host_indices.is_cpu:
             return host_indices
         if not index_ok(host_indices, _CPU):
             check_index("host_indices", host_indices, _CPU)
-        return on_device(host_indices, self.device, "host_indices")
-
-    def _steps_of(self, op: Op, device_pool, local, n: int, slots, state) -> List["Step"]:
-        """The steps of one call shape (op, device pool, layer, rows bucket, lookup
-        ``state``): kept by the host pool for its packed pools, under the device pool's
-        weak reference for any other (nothing here keeps a device pool alive)."""
-        if any(device_pool is p for p in self.pools):
-            by_shape = self._shape_steps
-        else:
-            by_shape = self._other_shape_steps.get(device_pool)
-            if by_shape is None:
-                by_shape = self._other_shape_steps[device_pool] = Bounded(_SHAPES_PER_POOL)
-        return by_shape.get_or_make((op, local, rows_bucket(n), state), lambda: self._make_steps(op, local, n, slots))
-
-    def _make_steps(self, op: Op, local, n: int, slots) -> List["Step"]:
-        """The launches of one call shape, worked out once: each move's layer range, tuned
-        configuration and strategy, and for the kernel strategy its bound copy and the
-        addresses each call passes it."""
-        steps = []
-        whole = (self._index_page, self._index_page)
-        for slot, pool in slots:
-            for mv in self._moves_for(slot, pool):
-                if local is None:
-                    dev_layer, count = 0, mv.num_layers
-                elif local < mv.num_layers:
-                    dev_layer, count = local, 1
-                else:
-                    continue    # an indexer with fewer layers than the model
-                host_layer = mv.host_layer + dev_layer
-                config = lookup(op, mv.dev_map, mv.host_map, n, count)
-                strategy = self._strategy(config)
-                src, dst = (mv.dev_map, mv.host_map) if op.from_device else (mv.host_map, mv.dev_map)
-                sl, dl = (dev_layer, host_layer) if op.from_device else (host_layer, dev_layer)
-                bound = sides = None
-                if strategy == "kernel":
-                    bound = bind_launch(op, src, dst, src_layer=sl, dst_layer=dl, num_layers=count, n_rows=n,
-                                        by_page=self._by_page, config=config, whole=whole)
-                    sides = bound.sides(src, dst)
-                watched = watch(mv.dev_map, dev_layer, count) + watch(mv.host_map, host_layer, count)
-                steps.append(Step(mv, dev_layer, host_layer, count, config, strategy, bound, watched, sides,
-                                  (src, dst)))
-        return steps
+        return stage(host_indices, self.device, "host_indices")
 
     def _strategy(self, config) -> str:
         if self.strategy != "auto":
             return self.strategy
         return config.strategy if self._kernel_reaches else "dma"
 
-    def _host_map(self, mv: Move) -> RowMap:
-        """The move's host buffer as one map of unit rows (the dma path's bad-verdict fill
-        reads the host rows through it)."""
-        key = (mv.names, self._layout.paged)
-        m = self._dma_host_maps.get(key)
-        if m is None:
-            unit = self.page_size if self._layout.paged else 1
-            m = self._dma_host_maps[key] = RowMap.stack(
-                [RowMap.from_host_layout(mv.host_buf[c], self.layout, unit) for c in range(mv.host_buf.shape[0])])
-        return m
-
-    # ------------------------------------------------------------------ resolution and checks
-    def _resolve(self, device_pool, whole: bool) -> Sequence[Tuple[int, DevicePool]]:
-        """(packed slot, pool) pairs a call moves: the target moves every packed pool
-        for all-layer calls; another pool with the target's rows stands in for it."""
-        for i, p in self._every:
-            if p is device_pool:
-                return self._every if i == 0 and whole else self._each[i]
-        if not isinstance(device_pool, DevicePool):
-            raise fail("device_pool", type(device_pool).__name__, "must be a DevicePool")
-        _check_rows("device_pool", device_pool, self.pools[0], layers=True)
-        return ((0, device_pool),)
-
-    def _check_shapes(self, slots, host_indices, device_indices) -> None:
+    # ------------------------------------------------------------------ checks
+    def _check_shapes(self, device_pool, host_indices, device_indices) -> None:
         """Both lists' shapes, at once: int32/int64, 1-D, strided, host indices on the CPU
         or the pool's device, device indices on the pool's device, equal counts."""
         # Host indices live on the host or where the copy runs; device indices where it runs.
@@ -464,9 +412,8 @@ class HostPool:
                 and index_ok(host_indices, _CPU if host_indices.is_cpu else self.device)):
             check_index("host_indices", host_indices, host_indices.device
                         if isinstance(host_indices, torch.Tensor) and host_indices.is_cpu else self.device)
-        for _, pool in slots:
-            if not index_ok(device_indices, pool.index_device):
-                check_index("device_indices", device_indices, pool.index_device)
+        if not index_ok(device_indices, device_pool.index_device):
+            check_index("device_indices", device_indices, device_pool.index_device)
         n = host_indices.numel()
         if n != device_indices.numel():
             raise fail("device_indices", f"{device_indices.numel()} indices",
@@ -478,28 +425,6 @@ class HostPool:
         """Wait for the device and raise the first index failure a device-side check of
         this thread's calls found (the check point after the last call)."""
         faults.synchronize(self.device)
-
-    def _moves_for(self, slot: int, pool: DevicePool) -> List[Move]:
-        """Per host group: one move with the pool's matching group map, else one move per
-        component (the pool keeps those components in separate allocations). Kept for
-        the packed pools (a pool standing in for the target gets its steps kept weakly)."""
-        packed = any(pool is p for p in self.pools)
-        moves = self._moves.get(slot) if packed else None
-        if moves is not None:
-            return moves
-        dev_groups = {names: m for names, m in pool.groups}
-        moves = []
-        for names, host_map, buf in self.groups:
-            layers = pool.components[names[0]].num_layers
-            off = self.offsets[slot][names[0]]
-            if names in dev_groups:
-                moves.append(Move(names, dev_groups[names], host_map, buf, layers, off))
-            else:
-                moves.extend(Move((n,), pool.maps[n], self.maps[n], buf[i:i + 1], layers, off)
-                             for i, n in enumerate(names))
-        if packed:
-            self._moves[slot] = moves
-        return moves
 
     # ------------------------------------------------------------------ pages
     def get_page(self, index: int) -> torch.Tensor:

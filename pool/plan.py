@@ -22,23 +22,28 @@ import torch
 
 import kvtier.platforms as platforms
 from kvtier.kernels import faults
-from kvtier.kernels.copy_rows import direct_launches
 from kvtier.kernels.index_check import Checks, check_launch, check_list_on_host, checks_on
-from kvtier.kernels.ops import BACKUP, LOAD, LOAD_LAYER, Op
+from kvtier.kernels.launcher import direct_launches
+from kvtier.kernels.storage_watch import check_storage
 
 
 class TransferPlan:
     """One batch between ``host`` (a `HostPool`) and ``device_pool`` at the index lists
     given (shapes as the pool's calls take them): `load_layer`, `load` and `backup` move
     it as `HostPool.load_to_device_per_layer`, `load_to_device_all_layer` and
-    `backup_from_device_all_layer` would, without checking or staging anything again."""
+    `backup_from_device_all_layer` would, without checking, staging or looking up
+    anything again. The plan takes its steps from the host pool's prepared transfers
+    with ``device_pool`` (`HostPool.transfers_for`), resolved for its lists' size, and
+    checks the storage watch of their tensors once, when it is made: the pools' buffers
+    must stay where they are while the plan is used."""
 
     def __init__(self, host, device_pool, host_indices: torch.Tensor, device_indices: torch.Tensor):
         self.host, self.device_pool = host, device_pool
-        self._slots = {whole: host._resolve(device_pool, whole=whole) for whole in (True, False)}
-        host._check_shapes(self._slots[True], host_indices, device_indices)
+        self.transfers = transfers = host.transfers_for(device_pool)
+        host._check_shapes(device_pool, host_indices, device_indices)
         device = host.device
-        self.n = device_indices.numel()
+        self.n = n = device_indices.numel()
+        self.start_layer, self.num_layers = device_pool.start_layer, device_pool.num_layers
         # The lists, the plan's own: a snapshot on the host (the dma path plans its bulk
         # copies from it) and, where the copy runs on an accelerator, on the device.
         self.host_indices = host_indices.to("cpu", copy=True) if host_indices.is_cpu else host_indices.clone()
@@ -50,6 +55,16 @@ class TransferPlan:
         self.checked = False
         self.words: Optional[torch.Tensor] = None
         self._check(device)
+        # Each call's steps, resolved now (none for an empty batch); the tensors they rest
+        # on checked to be where their maps were built.
+        self.backup_steps = self.load_steps = None
+        self.layer_steps = []
+        if n:
+            for t in (transfers.backup, transfers.load, *transfers.layers):
+                if t.watch is not None:
+                    check_storage(t.watch)
+            self.backup_steps, self.load_steps = transfers.backup.steps(n), transfers.load.steps(n)
+            self.layer_steps = [t.steps(n) for t in transfers.layers]
         self.stream = None if device.type == "cpu" else platforms.stream_key(device)
         self._ready = None
         if device.type != "cpu":
@@ -64,7 +79,7 @@ class TransferPlan:
             return
         page = host._index_page
         lists = (("host_indices", host.size, page, self.host_indices),
-                 ("device_indices", min(pool.size for _, pool in self._slots[True]), page, self.device_indices))
+                 ("device_indices", self.transfers.backup.checks.src_limit, page, self.device_indices))
         on_device = []
         for name, limit, page, idx in lists:
             if _checked_on_host(name, idx):
@@ -74,43 +89,46 @@ class TransferPlan:
         if on_device:
             a, b = on_device[0], on_device[-1]
             self.words = torch.zeros(2, dtype=torch.int32, device=device)
-            check_launch(device, Checks.of(a[:3], b[:3]), a[3], b[3], words=self.words, two=len(on_device) == 2,
+            check_launch(device, Checks(a[:3], b[:3]), a[3], b[3], words=self.words, two=len(on_device) == 2,
                          direct=direct_launches())
         self.checked = True
 
     # ------------------------------------------------------------------ the batch's calls
     def load_layer(self, layer_id: int) -> None:
         """Host -> device, model layer ``layer_id`` only (the layer loop's call)."""
-        self._run(LOAD_LAYER, layer_id)
+        faults.raise_pending()      # a failure of this plan's check (or another call's) first
+        local = layer_id - self.start_layer if type(layer_id) is int else -1
+        if not 0 <= local < self.num_layers:
+            self.device_pool.local_layer(layer_id)         # (names what is wrong)
+        if not self.n:
+            return
+        if self.stream is not None:
+            self._same_stream()
+        self.transfers.layers[local].launch_checked(self.layer_steps[local], self.host_on_device,
+                                                    self.device_indices, self.host_indices, self.words, self.checked)
 
     def load(self) -> None:
         """Host -> device, every layer (target pool: drafts too)."""
-        self._run(LOAD, None)
+        faults.raise_pending()
+        if self.n:
+            if self.stream is not None:
+                self._same_stream()
+            self.transfers.load.launch_checked(self.load_steps, self.host_on_device, self.device_indices,
+                                               self.host_indices, self.words, self.checked)
 
     def backup(self) -> None:
         """Device -> host, every layer (target pool: drafts too)."""
-        self._run(BACKUP, None)
+        faults.raise_pending()
+        if self.n:
+            if self.stream is not None:
+                self._same_stream()
+            self.transfers.backup.launch_checked(self.backup_steps, self.device_indices, self.host_on_device,
+                                                 self.host_indices, self.words, self.checked)
 
-    def _run(self, op: Op, layer_id) -> None:
-        host = self.host
-        faults.raise_pending()      # a failure of this plan's check (or another call's) first
-        whole = op.scope == "all"
-        slots = self._slots[whole]
-        local = None if whole else slots[0][1].local_layer(layer_id)
-        if not self.n:
-            return
-        if self.stream is not None and platforms.stream_key(host.device) != self.stream:
-            platforms.current_stream(host.device).wait_event(self._ready)
-        steps, _ = host._steps(op, self.device_pool, local, self.n, slots)
-        si, di = ((self.device_indices, self.host_on_device) if op.from_device
-                  else (self.host_on_device, self.device_indices))
-        if steps[0].bound is not None and steps[0].bound.runner != "kernel":
-            from kvtier.kernels.copy_rows import run
-            run([s.bound for s in steps], [s.sides for s in steps], si, di, None, host.device,
-                [s.maps for s in steps])
-            return
-        # Checked once already (the words gate device-resident lists; host ones passed).
-        host._launch(op, steps, self.host_indices, self.device_indices, si, di, self.words, self.n, self.checked)
+    def _same_stream(self) -> None:
+        """On a stream other than the plan's, wait for the plan's copies and check first."""
+        if platforms.stream_key(self.host.device) != self.stream:
+            platforms.current_stream(self.host.device).wait_event(self._ready)
 
 
 def _checked_on_host(name: str, idx: torch.Tensor) -> bool:

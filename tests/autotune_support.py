@@ -5,15 +5,15 @@ import importlib
 import logging
 import re
 
-core = importlib.import_module("kvtier.kernels.copy_rows")
+core = importlib.import_module("kvtier.kernels.launcher")
 
 
 def spy_launches(monkeypatch):
     """Every configuration a launch runs with from now on, in order (every launch passes
-    `BoundCopy.__call__`; the copies still run)."""
+    `CopyLaunch.__call__`; the copies still run)."""
     launched = []
-    real = core.BoundCopy.__call__
-    monkeypatch.setattr(core.BoundCopy, "__call__",
+    real = core.CopyLaunch.__call__
+    monkeypatch.setattr(core.CopyLaunch, "__call__",
                         lambda bound, *a, **k: launched.append(bound.config) or real(bound, *a, **k))
     return launched
 

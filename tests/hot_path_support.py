@@ -54,7 +54,7 @@ def on_device(t: torch.Tensor) -> torch.Tensor:
 class _Counted:
     """A kernel whose launches count as device work (host reads allowed inside).
     ``checks``: the counter of index checks, credited with every copy launch that checks
-    its lists inline (``CHECK`` 2: `kvtier.kernels.copy_rows.INLINE`)."""
+    its lists inline (``CHECK`` 2: `kvtier.kernels.launcher.INLINE`)."""
 
     def __init__(self, kernel, checks=None):
         self.kernel, self.launches, self.checks = kernel, 0, checks
@@ -87,7 +87,7 @@ def device_work_only():
 
 
 def _patch(monkeypatch):
-    copy_rows = importlib.import_module("kvtier.kernels.copy_rows")
+    copy_rows = importlib.import_module("kvtier.kernels.launcher")
     check = importlib.import_module("kvtier.kernels.index_check_kernel")
     platforms = importlib.import_module("kvtier.platforms")
     checks = _Counted(check._check_indices_kernel)

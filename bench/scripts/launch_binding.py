@@ -8,7 +8,7 @@ makes, for the CUDA backend (sm_90), on this machine's CPU.
 `kvtier bench --overhead` on a CPU times the calls up to their launches. Through Triton's
 own launch path a GPU call adds, per launch, this binding (and the rest of that path),
 then the driver launch (not measured here: it needs the GPU); kvtier's direct launches
-(`kvtier.kernels.direct_launch`) skip that path from a bound copy's third launch on.
+(`kvtier.kernels.direct_launch`) skip that path from a copy launch's third launch on.
 Each call runs once inside `LaunchProbe`; its launches (row copies, index checks) are
 counted and the latest of each is bound REPEATS times (default 2000; median). Needs
 community Triton with its CUDA backend (no GPU); exits 3 where this Triton has neither.
@@ -90,7 +90,7 @@ def main(argv) -> int:
             print(f"{name:<40} {counts['copy']:>6} {counts['check']:>6} {per['copy']:8.2f} {per['check']:8.2f} "
                   f"{total:8.2f}")
     print("per launch: Triton's argument binding and cache key (CUDA backend), timed on this CPU; "
-          "what kvtier's direct launches skip once a bound copy's kernel is kept")
+          "what kvtier's direct launches skip once a copy launch's kernel is kept")
     return 0
 
 

@@ -32,9 +32,8 @@ from kvtier.bench.overhead import SHAPE, build_calls  # noqa: E402
 from kvtier.bench.probe import LaunchProbe  # noqa: E402
 from kvtier.autotune.workload import Pools, PoolShape  # noqa: E402
 from kvtier.kernels import faults  # noqa: E402
-from kvtier.kernels.copy_rows import INLINE  # noqa: E402
+from kvtier.kernels.launcher import INLINE  # noqa: E402
 from kvtier.kernels.index_check import check_list_on_host  # noqa: E402
-from kvtier.kernels.ops import BACKUP  # noqa: E402
 from kvtier.kernels.storage_watch import check_storage  # noqa: E402
 
 
@@ -53,20 +52,20 @@ def main(argv) -> int:
     def us(fn) -> float:
         return timeit.timeit(fn, number=n) / n * 1e6
 
-    slots = hp._resolve(dp, whole=True)
-    checks = hp._checks_for(BACKUP, slots)
-    record = faults.record(hp.device)
+    transfer = hp.transfers[0].backup               # the pool's prepared backup with its device pool
+    steps = transfer.steps(di.numel())
+    launch, addresses = steps.single, steps.addresses[0]     # the call's one launch (K and V together)
+    record = faults.call_record(hp.device)
 
     with LaunchProbe():
         hp.backup_from_device_all_layer(dp, hi, di)
-        step = hp._last_call.steps_by_layer[None][0]      # the call's one launch (K and V together)
         out = dp.gather(di[::SHAPE["page_size"]] // SHAPE["page_size"], pages=True)
         buf = next(iter(out.values()))._base
         pieces = {
-            f"storage watch ({len(step.watch.tensors)} tensors)": us(lambda: check_storage(step.watch)),
-            "shape checks of two new lists": us(lambda: hp._check_shapes(slots, *walk())),
+            f"storage watch ({len(transfer.watch.tensors)} tensors)": us(lambda: check_storage(transfer.watch)),
+            "shape checks of two new lists": us(lambda: hp._check_shapes(dp, *walk())),
             "one recorded copy launch, checking its lists": us(
-                lambda: step.bound(di, hi, step.sides, INLINE, record.tensor, checks)),
+                lambda: launch(di, hi, addresses, INLINE, record.tensor, transfer.checks)),
             "allocation of the gather's result": us(lambda: torch.empty(buf.shape, dtype=buf.dtype)),
             f"its {buf.shape[0]} component views": us(lambda: buf.unbind()),
         }

@@ -1,10 +1,10 @@
-"""Adapter calls found by their arguments' layouts (`kvtier.adapters.maps.call`): a call
-whose buffers, scalars and tables have the layouts of one seen before runs the kept
-`CallShape` and builds no map, reading every address off its own arguments; anything that
-changes what the maps would be (other strides, other alignment, a scalar that is not an
-exact int) takes the full path. Nothing about a call's tensors is kept: new memory, a
-tensor whose storage moved, shrank or was freed in place, a table rewritten by any means,
-each call moves exactly its bytes or refuses, and every call checks its index lists."""
+"""Adapter calls on registered buffer sets (`kvtier.adapters.registry`): a call on buffers
+an engine registered is prepared once (its `EngineCall`) and later calls of that kind, on
+those buffers with the same geometry, only launch; buffers no registration holds take the
+slow path (an `EngineCall` per call, kept nowhere). Anything that changes what the maps
+would be (other strides, other alignment, a scalar that is not an exact int, a tensor whose
+storage moved, shrank or was freed in place) is prepared again or refused; a table
+rewritten by any means is read as it is; every call checks its index lists."""
 from __future__ import annotations
 
 import gc
@@ -15,6 +15,7 @@ import torch
 
 from kvtier import adapters
 from kvtier.adapters import maps as adapter_maps
+from kvtier.adapters import registry
 from kvtier.kernels import KvtierError
 from test_adapter_model import needs_cpu_kernel, table
 
@@ -24,16 +25,19 @@ ITEM = 2 * 8 * 2
 
 @pytest.fixture
 def full_paths(monkeypatch):
-    """Counts the calls that took the full path (built their maps)."""
+    """Counts the calls that took the full path (built their maps: an `EngineCall`)."""
     seen = []
-    real = adapter_maps.run_jobs
+    real = adapter_maps.EngineCall.__init__
 
-    def spy(*args, **kw):
+    def spy(self, *args, **kw):
         seen.append(1)
-        return real(*args, **kw)
-    monkeypatch.setattr(adapter_maps, "run_jobs", spy)
-    adapter_maps._SHAPES.clear()
+        return real(self, *args, **kw)
+    monkeypatch.setattr(adapter_maps.EngineCall, "__init__", spy)
     return seen
+
+
+class Owner:
+    """Stands in for an engine's pool object: the owner of a registered buffer set."""
 
 
 def _rand(*shape, seed):
@@ -49,9 +53,11 @@ def _expect_per_layer(src_k, dst_k, src_v, dst_v, si, di, before_k, before_v):
         assert torch.equal(dst.view(torch.int16), want.view(torch.int16))
 
 
-def test_repeated_calls_on_new_views_and_new_memory_build_no_map_and_move_the_right_bytes(full_paths):
+def test_registered_buffers_are_prepared_once_per_call_and_new_memory_takes_the_slow_path(full_paths):
     host = _rand(2, 3, N, *ROW, seed=1)          # (K/V, layers, slots, row): SGLang's layer_first
     dev = [[torch.zeros(N, *ROW, dtype=torch.bfloat16) for _ in range(3)] for _ in range(2)]
+    owner = Owner()
+    registry.register(owner, [host, dev])
     si, di = torch.tensor([3, 0, 9, 15]), torch.tensor([7, 1, 2, 12])
     for step in range(6):
         layer = step % 3
@@ -60,21 +66,34 @@ def test_repeated_calls_on_new_views_and_new_memory_build_no_map_and_move_the_ri
         adapters.transfer_kv_per_layer(host[0][layer], dev[0][layer], host[1][layer], dev[1][layer],
                                        si, di, ITEM)
         _expect_per_layer(host[0][layer], dev[0][layer], host[1][layer], dev[1][layer], si, di, *before)
-    a, b = _rand(N, *ROW, seed=2), _rand(N, *ROW, seed=3)       # other memory, the same layouts
+    assert len(full_paths) == 3, "one full path per layer's views; every later call launches the kept one"
+    a, b = _rand(N, *ROW, seed=2), _rand(N, *ROW, seed=3)       # memory no registration holds
     da, db = torch.zeros(N, *ROW, dtype=torch.bfloat16), torch.zeros(N, *ROW, dtype=torch.bfloat16)
-    adapters.transfer_kv_per_layer(a, da, b, db, si, di, ITEM)
+    for _ in range(2):
+        adapters.transfer_kv_per_layer(a, da, b, db, si, di, ITEM)
     _expect_per_layer(a, da, b, db, si, di, torch.zeros_like(da), torch.zeros_like(db))
-    assert len(full_paths) == 1, "one full path for the layout; every other call reuses it"
+    assert len(full_paths) == 5, "unregistered buffers: every call builds its own, keeps nothing"
+    registry.unregister(owner)
+    adapters.transfer_kv_per_layer(host[0][0], dev[0][0], host[1][0], dev[1][0], si, di, ITEM)
+    assert len(full_paths) == 6, "an unregistered set's calls are prepared again"
 
 
 def test_other_strides_or_alignment_take_the_full_path(full_paths):
     a, b = _rand(N, *ROW, seed=2), _rand(N, *ROW, seed=3)
     da, db = torch.zeros(N, *ROW, dtype=torch.bfloat16), torch.zeros(N, *ROW, dtype=torch.bfloat16)
+    odd = torch.zeros(N * ITEM + 8, dtype=torch.uint8)[8:].view(torch.bfloat16).view(N, *ROW)     # 8-byte aligned
+    owner = Owner()
+    registry.register(owner, [a, b, da, db, odd])
     idx = torch.tensor([4, 5])
     adapters.transfer_kv_per_layer(a, da, b, db, idx, idx, ITEM)
-    odd = torch.zeros(N * ITEM + 8, dtype=torch.uint8)[8:].view(torch.bfloat16).view(N, *ROW)     # 8-byte aligned
+    adapters.transfer_kv_per_layer(a, da, b, db, idx, idx, ITEM)
     adapters.transfer_kv_per_layer(a, odd, b, db, idx, idx, ITEM)
     assert len(full_paths) == 2
+    # the same first bytes, views of another shape: prepared again, never the kept call
+    half = N // 2
+    with pytest.raises(KvtierError, match=f"dst_indices={half}"):
+        adapters.transfer_kv_per_layer(a[:half], odd[:half], b[:half], db[:half], idx, idx + 4, ITEM)
+    assert len(full_paths) == 3
     assert torch.equal(odd[idx].view(torch.int16), a[idx].view(torch.int16))
     square = torch.zeros(N, N, dtype=torch.bfloat16)
     adapters.transfer_kv_per_layer(square, da, b, db, idx, idx, 2 * N)
@@ -106,8 +125,12 @@ def test_a_kept_shape_never_writes_where_a_tensor_used_to_be_or_past_its_storage
     layer had."""
     host = _rand(2, N, *ROW, seed=30)
     dk, dv = _rand(N, *ROW, seed=31), _rand(N, *ROW, seed=32)      # poison: every row must be accounted for
+    owner = Owner()
+    registry.register(owner, [host, dk, dv])
     si, di = torch.tensor([3, 0, 9]), torch.tensor([7, 1, 2])
     adapters.transfer_kv_per_layer(host[0], dk, host[1], dv, si, di, ITEM)
+    adapters.transfer_kv_per_layer(host[0], dk, host[1], dv, si, di, ITEM)     # the kept call
+    assert len(full_paths) == 1
     old = dk.untyped_storage()        # the memory the first call wrote (set_ and resize_ leave it)
     old_bytes = bytes(old)
     brk(dk)
@@ -155,6 +178,8 @@ def test_a_rewritten_table_is_read_as_it_is_then(full_paths, how):
             src_k, src_v, dst_k, dst_v = table(src), table(src), table(dst), table(dst2)
     else:
         src_k, src_v, dst_k, dst_v = table(src), table(src), table(dst), table(dst2)
+    owner = Owner()
+    registry.register(owner, [src_k, src_v, dst_k, dst_v])
     idx_s, idx_d = torch.tensor([6, 1]), torch.tensor([0, 9])
     adapters.transfer_kv_all_layer(src_k, dst_k, src_v, dst_v, idx_s, idx_d, ITEM, 2)
     new_k, new_v = table(other), table(other)
@@ -169,7 +194,7 @@ def test_a_rewritten_table_is_read_as_it_is_then(full_paths, how):
             src_k.copy_(new_k)
             src_v.copy_(new_v)
     adapters.transfer_kv_all_layer(src_k, dst_k, src_v, dst_v, idx_s, idx_d, ITEM, 2)
-    assert len(full_paths) == 1, "tables of the same layout: the second call reuses the shape"
+    assert len(full_paths) == 1, "registered tables: the second call launches the kept call"
     for l in range(2):
         assert torch.equal(dst[l][idx_d].view(torch.int16), other[l][idx_s].view(torch.int16)), "K: old buffers"
         assert torch.equal(dst2[l][idx_d].view(torch.int16), other[l][idx_s].view(torch.int16)), "V: old buffers"
@@ -199,14 +224,14 @@ def test_a_table_entry_zeroed_through_numpy_is_refused_before_any_byte_moves(ful
 def checks(monkeypatch):
     """Counts the index checks that ran (inline in a copy launch, or a check launch)."""
     import importlib
-    core = importlib.import_module("kvtier.kernels.copy_rows")
-    seen, real = [], core.BoundCopy.__call__
+    core = importlib.import_module("kvtier.kernels.launcher")
+    seen, real = [], core.CopyLaunch.__call__
 
     def spy(bound, si, di, sides, mode, *a, **kw):
         if mode == core.INLINE:
             seen.append(1)
         return real(bound, si, di, sides, mode, *a, **kw)
-    monkeypatch.setattr(core.BoundCopy, "__call__", spy)
+    monkeypatch.setattr(core.CopyLaunch, "__call__", spy)
     return seen
 
 
@@ -310,9 +335,9 @@ def test_checks_turned_off_and_on_between_calls(checks, monkeypatch):
     assert len(checks) == 2
 
 
-def test_a_kept_shape_keeps_no_tensor_alive(full_paths):
-    """The shape kept for a call's layout holds none of its tensors: buffers the caller
-    drops are freed."""
+def test_no_tensor_outlives_its_owner(full_paths):
+    """The slow path keeps nothing, and a registration's prepared calls hold their buffers
+    only as long as the owner lives: buffers the caller drops are freed."""
     refs = []
     for step in range(3):
         a, b = _rand(N, *ROW, seed=70 + step), _rand(N, *ROW, seed=80 + step)
@@ -321,5 +346,18 @@ def test_a_kept_shape_keeps_no_tensor_alive(full_paths):
         refs += [weakref.ref(t) for t in (a, b, da, db)]
         del a, b, da, db
     gc.collect()
-    assert all(r() is None for r in refs), "a kept call shape holds a caller's tensor"
-    assert len(full_paths) == 1
+    assert all(r() is None for r in refs), "the slow path kept a caller's tensor"
+    assert len(full_paths) == 3
+    a, b = _rand(N, *ROW, seed=90), _rand(N, *ROW, seed=91)
+    da, db = torch.zeros_like(a), torch.zeros_like(b)
+    owner = Owner()
+    registry.register(owner, [a, b, da, db])
+    for _ in range(2):
+        adapters.transfer_kv_per_layer(a, da, b, db, torch.tensor([1]), torch.tensor([2]), ITEM)
+    assert len(full_paths) == 4 and len(registry._CALLS) >= 1
+    refs = [weakref.ref(t) for t in (a, b, da, db)]
+    kept = len(registry._CALLS)
+    del a, b, da, db, owner
+    gc.collect()
+    assert all(r() is None for r in refs), "a registration outlived its owner"
+    assert len(registry._CALLS) == kept - 1

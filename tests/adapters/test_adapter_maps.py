@@ -8,7 +8,6 @@ import torch
 from kvtier.kernels import KvtierError, RowMap, copy_rows
 from kvtier import adapters
 from kvtier.adapters import maps as adapter_maps
-from kvtier.pool import launch as launch_module
 from test_adapter_model import Memory, kernel_copy, lf, needs_cpu_kernel, table
 
 
@@ -63,16 +62,16 @@ def test_from_table_checks_rows_against_owners():
 def launches(monkeypatch):
     """Records (row_bytes, num_components, config) of every copy_rows the adapters run."""
     import importlib
-    core = importlib.import_module("kvtier.kernels.copy_rows")
+    core = importlib.import_module("kvtier.kernels.launcher")
     seen = []
-    real = core.BoundCopy.__call__
+    real = core.CopyLaunch.__call__
 
     def spy(bound, *args, **kw):
         src = bound.layouts[0]
         seen.append((src.row_bytes, src.num_components, bound.config))
         return real(bound, *args, **kw)
 
-    monkeypatch.setattr(core.BoundCopy, "__call__", spy)
+    monkeypatch.setattr(core.CopyLaunch, "__call__", spy)
     return seen
 
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from helpers import Guarded, POISON, assert_bytes_equal
-from kvtier.kernels.copy_rows import interpreter_active, triton_available
+from kvtier.kernels.launcher import interpreter_active, triton_available
 
 # A bare pointer table is read by the Triton kernel only (the torch reference cannot read
 # raw addresses); CPU tensors run the kernel under TRITON_INTERPRET=1 alone.

@@ -16,6 +16,7 @@ import torch
 
 from kvtier.adapters import lmcache
 from kvtier.adapters import maps as adapter_maps
+from kvtier.adapters import registry
 from kvtier.adapters.lmcache import KVCacheFormat, multi_layer_kv_transfer
 from kvtier.kernels import KvtierError, RowMap
 from helpers import POISON, Guarded, assert_bytes_equal
@@ -231,13 +232,15 @@ def test_a_table_rewritten_in_place_is_read_as_it_is_then(monkeypatch, how):
     if how == "inference copy_":
         with torch.inference_mode():
             e.ptrs = e.ptrs.clone()
+    owner = type("EngineOwner", (), {})()       # the engine's object that holds its buffers
+    registry.register(owner, [e.kv, e.ptrs, e.layers])
     sm = slots(e.n_blocks, 16, seed=6)
     e.model(sm, True)
     e.call(sm, True)
     e.mem.check()
     built = []
-    real = adapter_maps.run_jobs
-    monkeypatch.setattr(adapter_maps, "run_jobs", lambda *a, **k: built.append(1) or real(*a, **k))
+    real = adapter_maps.EngineCall.__init__
+    monkeypatch.setattr(adapter_maps.EngineCall, "__init__", lambda *a, **k: built.append(1) or real(*a, **k))
     alt = [e.mem.buffer(f"alt{l}", tuple(e.layers[l].shape), torch.float16, "random") for l in range(L)]
     table = torch.tensor([t.data_ptr() for t in alt], dtype=torch.int64)
     if how == "numpy":
@@ -251,19 +254,23 @@ def test_a_table_rewritten_in_place_is_read_as_it_is_then(monkeypatch, how):
     e.model(sm, True)
     e.call(sm, True)
     e.mem.check()
-    assert built == [], "a table of the same layout: the kept call shape runs"
+    assert built == [], "a registered table rewritten in place: the kept call runs"
 
 
-def test_memory_object_maps_are_not_built_again_for_its_layout(monkeypatch):
+def test_memory_object_maps_are_built_once_for_registered_buffers(monkeypatch):
     built = []
     real = lmcache._lmcache_maps
     monkeypatch.setattr(lmcache, "_lmcache_maps", lambda *a: built.append(1) or real(*a))
-    adapter_maps._SHAPES.clear()
     e = Engine("contiguous", True, 16, seed=7)
     sm = slots(e.n_blocks, 16, seed=7)
     e.call(sm, True)
     e.call(sm, True)
-    assert len(built) == 1
+    assert len(built) == 2, "buffers no registration holds: built for each call, kept nowhere"
+    owner = type("EngineOwner", (), {})()
+    registry.register(owner, [e.kv, e.ptrs, e.layers])
+    e.call(sm, True)
+    e.call(sm, True)
+    assert len(built) == 3
 
 
 @needs_cpu_kernel

@@ -1,6 +1,6 @@
 """Lower the row-copy kernel with triton-ascend, without an NPU, and read the result.
 
-- `recorded_launches(floors)` runs the real launcher (`kvtier.kernels.copy_rows`) with the
+- `recorded_launches(floors)` runs the real launcher (`kvtier.kernels.launcher`) with the
   kernel replaced by a recorder and the platform floors of an NPU (its `_floors` seam), so
   the configurations checked are exactly what the launcher produces on an NPU: constants,
   argument types (word-typed pointers, int32/int64 indices) and ints.
@@ -86,7 +86,7 @@ def recorded_launches(floors: dict, checks: list = None):
     The index-check kernel's launches are recorded into ``checks`` (a list) and not run
     either: running any kernel under triton-ascend's interpreter would stop this process
     from compiling."""
-    launcher = importlib.import_module("kvtier.kernels.copy_rows")
+    launcher = importlib.import_module("kvtier.kernels.launcher")
     check_mod = importlib.import_module("kvtier.kernels.index_check_kernel")
     platforms = importlib.import_module("kvtier.platforms")
     launches = []

@@ -14,7 +14,7 @@ from helpers import POISON, Guarded, assert_bytes_equal  # noqa: E402
 from kvtier.kernels import CopyConfig, RowMap, copy_rows, copy_rows_reference  # noqa: E402
 from kvtier.platforms import npu_launch_limits  # noqa: E402
 
-launcher = importlib.import_module("kvtier.kernels.copy_rows")
+launcher = importlib.import_module("kvtier.kernels.launcher")
 LIMITS = npu_launch_limits(props={"name": "Ascend910B4", "num_vectorcore": 40})
 NPU = CopyConfig(num_programs=LIMITS["grid"], rows=LIMITS["min_rows"],
                  block_bytes=min(16384, LIMITS["max_tile_bytes"] // LIMITS["min_rows"]), num_warps=1)
@@ -31,7 +31,7 @@ def kernel_only(monkeypatch):
     """Fail if a copy falls back to the torch reference: the kernel itself must run."""
     def refuse(*a, **k):
         raise AssertionError("copy_rows fell back to the torch reference")
-    monkeypatch.setattr(launcher, "_reference_call", refuse)
+    monkeypatch.setattr(launcher, "reference_copy", refuse)
 
 
 L, N, P = 3, 12, 4

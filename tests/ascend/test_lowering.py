@@ -44,7 +44,7 @@ CONFIGS = [default_config("npu"),
            CopyConfig(num_programs=40, rows=4, block_bytes=16384, num_warps=1),
            CopyConfig(num_programs=40, rows=8, block_bytes=512, num_warps=1)]
 LIMITS = npu_launch_limits(props={"name": lowering.TARGET[1], "num_vectorcore": 40})
-# What the launcher applies on an NPU (kvtier.kernels.copy_rows._platform), from the limits;
+# What the launcher applies on an NPU (kvtier.kernels.launcher._platform), from the limits;
 # and, as the NPU record says, index lists checked by a check launch, never inline.
 NPU_FLOORS = dict(min_rows=LIMITS["min_rows"], min_piece_bytes=LIMITS["min_piece_bytes"], inline_check_programs=0)
 

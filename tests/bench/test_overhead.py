@@ -33,7 +33,7 @@ class _Counting:
 def real_kernels(monkeypatch):
     """The row-copy and index-check kernels, replaced by counters: a launch that got past
     the probe would be counted here."""
-    core = importlib.import_module("kvtier.kernels.copy_rows")
+    core = importlib.import_module("kvtier.kernels.launcher")
     check = importlib.import_module("kvtier.kernels.index_check_kernel")
     copies, checks = _Counting(), _Counting()
     monkeypatch.setattr(core, "_kernel", lambda: copies)
@@ -92,7 +92,7 @@ def test_every_call_checks_its_lists_in_its_launch():
     """Under the probe too, each call's launch carries its lists' checks (``CHECK`` inline,
     the lists' limits), so the timed host work is what a checked call does."""
     from kvtier.bench.overhead import build_calls
-    from kvtier.kernels.copy_rows import INLINE, launch_arguments
+    from kvtier.kernels.launcher import INLINE, launch_arguments
     fns, _ = build_calls(torch.device("cpu"), lists=4)
     with LaunchProbe(keep_args=True) as probe:
         for name in CALLS:

@@ -22,7 +22,7 @@ from copy_rows_support import kernel_really_runs  # noqa: F401  (autouse fixture
 from pool_support import DeviceCase, HostCase
 from kvtier.kernels import KvtierError
 
-core = importlib.import_module("kvtier.kernels.copy_rows")
+core = importlib.import_module("kvtier.kernels.launcher")
 P = 4
 GATES = {
     "inline gate": "        total = tl.where(bad_code == 0, total, 0)\n",

@@ -28,22 +28,22 @@ from copy_rows_support import kernel_really_runs  # noqa: F401  (autouse fixture
 from helpers import POISON, Guarded, assert_bytes_equal
 from kvtier.kernels import CopyConfig, KvtierError, RowMap, copy_rows_reference, default_config
 
-copy_rows_module = importlib.import_module("kvtier.kernels.copy_rows")
-copy_rows = copy_rows_module.copy_rows
-REAL_REFERENCE = copy_rows_module._reference_call
+copy_rows_module = importlib.import_module("kvtier.kernels.launcher")
+from kvtier.kernels import copy_rows  # noqa: E402
+REAL_REFERENCE = copy_rows_module.reference_copy
 
 # ----------------------------------------------------------------------------- fixtures
 @pytest.fixture
 def launches(monkeypatch):
     """Records (src row_bytes, src page_size, num_components) of every kernel launch."""
     seen = []
-    real = copy_rows_module.BoundCopy.__call__
+    real = copy_rows_module.CopyLaunch.__call__
 
     def spy(bound, *args, **kw):
         src = bound.layouts[0]          # the source layout as launched
         seen.append((src.row_bytes, src.page_size, src.num_components))
         return real(bound, *args, **kw)
-    monkeypatch.setattr(copy_rows_module.BoundCopy, "__call__", spy)
+    monkeypatch.setattr(copy_rows_module.CopyLaunch, "__call__", spy)
     return seen
 
 
@@ -333,7 +333,7 @@ def test_kernel_equals_reference(src_form, dst_form, pattern):
 @pytest.mark.parametrize("by_page", [False, True])
 def test_fallback_without_interpreter_warns_once_and_copies(monkeypatch, by_page):
     """Where Triton cannot run CPU tensors, copies run the reference: one warning, same bytes."""
-    monkeypatch.setattr(copy_rows_module, "_reference_call", REAL_REFERENCE)
+    monkeypatch.setattr(copy_rows_module, "reference_copy", REAL_REFERENCE)
     monkeypatch.setattr(copy_rows_module, "interpreter_active", lambda: False)
     monkeypatch.setattr(copy_rows_module, "_warned", set())
     monkeypatch.setattr(copy_rows_module, "_RUNNERS", {})      # decided again without the interpreter

@@ -17,8 +17,8 @@ from copy_rows_support import Side, run_and_check
 from helpers import Guarded
 from kvtier.kernels import KvtierError, RowMap, copy_rows_reference
 
-copy_rows_module = importlib.import_module("kvtier.kernels.copy_rows")
-copy_rows = copy_rows_module.copy_rows
+copy_rows_module = importlib.import_module("kvtier.kernels.launcher")
+from kvtier.kernels import copy_rows  # noqa: E402
 real_kernel = copy_rows_module._kernel
 
 L, N, P = 2, 16, 4
@@ -38,7 +38,7 @@ def no_launch(monkeypatch):
     def boom(*a, **k):
         raise AssertionError("a kernel ran although the arguments were bad")
     monkeypatch.setattr(copy_rows_module, "_kernel", boom)      # every launch asks for the kernel
-    monkeypatch.setattr(copy_rows_module, "_reference_call", boom)
+    monkeypatch.setattr(copy_rows_module, "reference_copy", boom)
 
 
 VALUE_REASONS = ("index out of range", "negative index", "not a whole page")

@@ -24,7 +24,7 @@ from kvtier.kernels import CopyConfig
 import kvtier.platforms as platforms
 from kvtier.platforms import NPU_MIN_PIECE_BYTES, NPU_MIN_ROWS, npu_launch_limits
 
-copy_rows_module = importlib.import_module("kvtier.kernels.copy_rows")
+copy_rows_module = importlib.import_module("kvtier.kernels.launcher")
 
 NPU_FLOORS = dict(min_rows=NPU_MIN_ROWS, min_piece_bytes=NPU_MIN_PIECE_BYTES)
 NPU = CopyConfig(num_programs=3, rows=2, block_bytes=16384, num_warps=1)   # few programs: interpreted

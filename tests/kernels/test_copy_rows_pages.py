@@ -12,7 +12,7 @@ from copy_rows_support import kernel_really_runs  # noqa: F401  (autouse fixture
 from helpers import assert_bytes_equal
 from kvtier.kernels import copy_rows
 
-core = importlib.import_module("kvtier.kernels.copy_rows")
+core = importlib.import_module("kvtier.kernels.launcher")
 P = 4
 
 

@@ -14,9 +14,9 @@ from copy_rows_support import kernel_really_runs  # noqa: F401  (autouse fixture
 from helpers import assert_bytes_equal
 from kvtier.kernels import CopyConfig
 
-copy_rows_module = importlib.import_module("kvtier.kernels.copy_rows")
+copy_rows_module = importlib.import_module("kvtier.kernels.launcher")
 plan_module = importlib.import_module("kvtier.kernels.tiling")
-copy_rows = copy_rows_module.copy_rows
+from kvtier.kernels import copy_rows  # noqa: E402
 
 ROWS = [  # (id, dtype, (H, D)): rows no power-of-two block divides, and narrow ones
     ("e4m3-656B", torch.float8_e4m3fn, (1, 656)),

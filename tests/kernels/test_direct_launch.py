@@ -27,7 +27,7 @@ from kvtier.kernels.copy_rows_kernel import _copy_rows_kernel  # noqa: E402
 from kvtier.kernels.index_check import Checks, check_launch  # noqa: E402
 from kvtier.kernels.index_check_kernel import _check_indices_kernel  # noqa: E402
 
-core = importlib.import_module("kvtier.kernels.copy_rows")
+core = importlib.import_module("kvtier.kernels.launcher")
 check_module = importlib.import_module("kvtier.kernels.index_check_kernel")
 TARGET = GPUTarget("cuda", 90, 32)
 STREAM = 0x5EA
@@ -131,14 +131,14 @@ def maps(rows=64, offset=0):
 
 def bound_copy(rows=64):
     src, dst = maps(rows)
-    bound = core.bind(src, dst, src_layer=0, dst_layer=0, num_layers=1, by_page=False,
+    bound = core.copy_launch(src, dst, src_layer=0, dst_layer=0, num_layers=1, by_page=False,
                       config=CopyConfig(num_programs=4, rows=8, block_bytes=64, num_warps=4),
                       device=torch.device("cpu"), n_rows=8)
-    return bound, bound.sides(src, dst), (src, dst)
+    return bound, bound.addresses(src, dst), (src, dst)
 
 
 RECORD = torch.zeros(8, dtype=torch.int64)
-CHECKS = Checks.of(("src_indices", 64, 1), ("dst_indices", 64, 1))
+CHECKS = Checks(("src_indices", 64, 1), ("dst_indices", 64, 1))
 ARG = {n: i for i, n in enumerate(_copy_rows_kernel.arg_names)}
 LAUNCHER = 9            # where the kernel's own arguments start in its launcher's
 
@@ -199,7 +199,7 @@ def test_each_call_passes_its_own_buffers_to_one_kept_kernel(triton_path):
     si, di = torch.tensor([3, 1, 7]), torch.tensor([0, 5, 2])
     pairs = [maps() for _ in range(6)]          # new buffers per call
     for src, dst in pairs:
-        launch(bound, bound.sides(src, dst), si, di)
+        launch(bound, bound.addresses(src, dst), si, di)
     assert len(passes) == 2 and len(launches) == 6
     for (kernel, args), (src, dst) in zip(launches, pairs):
         assert args[LAUNCHER + ARG["src_base"]] == src.base and args[LAUNCHER + ARG["dst_base"]] == dst.base
@@ -275,7 +275,7 @@ def test_the_index_check_is_launched_directly_too(triton_path):
     # A limit of another class (not a multiple of 16) is another specialization to the kept
     # kernels (Triton itself does not specialize on it): two launches through Triton again.
     for _ in range(3):
-        check_launch(cpu, Checks.of(("src_indices", 65, 1), ("dst_indices", 64, 1)), a, b, direct=True)
+        check_launch(cpu, Checks(("src_indices", 65, 1), ("dst_indices", 64, 1)), a, b, direct=True)
     assert len(passes) == 4 and len(launches) == 7
 
 

@@ -22,7 +22,8 @@ from kvtier.kernels import KvtierError, copy_rows
 from kvtier.bounded import Bounded
 import kvtier.platforms as platforms
 
-core = importlib.import_module("kvtier.kernels.copy_rows")
+core = importlib.import_module("kvtier.kernels.launcher")
+transfer = importlib.import_module("kvtier.kernels.transfer")
 
 
 @pytest.fixture
@@ -31,7 +32,7 @@ def check_launches(monkeypatch):
     several launches or Ascend do)."""
     no_inline = dataclasses.replace(platforms.get("cpu"), inline_check_programs=0)
     monkeypatch.setattr(core, "_platform", lambda device: no_inline)
-    monkeypatch.setattr(core, "_BOUND", Bounded(core._BOUND.bound))
+    monkeypatch.setattr(core, "_LAUNCHES", Bounded(core._LAUNCHES.bound))
     yield
 
 
@@ -45,7 +46,7 @@ def _sides(seed):
 def test_two_threads_interleaving_check_and_copy_each_get_their_own_verdict(check_launches, monkeypatch,
                                                                             bad_first):
     a_checked, b_checked = threading.Event(), threading.Event()
-    real = core.check_launch
+    real = transfer.check_launch
 
     def seam(*args, **kw):          # A's copies wait until B's check has run after A's
         words = real(*args, **kw)
@@ -55,7 +56,7 @@ def test_two_threads_interleaving_check_and_copy_each_get_their_own_verdict(chec
         else:
             b_checked.set()
         return words
-    monkeypatch.setattr(core, "check_launch", seam)
+    monkeypatch.setattr(transfer, "check_launch", seam)
     (src_a, dst_a), (src_b, dst_b) = _sides(1), _sides(3)
     si, di = make_indices("perm", 16, 16, seed=5)
     bad = di.clone()
@@ -96,13 +97,13 @@ def test_two_threads_interleaving_check_and_copy_each_get_their_own_verdict(chec
 def test_a_failure_is_raised_by_the_thread_that_made_it_only(check_launches, monkeypatch):
     """A failure recorded for thread A (a device that had not run the check when A's call
     returned) is never raised by thread B's calls; A's next call raises it."""
-    real_pending = core.faults.raise_pending
+    real_pending = transfer.faults.raise_pending
     src, dst = _sides(7)
     si, di = make_indices("perm", 16, 16, seed=8)
     bad = di.clone()
     bad[0] = 99
     with monkeypatch.context() as late:     # the check ran after A's call returned
-        late.setattr(core.faults, "raise_pending", lambda this_call=False: None)
+        late.setattr(transfer.faults, "raise_pending", lambda this_call=False: None)
         copy_rows(src.map, si, dst.map, bad)
     errors = []
 
@@ -116,7 +117,7 @@ def test_a_failure_is_raised_by_the_thread_that_made_it_only(check_launches, mon
     t.start()
     t.join(30)
     assert errors == [], errors
-    assert core.faults.raise_pending is real_pending
+    assert transfer.faults.raise_pending is real_pending
     with pytest.raises(KvtierError, match="dst_indices=99: .*moved no bytes"):
         copy_rows(src.map, si, dst.map, di)
 

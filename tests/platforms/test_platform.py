@@ -233,7 +233,7 @@ def test_both_tritons_installed_is_reported(monkeypatch, caplog):
     assert "pip uninstall" in plat.triton_conflict()
     assert plat.platform_info()["warning"] == plat.TRITON_CONFLICT
     import importlib
-    launcher = importlib.import_module("kvtier.kernels.copy_rows")
+    launcher = importlib.import_module("kvtier.kernels.launcher")
     monkeypatch.setattr(launcher, "_kernel_loaded", [])
     with caplog.at_level("WARNING", logger="kvtier"):
         launcher._kernel()

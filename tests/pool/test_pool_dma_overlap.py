@@ -160,13 +160,13 @@ def test_per_layer_loads_reuse_one_plan(chunks, monkeypatch):
 
 # ------------------------------------------------------------------ bad device-side indices
 def _direct_backup(host, dev_pool, hidx, didx, verdict):
-    """dma.backup of the pool's first move, as HostPool issues it."""
-    mv = host._moves_for(0, dev_pool)[0]
+    """The dma backup of the pool's first host group, as HostPool's transfer issues it
+    (`dma.DmaMove`), with the given verdict."""
+    pair = host._pairs(0, dev_pool)[0]
     lay = host_layout(host.layout)
-    unit = host.page_size if lay.paged else 1
-    run_list = runs_of(hidx, unit)
-    dma.backup(BACKUP, mv.dev_map, didx, mv.host_buf, host.layout, host.page_size, 0, mv.host_layer,
-               mv.num_layers, run_list, lay.paged and host.page_size > 1, None, verdict, host._host_map(mv))
+    mv = dma.DmaMove(BACKUP, pair.dev_map, pair.host_buf, host.layout, host.page_size, 0, pair.host_layer,
+                     pair.num_layers, lay.paged and host.page_size > 1, None, host.size)
+    mv(didx, None, mv.host_side(hidx, False), verdict)
     return mv
 
 
@@ -209,7 +209,7 @@ def test_without_the_fill_a_bad_verdict_writes_stale_bytes(chunks, monkeypatch):
     bytes into the host rows (so the test above can fail)."""
     chunks(300)
     monkeypatch.setattr(dma, "verdict_now", lambda v: None if v is not None else 0)
-    monkeypatch.setattr(dma._Transfer, "_fill_mode", lambda self: None)
+    monkeypatch.setattr(dma._DmaCall, "_fill_mode", lambda self: None)
     dev, hc = _ring_pool()
     host = hc.host
     _direct_backup(host, dev.pool, pages_to_slots([1], 4), pages_to_slots([2], 4), _words(0))

@@ -7,7 +7,7 @@ program count names the operation, the tile rows the layer count), under keys co
 the transfers below (row bytes, page sizes, row buckets, layer counts). Each public call
 (HostPool backup / loads with the kernel and dma strategies, DevicePool gather / scatter
 and CPU copies, the SGLang and Ascend adapter calls) is then checked launch by launch:
-the configuration each launch ran with (a spy on ``BoundCopy.__call__``, which every launch
+the configuration each launch ran with (a spy on ``CopyLaunch.__call__``, which every launch
 passes) and
 the one in the DEBUG line (op, scope, strategy, config, rows, bytes) are the tuned ones,
 and the bytes moved match plain torch indexing. With the lookup replaced by the default,
@@ -29,13 +29,12 @@ from kvtier.autotune import select
 from kvtier.autotune.cache import store
 from kvtier.autotune.key import TuneKey, device_identity
 from kvtier.kernels import CopyConfig, default_config
-from kvtier.kernels.copy_rows import interpreter_active, triton_available
+from kvtier.kernels.launcher import interpreter_active, triton_available
 from kvtier.kernels.ops import OPS, Op
 from kvtier.pool import HostPool, MHADevicePool
 from pool_support import host_rows
 
-launch_mod = importlib.import_module("kvtier.pool.launch")
-copy_rows_module = importlib.import_module("kvtier.kernels.copy_rows")
+copy_rows_module = importlib.import_module("kvtier.kernels.launcher")
 
 pytestmark = pytest.mark.skipif(not (triton_available() and interpreter_active()),
                                 reason="needs Triton's interpreter (TRITON_INTERPRET=1) to run the kernel on CPU")
@@ -85,7 +84,7 @@ def kernel_runs(monkeypatch):
     """Every copy runs the Triton kernel with the configuration given (no torch fallback)."""
     def no_fallback(*a, **k):
         raise AssertionError("copy_rows fell back to the torch reference")
-    monkeypatch.setattr(copy_rows_module, "_reference_call", no_fallback)
+    monkeypatch.setattr(copy_rows_module, "reference_copy", no_fallback)
 
 
 # ------------------------------------------------------------------ launch capture
@@ -111,13 +110,13 @@ class Recorder:
 
     def __init__(self, monkeypatch, caplog):
         self.caplog, self.calls = caplog, []
-        real = copy_rows_module.BoundCopy.__call__
+        real = copy_rows_module.CopyLaunch.__call__
 
         def spy(bound, si, di, *args, **kw):
             self.calls.append((bound.config, si.numel(), bound.num_layers))
             return real(bound, si, di, *args, **kw)
 
-        monkeypatch.setattr(copy_rows_module.BoundCopy, "__call__", spy)
+        monkeypatch.setattr(copy_rows_module.CopyLaunch, "__call__", spy)
         caplog.set_level(logging.DEBUG, logger="kvtier")
 
     def take(self):
