@@ -93,6 +93,7 @@ def default_resolve(copy: Copy, n: int) -> Tuple[CopyConfig, str]:
 
 
 _NO_EPOCH = [0]
+_NO_GRIDS = (0,) * 64        # (0: the launch works its programs out)
 
 
 class Transfer:
@@ -221,11 +222,13 @@ class Transfer:
             faults.raise_pending(this_call=True)
 
     def launch_checked(self, steps: Steps, si: torch.Tensor, di: torch.Tensor, host_list, verdict,
-                       checked: bool, buffers: Optional[Sequence[torch.Tensor]] = None) -> None:
+                       checked: bool, buffers: Optional[Sequence[torch.Tensor]] = None,
+                       grids: Optional[Sequence[int]] = None) -> None:
         """Enqueue ``steps`` (of this transfer) at lists checked already: ``verdict`` the
         words a check launch of theirs wrote (every launch moves nothing unless it is good),
         or None where they were checked on the host (``checked``) or checks are off. What
-        a batch plan and a call of several steps run."""
+        a batch plan and a call of several steps run; ``grids``: each launch's programs,
+        where the caller worked them out for this count (a plan does, once)."""
         if log.isEnabledFor(DEBUG):
             self._log(steps, si.numel())
         if self.runner != "kernel":
@@ -233,8 +236,8 @@ class Transfer:
         bulk = [s.bulk.host_side(host_list, checked) for s in steps.bulk] if steps.bulk else ()
         addresses = steps.addresses if buffers is None else self._rebased(steps.addresses, buffers)
         mode, word = (BY_VERDICT, verdict) if verdict is not None else (UNCHECKED, si)
-        for b, a in zip(steps.launches, addresses):
-            b(si, di, a, mode, word)
+        for b, a, g in zip(steps.launches, addresses, grids or _NO_GRIDS):
+            b(si, di, a, mode, word, None, g)
         for s, moved in zip(steps.bulk, bulk):
             s.bulk(si, di, moved, verdict)
 

@@ -58,13 +58,15 @@ class TransferPlan:
         # Each call's steps, resolved now (none for an empty batch); the tensors they rest
         # on checked to be where their maps were built.
         self.backup_steps = self.load_steps = None
-        self.layer_steps = []
+        self.layer_steps, self.layer_grids = [], []
         if n:
             for t in (transfers.backup, transfers.load, *transfers.layers):
                 if t.watch is not None:
                     check_storage(t.watch)
             self.backup_steps, self.load_steps = transfers.backup.steps(n), transfers.load.steps(n)
             self.layer_steps = [t.steps(n) for t in transfers.layers]
+            # each launch's programs for this batch's count, worked out once
+            self.layer_grids = [tuple(b.grid(n) for b in st.launches) for st in self.layer_steps]
         self.stream = None if device.type == "cpu" else platforms.stream_key(device)
         self._ready = None
         if device.type != "cpu":
@@ -105,7 +107,8 @@ class TransferPlan:
         if self.stream is not None:
             self._same_stream()
         self.transfers.layers[local].launch_checked(self.layer_steps[local], self.host_on_device,
-                                                    self.device_indices, self.host_indices, self.words, self.checked)
+                                                    self.device_indices, self.host_indices, self.words, self.checked,
+                                                    grids=self.layer_grids[local])
 
     def load(self) -> None:
         """Host -> device, every layer (target pool: drafts too)."""
