@@ -6,7 +6,7 @@
   (what `kvtier autotune` runs).
 
 Modules: key (what a result is keyed by), space (candidates), prune (spill pruning via
-the codegen report), timing (device timers), workload (transfers to time), search (the
+the codegen report), timing (device timers), shape (the pool shape a run stands for), search (the
 tuning loop), cache (the JSON file per device), select (the lookup), report (tables).
 The search modules import torch-heavy code only when `tune` is used.
 """
@@ -20,11 +20,11 @@ __all__ = ["config_for", "select_config", "resolve", "invalidate", "tune", "Pool
 
 
 def __getattr__(name):
-    # The search pulls in the workload builders; load them on first use.
+    # The search and the shape pull in torch-heavy code; load them on first use.
     if name == "tune":
         from .search import tune
         return tune
     if name == "PoolShape":
-        from .workload import PoolShape
+        from .shape import PoolShape
         return PoolShape
     raise AttributeError(name)

@@ -1,5 +1,5 @@
 """The search: for each operation and transfer size of a pool shape, time the pools' own
-call (`workload.Transfer.runner`) under every candidate configuration, check that it
+call (`kvtier.bench.pools.TimedCall.runner`) under every candidate configuration, check that it
 moved the right bytes, and record the fastest under the key the pools look up: the
 operation's name (`Op.name`) and the layers one call moves (1 for load_layer).
 
@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, List, Optional, Sequence
 
 from kvtier.kernels.config import CopyConfig
+from kvtier.errors import fail
 
 from . import cache, select
 from kvtier.kernels.ops import Op
@@ -22,7 +23,7 @@ from .key import DeviceId, TuneKey, device_identity, platform_device
 from .prune import codegen_report, codegen_target, prune_spilling
 from .space import candidates, default_max_programs
 from .timing import Timer, default_timer
-from .workload import Pools, PoolShape, Transfer
+from .shape import PoolShape
 
 Progress = Callable[[int, int, str], None]
 
@@ -63,7 +64,7 @@ class TuneResult:
                 "runners_up": [[m.config.to_dict(), float(f"{m.gbps:.6g}")] for m in self.measurements[1:top] if m.ok]}
 
 
-def tune_transfer(transfer: Transfer, configs: Iterable[CopyConfig], timer: Timer, *,
+def tune_transfer(transfer: "TimedCall", configs: Iterable[CopyConfig], timer: Timer, *,
                   verify: bool = True, progress: Optional[Callable[[str], None]] = None) -> List[Measurement]:
     """Time ``transfer`` under each configuration; fastest first, failures last.
 
@@ -95,15 +96,20 @@ def tune(shape: PoolShape, *, ops: Sequence[str] = ("backup", "load", "gather"),
          max_programs: Optional[int] = None, quick: bool = False,
          target: Optional[str] = "auto", report=codegen_report, verify: bool = True,
          write: bool = True, progress: Optional[Progress] = None,
-         device: Optional[DeviceId] = None) -> List[TuneResult]:
+         device: Optional[DeviceId] = None, pools: Optional[Callable] = None) -> List[TuneResult]:
     """Tune ``ops`` of ``shape`` for transfers of ``sizes`` rows (and of ``layer_counts``
     layers, default: all), write the winners to the device's cache file and make this
     process's `select_config` see them.
 
     ``target`` names the codegen target for spill pruning ("auto": the device's own;
     None: no pruning); ``report`` is the codegen report function (tests inject one).
+    ``pools``: ``(shape, rows, device) -> pools`` whose ``call(op)`` is the call to time
+    (`kvtier.bench.pools.Pools`, what ``kvtier autotune`` passes: the autotuner sits below
+    the pools it times, so the caller brings them).
     A platform without its device here, or a cache directory that cannot be written (with
     ``write``), raises `KvtierError` before anything is timed."""
+    if not callable(pools):
+        raise fail("pools", pools, "must be a callable (shape, rows, device) -> pools, e.g. kvtier.bench.pools.Pools")
     ops = [Op.parse(op, "ops") for op in ops]
     if write:
         cache.writable_cache_dir()     # a cache that cannot be written is refused before timing
@@ -113,16 +119,16 @@ def tune(shape: PoolShape, *, ops: Sequence[str] = ("backup", "load", "gather"),
     device = device or device_identity(platform)
     timer = timer or default_timer(platform)
     target = codegen_target(device) if target == "auto" else target
-    jobs, pools = [], {}
+    jobs, pools_of = [], {}
     for op in ops:
         cap = max_programs or default_max_programs(device, op.crosses_link)
         # A per-layer load moves one layer of the whole pool (its key: num_layers=1).
         counts = (shape.num_layers,) if op.scope == "layer" else (layer_counts or (shape.num_layers,))
         for layers in counts:
             for n in sizes:
-                if (layers, n) not in pools:    # one pair of pools serves every operation
-                    pools[layers, n] = Pools(dataclasses.replace(shape, num_layers=layers), n, dev)
-                t = pools[layers, n].transfer(op)
+                if (layers, n) not in pools_of:    # one pair of pools serves every operation
+                    pools_of[layers, n] = pools(dataclasses.replace(shape, num_layers=layers), n, dev)
+                t = pools_of[layers, n].call(op)
                 shape_kw = _codegen_shape(t)
                 cfgs = candidates(device, chunk_bytes=shape_kw["row_bytes"] // shape_kw["n_chunks"],
                                   crosses_link=op.crosses_link, max_programs=cap, quick=quick)
@@ -148,7 +154,7 @@ def tune(shape: PoolShape, *, ops: Sequence[str] = ("backup", "load", "gather"),
     return results
 
 
-def _codegen_shape(t: Transfer) -> dict:
+def _codegen_shape(t) -> dict:
     """The compile-time shape the launcher will see for ``t`` (pages moved as rows where
     both sides store a page contiguously)."""
     src, dst = t.copy.src, t.copy.dst
@@ -160,7 +166,7 @@ def _codegen_shape(t: Transfer) -> dict:
                 num_components=src.num_components, align=min(src.align, dst.align))
 
 
-def _label(t: Transfer, cfg: CopyConfig) -> str:
+def _label(t, cfg: CopyConfig) -> str:
     return f"{t.op} rows={t.num_rows} L={t.num_layers} {describe_config(cfg)}"
 
 

@@ -20,12 +20,12 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import asdict, dataclass
-from functools import lru_cache
 from typing import Callable, List, Optional
 
 import torch
 
 import kvtier.platforms as platforms
+from kvtier.platforms.events import DeviceBusy, busy_keeper, device_module
 
 Timer = Callable[..., float]
 
@@ -60,53 +60,6 @@ class Timing:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def device_module(device: torch.device):
-    """torch.cuda / torch.npu (whichever backs ``device``), or None for the CPU."""
-    if device.type == "cpu":
-        return None
-    return getattr(torch, device.type)
-
-
-class DeviceBusy:
-    """Keeps a CUDA/ROCm stream busy with ``torch.cuda._sleep`` so that calls queued
-    behind it run back to back; ``still_busy()`` says whether the sleep is still running."""
-
-    def __init__(self, device: torch.device):
-        self.device = device
-        self.cycles_per_s = _sleep_rate(device)
-        self._end = None
-
-    def start(self, seconds: float) -> None:
-        with torch.cuda.device(self.device):
-            torch.cuda._sleep(max(1, int(self.cycles_per_s * seconds)))
-            self._end = torch.cuda.Event()
-            self._end.record()
-
-    def still_busy(self) -> bool:
-        return self._end is not None and not self._end.query()
-
-
-@lru_cache(maxsize=None)
-def _sleep_rate(device: torch.device) -> float:
-    """Sleep cycles per second on ``device``, measured once."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    cycles = 10_000_000
-    with torch.cuda.device(device):
-        torch.cuda._sleep(1000)                 # loaded before it is timed
-        start.record()
-        torch.cuda._sleep(cycles)
-        end.record()
-    end.synchronize()
-    return cycles / max(start.elapsed_time(end) / 1e3, 1e-6)
-
-
-def busy_keeper(device: torch.device) -> Optional[DeviceBusy]:
-    """A `DeviceBusy` for ``device``, or None where no device sleep op exists (CPU, Ascend)."""
-    if device.type == "cuda" and hasattr(torch.cuda, "_sleep"):
-        return DeviceBusy(device)
-    return None
 
 
 def time_calls(fn: Callable[[], None], device: torch.device, *, warmup: int = 2,

@@ -31,7 +31,8 @@ import torch
 
 import kvtier.platforms as platforms
 from kvtier.autotune.space import program_counts
-from kvtier.autotune.timing import busy_keeper, gbps, time_calls
+from kvtier.autotune.timing import gbps, time_calls
+from kvtier.platforms.events import busy_keeper, can_sleep
 
 from . import pool_engine, torch_baseline
 from .report import CEILING_STYLE, colour
@@ -78,22 +79,23 @@ def default_caps(device: torch.device) -> tuple:
 
 
 class _Streams:
-    """Two streams on CUDA; on the CPU one stream runs after the other."""
+    """Two streams where the device has a sleep op to start them together (CUDA, ROCm); on
+    the CPU one loop runs after the other."""
 
     def __init__(self, device: torch.device):
         self.device = device
-        self.cuda = device.type == "cuda"
-        self.compute = torch.cuda.Stream(device) if self.cuda else None
-        self.copy = torch.cuda.Stream(device) if self.cuda else None
+        self.overlap = can_sleep(device)
+        self.compute = torch.Stream(device) if self.overlap else None
+        self.copy = torch.Stream(device) if self.overlap else None
 
     def on(self, stream):
-        return torch.cuda.stream(stream) if self.cuda else contextlib.nullcontext()
+        return stream if self.overlap else contextlib.nullcontext()
 
     def together(self, gemm: Callable, gemms: int, fn: Callable, calls: int, host_s: float) -> dict:
         """Seconds per GEMM and per transfer with both loops running, the share of the
         GEMM loop the transfer loop covered, and whether both were queued before either
         started (``kernel_only``)."""
-        if not self.cuda:
+        if not self.overlap:
             t0 = time.perf_counter()
             for _ in range(gemms):
                 gemm()
@@ -103,7 +105,7 @@ class _Streams:
             t2 = time.perf_counter()
             return {"gemm_s": (t1 - t0) / gemms, "transfer_s": (t2 - t1) / calls, "overlap": 0.0,
                     "kernel_only": False}
-        ev = lambda: torch.cuda.Event(enable_timing=True)   # noqa: E731
+        ev = lambda: torch.Event(self.device, enable_timing=True)   # noqa: E731
         go, a0, a1, b0, b1 = ev(), ev(), ev(), ev(), ev()
         keeper = busy_keeper(self.device)
         with self.on(self.compute):
@@ -121,7 +123,7 @@ class _Streams:
                 fn()
             b1.record()
         held = keeper.still_busy()
-        torch.cuda.synchronize(self.device)
+        platforms.synchronize(self.device)
         at = {name: go.elapsed_time(e) / 1e3 for name, e in (("a0", a0), ("a1", a1), ("b0", b0), ("b1", b1))}
         span = at["a1"] - at["a0"]
         both = max(0.0, min(at["a1"], at["b1"]) - max(at["a0"], at["b0"]))
@@ -146,7 +148,7 @@ def measure(device, setup: Setup = Setup(), *, allow_cpu: bool = False,
     """The interference run (JSON-ready), or ``{"skipped": why}`` off CUDA."""
     device = torch.device(device)
     log = log or (lambda s: None)
-    if device.type != "cuda" and not (allow_cpu and device.type == "cpu"):
+    if not can_sleep(device) and not (allow_cpu and device.type == "cpu"):
         return {"skipped": SKIP.format(platforms.platform_of(device))}
     start = time.monotonic()
     streams = _Streams(device)

@@ -31,7 +31,7 @@ turn, as HiCache's layer loop does. So what kvtier keeps per index tensor (its c
 its copy on the device) is reused exactly where an engine would reuse it.
 
 Shape: K and V, 16 layers, 1 KiB rows (8 heads x 64 bf16), 16-token pages, 256 tokens in
-scattered page order, ``layer_first`` host layout (`autotune/workload.py`'s `Pools`).
+scattered page order, ``layer_first`` host layout (`bench/pools.py`'s `Pools`).
 
 Timing: per call, ``perf_counter_ns`` around the call; median, p10 and p90 over many
 calls after a warm-up. The series are interleaved in batches (one batch of each per
@@ -67,7 +67,7 @@ import torch
 
 import kvtier.platforms as platforms
 
-from kvtier.autotune.timing import busy_keeper
+from kvtier.platforms.events import busy_keeper
 
 from .probe import LaunchProbe
 from .report import write_json  # noqa: F401  (the overhead's JSON, as the sweep's)
@@ -101,7 +101,8 @@ def build_calls(device: torch.device, shape: Optional[dict] = None,
     """(name -> callable for every call of ``CALLS`` and ``TORCH_OPS``, what they move);
     ``lists``: the calls each series makes before its index lists come round again."""
     from kvtier.adapters import registry, transfer_kv_all_layer, transfer_kv_per_layer
-    from kvtier.autotune.workload import Pools, PoolShape
+    from kvtier.autotune.shape import PoolShape
+    from kvtier.bench.pools import Pools
     from kvtier.pool.gather import group_shape
 
     s = dict(SHAPE, **(shape or {}))

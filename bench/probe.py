@@ -2,7 +2,7 @@
 
 Inside ``LaunchProbe()``, both kernels a call can launch are replaced by recorders: the
 row-copy kernel (`kvtier.kernels.launcher`) and the index-check kernel
-(``_check_indices_kernel`` in `kvtier.kernels.index_check_kernel`, which
+(``check_indices_jit`` in `kvtier.kernels.index_check_kernel`, which
 `kvtier.kernels.index_check` launches before the copies when value checks are on).
 Every call of the core, a pool or an adapter still validates, plans, looks up its
 configuration and builds its launch arguments, then records each launch grid instead of
@@ -63,10 +63,10 @@ class LaunchProbe:
         self._check_mod = importlib.import_module("kvtier.kernels.index_check_kernel")
         self._maps = importlib.import_module("kvtier.adapters.maps")
         self._rec, self._check_rec = _Recorder(self.keep_args), _Recorder(self.keep_args)
-        self._saved = (_core._kernel, _core.interpreter_active, self._check_mod._check_indices_kernel,
+        self._saved = (_core._kernel, _core.interpreter_active, self._check_mod.check_indices_jit,
                        self._maps.interpreter_active, _core._RUNNERS)
         _core._kernel = lambda: self._rec
-        self._check_mod._check_indices_kernel = self._check_rec
+        self._check_mod.check_indices_jit = self._check_rec
         # The CPU falls back to the reference without the interpreter; the probe never
         # runs a kernel, so it may take the launch path anywhere (the adapters' module
         # holds its own name for the same test).
@@ -76,7 +76,7 @@ class LaunchProbe:
         return self
 
     def __exit__(self, *exc) -> None:
-        (_core._kernel, _core.interpreter_active, self._check_mod._check_indices_kernel,
+        (_core._kernel, _core.interpreter_active, self._check_mod.check_indices_jit,
          self._maps.interpreter_active, _core._RUNNERS) = self._saved
 
     @property

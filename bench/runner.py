@@ -10,6 +10,7 @@ from typing import Callable, Optional
 import torch
 
 from kvtier.autotune.timing import gbps, time_calls
+from kvtier.platforms.events import can_sleep
 from kvtier.kernels.ops import Op
 from kvtier.platforms import device_name, platform_of, synchronize
 
@@ -47,7 +48,7 @@ def method(sweep: Sweep, device: torch.device) -> dict:
     return {"timer": "kvtier.autotune.timing.time_calls", "warmup_calls": sweep.warmup,
             "min_iters": sweep.min_iters, "max_iters": sweep.iters, "point_budget_s": POINT_BUDGET_S,
             "device_time": "median of per-call stream events on a pre-busied stream (kernel only)"
-                           if device.type == "cuda" else "wall clock per call" if device.type == "cpu"
+                           if can_sleep(device) else "wall clock per call" if device.type == "cpu"
                            else "median of per-call stream events (idle stream)",
             "host_time": "median perf_counter time inside each call, reported separately",
             "verification": "one verified call before timing (JIT compilation lands there)"}

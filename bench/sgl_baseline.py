@@ -13,6 +13,8 @@ import inspect
 
 import torch
 
+import kvtier.platforms as platforms
+
 from kvtier.kernels.ops import Op
 
 from .workload import Prepared, Unsupported, Workload
@@ -50,7 +52,7 @@ def prepare(w: Workload, op: str, kvio=None) -> Prepared:
     s = w.shape
     if not Op.parse(op).crosses_link:
         raise Unsupported(f"no sgl_kernel function for {op}")
-    if w.device.type != "cuda":
+    if not platforms.on_cuda_runtime(w.device):
         raise Unsupported("sgl_kernel runs on CUDA/ROCm devices only")
     if s.layout != "layer_first":
         raise Unsupported("this baseline drives sgl_kernel's layer_first functions only")

@@ -16,7 +16,7 @@ from typing import Optional
 
 import torch
 
-from kvtier.autotune.workload import POISON, RowCopy
+from kvtier.bench.pools import POISON, RowCopy
 from kvtier.kernels.reference import layer_rows
 from kvtier.platforms import synchronize
 

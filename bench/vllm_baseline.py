@@ -27,7 +27,9 @@ from typing import Optional, Tuple
 
 import torch
 
-from kvtier.autotune.workload import RowCopy
+import kvtier.platforms as platforms
+
+from kvtier.bench.pools import RowCopy
 from kvtier.kernels.reference import layer_rows
 
 from .workload import Prepared, Unsupported, Workload
@@ -50,7 +52,7 @@ def source_path() -> Path:
 @functools.lru_cache(maxsize=None)
 def load_swap() -> Optional[types.ModuleType]:
     """vLLM's swap module (installed vLLM, else the extracted file), or None."""
-    if not torch.cuda.is_available():
+    if platforms.detect_platform() not in platforms.CUDA_RUNTIME:
         return None
     try:
         return importlib.import_module(MODULE)
@@ -67,7 +69,7 @@ def load_swap() -> Optional[types.ModuleType]:
 
 def status(device: torch.device) -> str:
     """"runs", or why the baseline does not run here."""
-    if device.type != "cuda":
+    if not platforms.on_cuda_runtime(device):
         return "vLLM's swap kernel addresses pinned host memory from a CUDA device: CUDA only"
     if load_swap() is not None:
         return "runs"
@@ -141,7 +143,7 @@ def prepare(w: Workload, op: str, swap=None) -> Prepared:
     swap = swap or load_swap()
     if not applies(op):
         raise Unsupported(f"vLLM runs its Triton swap kernel host -> device only, not for {op}")
-    if w.device.type != "cuda":
+    if not platforms.on_cuda_runtime(w.device):
         raise Unsupported(status(w.device))
     if swap is None:
         raise Unsupported(status(w.device))

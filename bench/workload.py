@@ -1,5 +1,5 @@
 """What the benchmark measures: a point's `Shape` as real pools of random bytes, built by
-the autotuner's transfer builder (`kvtier.autotune.workload.Pools`), and what one engine
+the autotuner's transfer builder (`kvtier.bench.pools.Pools`), and what one engine
 prepared for one point.
 
 A shape is a device pool (one tensor per layer and component, the CUDA pools' form)
@@ -20,7 +20,8 @@ from typing import Optional
 
 import torch
 
-from kvtier.autotune.workload import Pools, PoolShape
+from kvtier.autotune.shape import PoolShape
+from kvtier.bench.pools import Pools
 from kvtier.kernels.errors import fail
 from kvtier.kernels.ops import LABELS
 

@@ -3,42 +3,13 @@ is one line on stderr naming it and its value, and exit status 2 (`UsageError`, 
 `kvtier.cli.main` prints), raised before the command starts any work."""
 from __future__ import annotations
 
-import argparse
 import os
-import sys
 
 from kvtier.kernels.errors import KvtierError
 
 
 class UsageError(Exception):
     """A flag, environment variable or path the command refuses: one line, exit status 2."""
-
-
-class Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are one line on stderr and exit status 2."""
-
-    def error(self, message: str):
-        sys.stderr.write(f"{self.prog}: {message}\n")
-        sys.exit(2)
-
-
-def positive_int(text: str) -> int:
-    """argparse type: an int >= 1 (the message names the value; argparse adds the flag)."""
-    return _int_at_least(text, 1)
-
-
-def non_negative_int(text: str) -> int:
-    return _int_at_least(text, 0)
-
-
-def _int_at_least(text: str, low: int) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < low:
-        raise argparse.ArgumentTypeError(f"{value} must be at least {low}")
-    return value
 
 
 def int_list(text: str, flag: str, low: int = 1) -> tuple:

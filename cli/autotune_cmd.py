@@ -27,7 +27,7 @@ def register(sub) -> None:
     from kvtier.kernels.layouts import NAMES
     from kvtier.kernels.ops import LABELS
     from kvtier.platforms import PLATFORMS
-    from .args import non_negative_int, positive_int
+    from kvtier.flags import non_negative_int, positive_int
     p = sub.add_parser("autotune", help="measure transfer configurations on this device and cache the best",
                        description="Tune the backup/load/gather transfers of a KV pool shape on the current "
                                    "device, print every configuration's GB/s and write the winners to the "
@@ -82,6 +82,7 @@ def run(args) -> int:
             raise UsageError(f"{e} (or pass --no-write)") from None
     from kvtier.autotune.search import tune
     from kvtier.autotune.report import format_results
+    from kvtier.bench.pools import Pools
     from kvtier.kernels.launcher import interpreter_active
 
     target = None if args.codegen_target == "none" else args.codegen_target
@@ -92,7 +93,7 @@ def run(args) -> int:
               + "; the figures test the machinery, not a device")
     bar = ProgressBar(sys.stderr)
     try:
-        results = tune(shape, ops=ops, sizes=sizes, layer_counts=layer_counts, platform=platform,
+        results = tune(shape, pools=Pools, ops=ops, sizes=sizes, layer_counts=layer_counts, platform=platform,
                        max_programs=args.max_programs, quick=args.quick or platform == "cpu",
                        target=target, write=not args.no_write, progress=bar)
     except ValueError as e:
@@ -112,7 +113,7 @@ def _tuning_flags(args, platform: str, device):
     """(PoolShape, op labels, sizes, layer counts or None) from the flags, each checked,
     and the pools they ask for checked against this machine's memory."""
     import torch
-    from kvtier.autotune.workload import PoolShape, pool_bytes
+    from kvtier.autotune.shape import PoolShape, pool_bytes
     from kvtier.kernels.errors import KvtierError
     from kvtier.kernels.ops import parse_list
     from .args import UsageError, check_fits, int_list

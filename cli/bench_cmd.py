@@ -175,7 +175,7 @@ def _dims_given(args) -> str:
 
 def _check_fits(args, sweep, device) -> None:
     """The largest point's pools (one workload is alive at a time) against the memory here."""
-    from kvtier.autotune.workload import pool_bytes
+    from kvtier.autotune.shape import pool_bytes
     sizes = [pool_bytes(shape.pool_shape(), shape.tokens, spare=1)
              for shape, _, _, _ in sweep.points() if shape.supported() is None]
     check_fits(_dims_given(args) or "the sweep", device, max(sizes), max(sizes))
@@ -230,8 +230,9 @@ def run(args) -> int:
 def _interference(args, device, dims: dict) -> int:
     """`--interference`: the run, its table, JSON and PNG in --out; one line off CUDA."""
     from kvtier.bench import interference
+    from kvtier.platforms.events import can_sleep
     tiny = args.smoke and device.type == "cpu"
-    if device.type != "cuda" and not tiny:
+    if not can_sleep(device) and not tiny:
         print(interference.SKIP.format(device.type) + " (--smoke runs a tiny structural run on the CPU)")
         return 0
     out = output_dir(args.out or f"kvtier-bench-{datetime.date.today().isoformat()}", "--out")

@@ -11,7 +11,7 @@ import time
 def register(sub) -> None:
     p = sub.add_parser("demo", help="back up and load a small KV cache through the kernels and check every byte")
     from kvtier.kernels.layouts import NAMES
-    from .args import positive_int
+    from kvtier.flags import positive_int
     p.add_argument("--layers", type=positive_int, default=4)
     p.add_argument("--pages", type=positive_int, default=32)
     p.add_argument("--page-size", type=positive_int, default=16)

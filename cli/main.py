@@ -10,7 +10,8 @@ import sys
 # First: torch is imported here without auto-loading device backends, so a broken
 # torch_npu (no CANN) cannot take every command down (kvtier.platforms says why).
 import kvtier.platforms  # noqa: F401,E402
-from kvtier.cli.args import Parser, UsageError  # noqa: E402
+from kvtier.cli.args import UsageError  # noqa: E402
+from kvtier.flags import Parser  # noqa: E402
 
 # name -> module; modules are imported only to build the parser, and each imports
 # its heavy dependencies (Triton, torch_npu) inside its handler.

@@ -156,10 +156,7 @@ def _report(target: str, config: CopyConfig, shape: dict) -> KernelReport:
     rep.pipeline = dict(stages=const["STAGES"], rows=const["ROWS"], block_words=const["BLOCK"],
                         word=const["WORD"], split=const["SPLIT"], offsets_32bit=const["SRC_I32"])
     rep.shared = getattr(compiled.metadata, "shared", None)
-    if TARGETS[target][0] == "cuda":
-        _fill_cuda(rep, compiled)
-    else:
-        _fill_amd(rep, compiled)
+    _FILL[TARGETS[target][0]](rep, compiled)
     return rep
 
 
@@ -184,7 +181,7 @@ def _compile(target: str, config: CopyConfig, shape: dict):
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    from .copy_rows_kernel import _copy_rows_kernel
+    from .copy_rows_kernel import copy_rows_jit
     const = kernel_constants(config, dict(shape, target=target))
     idx = f"*i{shape['index_bits']}"
     word = "*i32" if const["CHECK"] == 1 else "*i64"     # the verdict words, or the failure record
@@ -195,11 +192,11 @@ def _compile(target: str, config: CopyConfig, shape: dict):
     # Counts are i32 as Triton types them at launch; addresses and strides i64 (the widest case).
     counts = ("n_idx", "n_rows", "src_limit", "dst_limit", "src_arg", "dst_arg", "src_targ", "dst_targ", "n_layers",
               "src_layer0", "dst_layer0", "src_t_comp", "src_t_layer", "dst_t_comp", "dst_t_layer")
-    names = _copy_rows_kernel.arg_names
+    names = copy_rows_jit.arg_names
     sig = {n: ptrs.get(n, "constexpr" if n in const else "i32" if n in counts else "i64") for n in names}
     # Pointer arguments from torch allocations are 16-byte aligned; Triton specializes them so.
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n in ptrs}
-    src = ASTSource(fn=compilable(_copy_rows_kernel), signature=sig, constexprs=const, attrs=attrs)
+    src = ASTSource(fn=compilable(copy_rows_jit), signature=sig, constexprs=const, attrs=attrs)
     kind, arch, warp = TARGETS[target]
     options = {"num_warps": config.num_warps}
     return triton.compile(src, target=GPUTarget(kind, arch, warp), options=options)
@@ -333,9 +330,13 @@ def default_sweep(target: str = "sm90"):
                 yield c, dict(s, offset_bits=64)
 
 
+_FILL = {"cuda": _fill_cuda, "hip": _fill_amd}     # what each target's backend reports, by backend
+
+
 if __name__ == "__main__":     # compile_reports' child: JSON requests in, JSON reports out
     import json as _json
     import sys as _sys
     _todo = _json.load(_sys.stdin)
     _json.dump([_report(q["target"], CopyConfig.from_dict(q["config"]), q["shape"]).to_dict() for q in _todo],
                _sys.stdout)
+

@@ -38,7 +38,7 @@ def table_base(table, table2, comp, e, t_comp, base, comp_stride, TSPLIT: tl.con
 
 
 @triton.jit(do_not_specialize=NOT_SPECIALIZED)
-def _copy_rows_kernel(
+def copy_rows_jit(
     # What changes from call to call first (the lists and their checks, each side's buffer
     # or tables, the layer range), then what a copy launch keeps (passed as one prebuilt
     # tuple), then the compile-time constants.

@@ -41,10 +41,10 @@ def checks_on(check: Optional[bool] = None) -> bool:
     read on every call (so a change of the environment applies at once)."""
     if check is not None:
         return bool(check)
-    return _env_value() != _OFF
+    return env_value() != CHECKS_OFF
 
 
-def _environ_reader():
+def environ_reader():
     """A reader of ``KVTIER_CHECK`` for the hot path: ``os.environ``'s own mapping read by
     its encoded key (what ``os.environ.get`` does, without re-encoding the key per call),
     falling back to ``os.environ.get`` where that mapping is not there."""
@@ -55,7 +55,7 @@ def _environ_reader():
     return (lambda: os.environ.get(CHECK_ENV)), "0"
 
 
-_env_value, _OFF = _environ_reader()
+env_value, CHECKS_OFF = environ_reader()
 
 
 class Checks:
@@ -121,7 +121,7 @@ def check_launch(device: torch.device, checks: Checks, si: torch.Tensor, di: tor
             di, di.numel(), di.stride(0), checks.dst_limit, checks.dst_arg,
             ta[0], ta[1], ta[2], tb[0], tb[1], tb[2], words, record.tensor,
             checks.src_page, checks.dst_page, two, checks.skip_negative, len(tables), align, 1024)
-    kernel = (_CHECK_MODULE or _check_module())._check_indices_kernel
+    kernel = (_CHECK_MODULE or _check_module()).check_indices_jit
     if direct:                  # compiled: kept and launched directly once checked
         _CHECK_LAUNCHES.launch(kernel, 1, args, direct_launch.check_spec(args))
     else:

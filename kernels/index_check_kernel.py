@@ -74,7 +74,7 @@ def keep_failure(record, bad_code, bad_arg, bad_pos, bad_val, bad_lim, bad_page)
 
 
 @triton.jit(do_not_specialize=NOT_SPECIALIZED)
-def _check_indices_kernel(
+def check_indices_jit(
     a_idx, a_n, a_stride, a_limit, a_id, b_idx, b_n, b_stride, b_limit, b_id,
     ta, ta_n, ta_id, tb, tb_n, tb_id, verdict, record,
     A_PAGE: tl.constexpr, B_PAGE: tl.constexpr, TWO: tl.constexpr, NEG_SKIPS: tl.constexpr,

@@ -63,12 +63,12 @@ def _load_kernel() -> list:
         if conflict:
             logging.getLogger("kvtier").warning("kvtier: %s", conflict)
         import inspect
-        from .copy_rows_kernel import _copy_rows_kernel
+        from .copy_rows_kernel import copy_rows_jit
         # The launch passes the compile-time constants by position (cheaper than by
         # keyword), in the order the kernel declares them.
-        params = inspect.signature(_copy_rows_kernel.fn).parameters.values()
+        params = inspect.signature(copy_rows_jit.fn).parameters.values()
         constants = tuple(p.name for p in params if "constexpr" in str(p.annotation))
-        _kernel_loaded.extend((_copy_rows_kernel, constants))
+        _kernel_loaded.extend((copy_rows_jit, constants))
     return _kernel_loaded
 
 

@@ -29,7 +29,7 @@ from kvtier.config import CopyConfig
 from kvtier.errors import fail
 
 from . import faults, launcher
-from .index_check import _OFF, Checks, _env_value, check_launch, check_on_host, checks_on
+from .index_check import CHECKS_OFF, Checks, env_value, check_launch, check_on_host, checks_on
 from .launcher import BY_VERDICT, INLINE, UNCHECKED, CopyLaunch, copy_launch, direct_launches, runner_for
 from .rowmap import RowMap
 from .storage_watch import Watch, check_storage, watch
@@ -186,7 +186,7 @@ class Transfer:
         record = faults.call_record(self.device)
         if check is None:
             check = self.check
-        checks = self.checks if (check if check is not None else _env_value() != _OFF) else None
+        checks = self.checks if (check if check is not None else env_value() != CHECKS_OFF) else None
         if checks is not None and checks.paged:
             checks.count(n)
         if log.isEnabledFor(DEBUG):

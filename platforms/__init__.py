@@ -181,6 +181,15 @@ def _hot_path_queries():
 _cuda_ready, _cuda_capturing = _hot_path_queries()
 
 
+CUDA_RUNTIME = ("cuda", "rocm")     # the platforms on torch's CUDA runtime (torch.cuda)
+
+
+def on_cuda_runtime(device) -> bool:
+    """Whether ``device`` runs on torch's CUDA runtime (NVIDIA CUDA, or ROCm's HIP behind
+    the same API): what baselines built for sgl_kernel or vLLM's CUDA code need."""
+    return _as_device(device).type == "cuda"
+
+
 def current_stream(device=None):
     """The current stream of ``device`` (torch.cuda.Stream / torch.npu.Stream); None on the CPU."""
     device = _resolve(device)

@@ -47,12 +47,12 @@ class MHADevicePool(DevicePool):
                     indexer_buffers: Optional[dict] = None) -> "MHADevicePool":
         """Adopt an engine's per-layer tensors, each ``(N, H, D)`` (or ``(pages, P, H, D)``
         with ``paged_dims``); ``indexer_buffers``: ``{"index_k": [...], "index_scale": [...]}``."""
-        k_layers = _layer_list("k_layers", k_layers)
-        v_layers = _layer_list("v_layers", v_layers)
+        k_layers = layer_list("k_layers", k_layers)
+        v_layers = layer_list("v_layers", v_layers)
         if len(v_layers) != len(k_layers):
             raise fail("v_layers", f"{len(v_layers)} layers", f"k_layers has {len(k_layers)}; K and V "
                        "need one tensor per layer each")
-        ind, args = _indexer_buffers(indexer_buffers, len(k_layers), per_layer=True)
+        ind, args = checked_indexer_buffers(indexer_buffers, len(k_layers), per_layer=True)
         return cls._adopt({"k": k_layers, "v": v_layers, **ind}, page_size, start_layer, paged_dims,
                           {"k": "k_layers", "v": "v_layers", **args})
 
@@ -61,11 +61,11 @@ class MHADevicePool(DevicePool):
                      paged_dims: bool = False, indexer_buffers: Optional[dict] = None) -> "MHADevicePool":
         """Adopt an engine's multi-layer tensors ``(L, N, H, D)`` (or ``(L, pages, P, H, D)``);
         K and V share a launch when they are two slices of one allocation."""
-        layers = _stacked_layers("k", k)
-        if _stacked_layers("v", v) != layers:
+        layers = stacked_layers("k", k)
+        if stacked_layers("v", v) != layers:
             raise fail("v", tuple(v.shape), f"k has {layers} layers ({tuple(k.shape)}); K and V need "
                        "the same layer count")
-        ind, args = _indexer_buffers(indexer_buffers, layers, per_layer=False)
+        ind, args = checked_indexer_buffers(indexer_buffers, layers, per_layer=False)
         return cls._adopt({"k": k, "v": v, **ind}, page_size, start_layer, paged_dims,
                           {"k": "k", "v": "v", **args})
 
@@ -73,7 +73,7 @@ class MHADevicePool(DevicePool):
 INDEXER_NAMES = ("index_k", "index_scale")
 
 
-def _layer_list(arg: str, layers) -> list:
+def layer_list(arg: str, layers) -> list:
     """An engine's per-layer tensors as a list: a non-empty sequence of tensors."""
     out = None
     if not isinstance(layers, (torch.Tensor, str, bytes, dict)):
@@ -90,7 +90,7 @@ def _layer_list(arg: str, layers) -> list:
     return out
 
 
-def _stacked_layers(arg: str, t) -> int:
+def stacked_layers(arg: str, t) -> int:
     """The layer count of a stacked ``(L, ...)`` tensor."""
     if not isinstance(t, torch.Tensor) or t.dim() < 1:
         raise fail(arg, type(t).__name__ if not isinstance(t, torch.Tensor) else tuple(t.shape),
@@ -98,7 +98,7 @@ def _stacked_layers(arg: str, t) -> int:
     return t.shape[0]
 
 
-def _indexer_buffers(buffers, num_layers: int, per_layer: bool):
+def checked_indexer_buffers(buffers, num_layers: int, per_layer: bool):
     """``indexer_buffers`` checked: None, or a dict with exactly "index_k" and
     "index_scale", each for at most ``num_layers`` layers. Returns (buffers, arg names)."""
     if buffers is None:
@@ -109,8 +109,8 @@ def _indexer_buffers(buffers, num_layers: int, per_layer: bool):
     out, args, counts = {}, {}, {}
     for n in INDEXER_NAMES:
         arg = f"indexer_buffers[{n!r}]"
-        out[n] = _layer_list(arg, buffers[n]) if per_layer else buffers[n]
-        counts[n] = len(out[n]) if per_layer else _stacked_layers(arg, out[n])
+        out[n] = layer_list(arg, buffers[n]) if per_layer else buffers[n]
+        counts[n] = len(out[n]) if per_layer else stacked_layers(arg, out[n])
         args[n] = arg
         if counts[n] > num_layers:
             raise fail(arg, f"{counts[n]} layers", f"an indexer covers at most the pool's {num_layers} layers")

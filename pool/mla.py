@@ -10,7 +10,7 @@ import torch
 from kvtier.kernels.errors import fail
 
 from .device import DevicePool, allocate
-from .mha import _indexer_buffers, _layer_list, _stacked_layers
+from .mha import checked_indexer_buffers, layer_list, stacked_layers
 from .spec import (Component, IndexerSpec, check_bool, check_device, check_dtype, check_indexer,
                    check_non_negative, check_positive)
 
@@ -46,13 +46,13 @@ class MLADevicePool(DevicePool):
                     paged_dims: bool = False, indexer_buffers: Optional[dict] = None) -> "MLADevicePool":
         """Adopt per-layer tensors ``(N, 1, D)``; with ``rope_layers`` the first list is the
         latent part ("latent", "rope" components), else whole rows ("kv")."""
-        kv_layers = _layer_list("kv_layers", kv_layers)
+        kv_layers = layer_list("kv_layers", kv_layers)
         if rope_layers is not None:
-            rope_layers = _layer_list("rope_layers", rope_layers)
+            rope_layers = layer_list("rope_layers", rope_layers)
             if len(rope_layers) != len(kv_layers):
                 raise fail("rope_layers", f"{len(rope_layers)} layers",
                            f"kv_layers has {len(kv_layers)}; latent and rope need one tensor per layer each")
-        ind, args = _indexer_buffers(indexer_buffers, len(kv_layers), per_layer=True)
+        ind, args = checked_indexer_buffers(indexer_buffers, len(kv_layers), per_layer=True)
         return cls._adopt(_named(kv_layers, rope_layers, ind), page_size, start_layer, paged_dims,
                           {"kv": "kv_layers", "latent": "kv_layers", "rope": "rope_layers", **args})
 
@@ -62,11 +62,11 @@ class MLADevicePool(DevicePool):
                      indexer_buffers: Optional[dict] = None) -> "MLADevicePool":
         """Adopt multi-layer tensors ``(L, N, 1, D)`` (or ``(L, pages, P, 1, D)``); with
         ``rope`` the first tensor is the latent part."""
-        layers = _stacked_layers("kv", kv)
-        if rope is not None and _stacked_layers("rope", rope) != layers:
+        layers = stacked_layers("kv", kv)
+        if rope is not None and stacked_layers("rope", rope) != layers:
             raise fail("rope", tuple(rope.shape), f"kv has {layers} layers ({tuple(kv.shape)}); latent "
                        "and rope need the same layer count")
-        ind, args = _indexer_buffers(indexer_buffers, layers, per_layer=False)
+        ind, args = checked_indexer_buffers(indexer_buffers, layers, per_layer=False)
         return cls._adopt(_named(kv, rope, ind), page_size, start_layer, paged_dims,
                           {"kv": "kv", "latent": "kv", "rope": "rope", **args})
 

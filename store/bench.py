@@ -32,7 +32,7 @@ GOAL = {"min_page_bytes": 256 << 10, "prefetch_vs_raw_get": 0.8, "backup_vs_raw_
         "checksum_share": 0.10}
 
 
-def _host(page_bytes: int, pages: int, layout: str):
+def bench_host(page_bytes: int, pages: int, layout: str):
     import torch
     from kvtier.pool import HostPool, MHADevicePool
     token = 2 * LAYERS * HEADS * HEAD_DIM * 2
@@ -71,10 +71,10 @@ def measure(url: str, page_bytes=None, layouts=None, total_bytes: Optional[int] 
         for size in page_bytes:
             pages = max(16, min(1024, total_bytes // size))
             for layout in layouts:
-                host = _host(size, pages, layout)
+                host = bench_host(size, pages, layout)
                 tier = StoreTier(host, engine, model="kvtier-bench")
                 unchecked = StoreTier(host, engine, model="kvtier-bench")
-                unchecked.format.checksum = _Unchecked()
+                unchecked.format.checksum = Unchecked()
                 P = host.page_size
                 idx = torch.arange(pages * P, dtype=torch.int64)
                 payload = tier.plan.payload_bytes * pages
@@ -136,7 +136,7 @@ _RAW_EXTRA = {"raw_get_one": "get_gbps_one_buffer", "raw_get_threads": "get_gbps
               "raw_set_threads": "set_gbps_threads"}     # optional figures of `raw_throughput`
 
 
-class _Unchecked(Checksum):
+class Unchecked(Checksum):
     """Verification without the checksum (every other header check still runs)."""
 
     def matches(self, algorithm, pieces, stored) -> bool:

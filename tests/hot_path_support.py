@@ -90,10 +90,10 @@ def _patch(monkeypatch):
     copy_rows = importlib.import_module("kvtier.kernels.launcher")
     check = importlib.import_module("kvtier.kernels.index_check_kernel")
     platforms = importlib.import_module("kvtier.platforms")
-    checks = _Counted(check._check_indices_kernel)
+    checks = _Counted(check.check_indices_jit)
     copies = _Counted(copy_rows._kernel(), checks)
     monkeypatch.setattr(copy_rows, "_kernel", lambda: copies)
-    monkeypatch.setattr(check, "_check_indices_kernel", checks)
+    monkeypatch.setattr(check, "check_indices_jit", checks)
 
     def no_sync(*a, **k):
         raise HostRead("a device synchronize in a default-path call")

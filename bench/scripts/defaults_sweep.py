@@ -1,7 +1,7 @@
 """Hardware sweep behind the shipped CUDA defaults (platforms/cuda.py): GB/s of the pools'
 backup and load (across the link) and gather (on the device) for a grid of launch
 configurations, each forced on the pools' own call as the autotuner forces it
-(kvtier.autotune.workload) and timed by the platform's timer (kvtier.autotune.timing).
+(kvtier.bench.pools) and timed by the platform's timer (kvtier.autotune.timing).
 Usage: python bench/scripts/defaults_sweep.py OUT.json [ROWS,..] [BLOCK_BYTES,..] [WARPS,..]"""
 import itertools
 import json
@@ -11,7 +11,8 @@ import time
 import torch
 
 from kvtier.autotune.timing import default_timer
-from kvtier.autotune.workload import Pools, PoolShape
+from kvtier.autotune.shape import PoolShape
+from kvtier.bench.pools import Pools
 from kvtier.kernels import CopyConfig
 from kvtier.platforms import platform_of
 
@@ -29,7 +30,7 @@ WARPS = [int(a) for a in (sys.argv[4] if len(sys.argv) > 4 else "4,8").split(","
 out = []
 t0 = time.time()
 for op, progs in PROGRAMS.items():
-    t = pools.transfer(op)
+    t = pools.call(op)
     for p, rows, blk, w in itertools.product(progs, GRID, BLOCKS, WARPS):
         if time.time() - t0 > 200:
             break

@@ -25,9 +25,6 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import torch  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-from kvtier.cli.bench_cmd import load_bench  # noqa: E402
-
-load_bench()
 from kvtier.bench.overhead import CALLS, build_calls  # noqa: E402
 from kvtier.bench.probe import LaunchProbe  # noqa: E402
 
@@ -40,8 +37,8 @@ def binders():
     from triton.compiler.compiler import make_backend
     from triton.runtime import jit
     from kvtier.kernels.codegen import compilable
-    from kvtier.kernels.copy_rows_kernel import _copy_rows_kernel
-    from kvtier.kernels.index_check_kernel import _check_indices_kernel
+    from kvtier.kernels.copy_rows_kernel import copy_rows_jit
+    from kvtier.kernels.index_check_kernel import check_indices_jit
     if not hasattr(jit, "create_function_from_signature") or not hasattr(jit, "compute_cache_key"):
         import triton
         raise ImportError(f"Triton {triton.__version__} binds its launches otherwise")
@@ -55,7 +52,7 @@ def binders():
             _, specialization, options = binder(*args, **kwargs)
             jit.compute_cache_key(keys, specialization, options)
         return bind
-    return {"copy": bind_for(_copy_rows_kernel), "check": bind_for(_check_indices_kernel)}
+    return {"copy": bind_for(copy_rows_jit), "check": bind_for(check_indices_jit)}
 
 
 def median_us(fn, repeats: int) -> float:

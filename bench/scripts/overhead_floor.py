@@ -25,12 +25,10 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import torch  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-from kvtier.cli.bench_cmd import load_bench  # noqa: E402
-
-load_bench()
 from kvtier.bench.overhead import SHAPE, build_calls  # noqa: E402
 from kvtier.bench.probe import LaunchProbe  # noqa: E402
-from kvtier.autotune.workload import Pools, PoolShape  # noqa: E402
+from kvtier.autotune.shape import PoolShape
+from kvtier.bench.pools import Pools  # noqa: E402
 from kvtier.kernels import faults  # noqa: E402
 from kvtier.kernels.launcher import INLINE  # noqa: E402
 from kvtier.kernels.index_check import check_list_on_host  # noqa: E402

@@ -21,9 +21,6 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import torch  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-from kvtier.cli.bench_cmd import load_bench  # noqa: E402
-
-load_bench()
 from kvtier.bench.overhead import CALLS, build_calls  # noqa: E402
 from kvtier.bench.probe import LaunchProbe  # noqa: E402
 from kvtier.platforms.cpu import wall_timer  # noqa: E402

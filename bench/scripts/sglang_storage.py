@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from kvtier.cli.args import Parser, positive_int
+from kvtier.flags import Parser, positive_int
 
 LAYERS, HEADS, HEAD_DIM = 8, 4, 64            # bf16: 8 KiB per token (K and V)
 TOKEN_BYTES = 2 * LAYERS * HEADS * HEAD_DIM * 2

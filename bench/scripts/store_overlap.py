@@ -25,7 +25,7 @@ import uuid
 
 import torch
 
-from kvtier.store.bench import _host, _Unchecked
+from kvtier.store.bench import Unchecked, bench_host
 from kvtier.store.engine import Engine, open_store
 from kvtier.store.tier import StoreTier
 
@@ -80,7 +80,7 @@ def _tiers(host, engine):
     in_order._workers = _InOrder
     after = StoreTier(host, _Unreported(engine), model="overlap-bench")
     unchecked = StoreTier(host, engine, model="overlap-bench")
-    unchecked.format.checksum = _Unchecked()
+    unchecked.format.checksum = Unchecked()
     return {"in order": in_order, "as shipped": shipped, "checked after each call": after,
             "as shipped, no checksum": unchecked}
 
@@ -100,7 +100,7 @@ def main(argv=None) -> None:
         for size in PAGE_BYTES:
             pages = TOTAL_BYTES // size
             for layout in LAYOUTS:
-                host = _host(size, pages, layout)
+                host = bench_host(size, pages, layout)
                 tiers = _tiers(host, engine)
                 idx = torch.arange(pages * host.page_size, dtype=torch.int64)
                 best = {m: [1e9, 1e9] for m in tiers}

@@ -59,9 +59,9 @@ def kernel_fn(kernel: str = "copy"):
     """The kernel as a JITFunction, also when TRITON_INTERPRET=1 made it an interpreted one."""
     from kvtier.kernels.codegen import compilable
     if kernel == "check":
-        from kvtier.kernels.index_check_kernel import _check_indices_kernel as k
+        from kvtier.kernels.index_check_kernel import check_indices_jit as k
     else:
-        from kvtier.kernels.copy_rows_kernel import _copy_rows_kernel as k
+        from kvtier.kernels.copy_rows_kernel import copy_rows_jit as k
     return compilable(k)
 
 
@@ -94,16 +94,16 @@ def recorded_launches(floors: dict, checks: list = None):
     check_rec = _Recorder(kernel_fn("check"), checks if checks is not None else [], "check")
     npu_like = dataclasses.replace(platforms.get("cpu"), **floors)
     saved = (launcher._kernel, launcher.interpreter_active, launcher._platform, launcher._RUNNERS,
-             check_mod._check_indices_kernel)
+             check_mod.check_indices_jit)
     launcher._kernel, launcher.interpreter_active = (lambda: rec), (lambda: True)
     launcher._platform = lambda device: npu_like
     launcher._RUNNERS = {"cpu": "kernel"}
-    check_mod._check_indices_kernel = check_rec
+    check_mod.check_indices_jit = check_rec
     try:
         yield launches
     finally:
         (launcher._kernel, launcher.interpreter_active, launcher._platform, launcher._RUNNERS,
-         check_mod._check_indices_kernel) = saved
+         check_mod.check_indices_jit) = saved
 
 
 def source(launch: Launch):

@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from kvtier.bench.pools import Pools
 from kvtier.autotune import cache
 from kvtier.autotune.key import DeviceId, TuneKey, device_identity, platform_device
 from kvtier.autotune.search import tune
 from kvtier.autotune.space import MAX_PROGRAMS_ENV, default_max_programs, max_programs_from_env
-from kvtier.autotune.workload import PoolShape, pool_bytes
+from kvtier.autotune.shape import PoolShape, pool_bytes
 from kvtier.kernels.errors import KvtierError
 from kvtier.writable import writable_dir, writable_file
 
@@ -91,10 +92,10 @@ class Timer:
 def test_tune_refuses_an_unwritable_cache_before_timing(afile, monkeypatch):
     monkeypatch.setenv(cache.CACHE_ENV, str(afile))
     Timer.calls = 0
-    _raises(lambda: tune(SHAPE, ops=("backup",), sizes=(4,), platform="cpu", timer=Timer(), target=None),
+    _raises(lambda: tune(SHAPE, pools=Pools, ops=("backup",), sizes=(4,), platform="cpu", timer=Timer(), target=None),
             f"KVTIER_CACHE_DIR='{afile}'")
     assert Timer.calls == 0
-    tune(SHAPE, ops=("backup",), sizes=(4,), platform="cpu", timer=Timer(), target=None, max_programs=1,
+    tune(SHAPE, pools=Pools, ops=("backup",), sizes=(4,), platform="cpu", timer=Timer(), target=None, max_programs=1,
          write=False, verify=False)                    # without writing, the cache is not needed
     assert Timer.calls > 0
 
@@ -109,7 +110,7 @@ def test_a_platform_without_its_device_is_named(platform, tmp_cache):
     _raises(lambda: platform_device(platform, "--platform"), f"--platform={platform!r}")
     _raises(lambda: device_identity(platform), f"platform={platform!r}")
     Timer.calls = 0
-    _raises(lambda: tune(SHAPE, ops=("backup",), sizes=(4,), platform=platform, timer=Timer(), target=None),
+    _raises(lambda: tune(SHAPE, pools=Pools, ops=("backup",), sizes=(4,), platform=platform, timer=Timer(), target=None),
             f"platform={platform!r}")
     assert Timer.calls == 0 and list(tmp_cache.iterdir()) == []
     assert platform_device("cpu") == torch.device("cpu")
@@ -132,7 +133,7 @@ def test_max_programs_variable_unset_empty_and_good(monkeypatch):
 
 
 def test_pool_bytes_is_what_pools_allocate():
-    from kvtier.autotune.workload import Pools
+    from kvtier.bench.pools import Pools
     p = Pools(SHAPE, 3, "cpu")                         # 3 tokens: 2 pages of 2, twice over
     got = sum(t.numel() * t.element_size() for layers in p.device_layers for t in layers)
     assert pool_bytes(SHAPE, 3) == got == 2 * 2 * (2 * 2 * 2) * 16

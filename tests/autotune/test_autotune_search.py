@@ -15,7 +15,8 @@ from kvtier.autotune.cache import cache_path
 from kvtier.autotune.key import TuneKey, device_identity
 from kvtier.autotune.search import tune, tune_transfer
 from kvtier.autotune.space import candidates
-from kvtier.autotune.workload import Pools, PoolShape, Transfer, build_transfer
+from kvtier.autotune.shape import PoolShape
+from kvtier.bench.pools import Pools, TimedCall, build_call
 from kvtier.kernels import CopyConfig, default_config
 
 SHAPE = PoolShape.mha(2, 2, 8, torch.float16, page_size=2)       # 32-byte rows
@@ -43,7 +44,7 @@ class FakeTimer:
 
 
 def test_tune_transfer_ranks_by_the_timer_and_computes_gbps():
-    t = build_transfer(SHAPE, "backup", 8, torch.device("cpu"))
+    t = build_call(SHAPE, "backup", 8, torch.device("cpu"))
     cfgs = candidates(CPU, chunk_bytes=64, crosses_link=True, max_programs=2)
     win = cfgs[-1]
     ms = tune_transfer(t, cfgs, FakeTimer(win))
@@ -54,18 +55,18 @@ def test_tune_transfer_ranks_by_the_timer_and_computes_gbps():
 
 
 def test_a_configuration_that_moves_wrong_bytes_cannot_win(monkeypatch):
-    t = build_transfer(SHAPE, "load", 8, torch.device("cpu"))
+    t = build_call(SHAPE, "load", 8, torch.device("cpu"))
     cheat = CopyConfig(num_programs=1, rows=16, block_bytes=1024, num_warps=1)
     good = CopyConfig(num_programs=2, rows=16, block_bytes=1024, num_warps=1)
-    real = Transfer.runner
-    monkeypatch.setattr(Transfer, "runner", lambda self, c: (lambda: None) if c == cheat else real(self, c))
+    real = TimedCall.runner
+    monkeypatch.setattr(TimedCall, "runner", lambda self, c: (lambda: None) if c == cheat else real(self, c))
     ms = tune_transfer(t, [cheat, good], FakeTimer(cheat))           # the cheat is "fastest"
     assert ms[0].config == good and ms[0].ok
     assert ms[1].config == cheat and ms[1].error == "moved wrong bytes"
 
 
 def test_a_configuration_that_fails_is_recorded_not_fatal():
-    t = build_transfer(SHAPE, "gather", 8, torch.device("cpu"))
+    t = build_call(SHAPE, "gather", 8, torch.device("cpu"))
     bad = CopyConfig(num_programs=1, rows=16, block_bytes=1024, num_warps=1)
     good = CopyConfig(num_programs=2, rows=16, block_bytes=1024, num_warps=1)
 
@@ -81,7 +82,7 @@ def test_a_configuration_that_fails_is_recorded_not_fatal():
 
 
 def test_timer_returning_nonsense_is_a_failure():
-    t = build_transfer(SHAPE, "gather", 8, torch.device("cpu"))
+    t = build_call(SHAPE, "gather", 8, torch.device("cpu"))
     ms = tune_transfer(t, [CopyConfig()], lambda fn, **_: 0.0)
     assert not ms[0].ok and "timer returned 0.0" in ms[0].error
 
@@ -92,7 +93,7 @@ def test_tune_records_the_winner_of_every_key_and_select_config_returns_it():
     page_kernel = CopyConfig(num_programs=2, rows=16, block_bytes=64, num_warps=1)
     win = {"backup": dma, "load": dma, "gather": page_kernel}     # gathers time kernels only
     timer = FakeTimer(ranking=lambda c: {dma: 1e-3, kernel: 1.1e-3, page_kernel: 1.1e-3}.get(c, 5e-3))
-    results = tune(SHAPE, ops=("backup", "load", "gather"), sizes=(4, 16), platform="cpu", timer=timer,
+    results = tune(SHAPE, pools=Pools, ops=("backup", "load", "gather"), sizes=(4, 16), platform="cpu", timer=timer,
                    max_programs=2, target=None)
     assert len(results) == 6
     for r in results:
@@ -111,7 +112,7 @@ def test_tune_records_the_winner_of_every_key_and_select_config_returns_it():
 
 def test_per_layer_transfers_are_their_own_keys():
     timer = FakeTimer(ranking=lambda c: 1e-3 * c.num_programs)
-    results = tune(SHAPE, ops=("load",), sizes=(4,), layer_counts=(1, 2), platform="cpu", timer=timer,
+    results = tune(SHAPE, pools=Pools, ops=("load",), sizes=(4,), layer_counts=(1, 2), platform="cpu", timer=timer,
                    max_programs=2, target=None)
     assert sorted(r.key.num_layers for r in results) == [1, 2]
     assert all(r.best.config.num_programs == 1 for r in results)
@@ -123,7 +124,7 @@ def test_spilling_configurations_are_not_timed():
         return SimpleNamespace(spills=128 if config.rows == 64 else 0)
 
     timer = FakeTimer(ranking=lambda c: 1e-3 if c.rows == 64 else 2e-3)   # spillers would win
-    results = tune(SHAPE, ops=("gather",), sizes=(8,), platform="cpu", timer=timer, max_programs=2,
+    results = tune(SHAPE, pools=Pools, ops=("gather",), sizes=(8,), platform="cpu", timer=timer, max_programs=2,
                    quick=False, target="sm90", report=report)
     r = results[0]
     assert r.pruned and all(c.rows == 64 for c in r.pruned)
@@ -131,28 +132,28 @@ def test_spilling_configurations_are_not_timed():
 
 
 def test_nothing_written_when_asked_or_when_every_configuration_fails(tmp_cache):
-    tune(SHAPE, ops=("gather",), sizes=(4,), platform="cpu", timer=FakeTimer(), max_programs=1,
+    tune(SHAPE, pools=Pools, ops=("gather",), sizes=(4,), platform="cpu", timer=FakeTimer(), max_programs=1,
          target=None, write=False)
     assert not cache_path(CPU).exists()
 
     def broken(fn, **_):
         raise RuntimeError("no")
 
-    results = tune(SHAPE, ops=("gather",), sizes=(4,), platform="cpu", timer=broken, max_programs=1, target=None)
+    results = tune(SHAPE, pools=Pools, ops=("gather",), sizes=(4,), platform="cpu", timer=broken, max_programs=1, target=None)
     assert results[0].best is None and not cache_path(CPU).exists()
 
 
 def test_unknown_op_is_rejected_before_any_work():
     with pytest.raises(ValueError, match="'swap'"):
-        tune(SHAPE, ops=("swap",), platform="cpu", timer=FakeTimer())
+        tune(SHAPE, pools=Pools, ops=("swap",), platform="cpu", timer=FakeTimer())
 
 
 def test_pools_pick_the_cached_winner(monkeypatch):
     """The pools look the cached winner up and launch with it."""
     win = CopyConfig(num_programs=2, rows=16, block_bytes=ROW_BLOCK, num_warps=1)
-    tune(SHAPE, ops=("backup",), sizes=(8,), platform="cpu", max_programs=2, target=None,
+    tune(SHAPE, pools=Pools, ops=("backup",), sizes=(8,), platform="cpu", max_programs=2, target=None,
          timer=FakeTimer(ranking=lambda c: 1e-3 if c == win else 3e-3))
-    t = build_transfer(SHAPE, "backup", 8, torch.device("cpu"))
+    t = build_call(SHAPE, "backup", 8, torch.device("cpu"))
     assert pool_call(monkeypatch, t) == [win] and t.verify()
     assert win != default_config("cpu", crosses_link=True)
 
@@ -162,16 +163,16 @@ def test_load_layer_is_timed_on_the_whole_pool_and_keyed_as_one_layer(monkeypatc
     is stored as op "load" with num_layers=1, and the pool's per-layer load then uses it."""
     win = CopyConfig(num_programs=1, rows=64, block_bytes=ROW_BLOCK, num_warps=1, strategy="dma")
     seen = []
-    real = Pools.transfer
-    monkeypatch.setattr(Pools, "transfer", lambda self, op: seen.append(self.pool_shape.num_layers) or real(self, op))
-    results = tune(SHAPE, ops=("load_layer",), sizes=(4,), platform="cpu", max_programs=2, target=None,
+    real = Pools.call
+    monkeypatch.setattr(Pools, "call", lambda self, op: seen.append(self.pool_shape.num_layers) or real(self, op))
+    results = tune(SHAPE, pools=Pools, ops=("load_layer",), sizes=(4,), platform="cpu", max_programs=2, target=None,
                    timer=FakeTimer(win))
-    monkeypatch.setattr(Pools, "transfer", real)
+    monkeypatch.setattr(Pools, "call", real)
     r, = results
     assert seen == [SHAPE.num_layers]
     assert (r.key.op, r.key.num_layers, r.nbytes) == ("load", 1, 4 * 32 * 1 * 2)
     assert r.best.config == win
-    t = Pools(SHAPE, 4, torch.device("cpu"), seed=3).transfer("load_layer")
+    t = Pools(SHAPE, 4, torch.device("cpu"), seed=3).call("load_layer")
     # The winner is a dma config: the pool's load takes the dma path with it (whose
     # staging scatter runs with the scatter op's own configuration).
     took, real_load = [], dma.load

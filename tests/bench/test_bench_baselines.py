@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from bench_support import SIDES, expected_after, guarded_workload, rows_of
-from kvtier.autotune.workload import POISON
+from kvtier.bench.pools import POISON
 from kvtier.bench import sgl_baseline, torch_baseline, vllm_baseline
 from kvtier.bench.workload import Shape, Unsupported
 

@@ -6,7 +6,7 @@ import torch
 
 from bench_support import SIDES, expected_after, guarded_workload, rows_of
 from kvtier.bench import kvtier_engine, pool_engine, torch_baseline
-from kvtier.autotune.workload import POISON
+from kvtier.bench.pools import POISON
 from kvtier.bench.workload import Shape, Unsupported
 
 SHAPES = [

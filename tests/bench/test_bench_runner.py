@@ -11,7 +11,7 @@ from kvtier.bench import Grid, Sweep, run_sweep
 from kvtier.bench import report, sgl_baseline
 from kvtier.bench.goals import evaluate, grade
 from kvtier.bench.probe import LaunchProbe
-from kvtier.autotune.workload import POISON
+from kvtier.bench.pools import POISON
 from kvtier.bench.workload import Shape, Unsupported
 from kvtier.kernels import copy_rows
 

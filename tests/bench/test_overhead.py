@@ -37,7 +37,7 @@ def real_kernels(monkeypatch):
     check = importlib.import_module("kvtier.kernels.index_check_kernel")
     copies, checks = _Counting(), _Counting()
     monkeypatch.setattr(core, "_kernel", lambda: copies)
-    monkeypatch.setattr(check, "_check_indices_kernel", checks)
+    monkeypatch.setattr(check, "check_indices_jit", checks)
     return copies, checks
 
 

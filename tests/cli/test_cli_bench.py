@@ -67,7 +67,7 @@ def test_overhead_only_writes_json_and_runs_no_sweep(tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     o = json.loads(out.read_text())
     assert o["note"] == "cpu: host time up to the launch; kernels not run" and o["note"] in r.stdout
-    assert len(o["calls"]) == 8 and set(o["torch"]) == {"torch.index_select", "Tensor.index_copy_"}
+    assert len(o["calls"]) == 9 and set(o["torch"]) == {"torch.index_select", "Tensor.index_copy_"}
     for c in o["calls"].values():
         assert {"median_us", "p10_us", "p90_us", "ratio", "goal"} <= set(c) and c["goal"] in r.stdout
     assert o["launches_recorded"]["copy"] > 0 and o["kernels_run"] is False

@@ -41,7 +41,7 @@ def _mutant(gate: str, tmp_path):
     spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module._copy_rows_kernel
+    return module.copy_rows_jit
 
 
 def _bad_load(kind: str) -> bool:

@@ -23,9 +23,9 @@ from triton.compiler.compiler import make_backend  # noqa: E402
 
 from kvtier.kernels import CopyConfig, RowMap, direct_launch  # noqa: E402
 from kvtier.kernels.codegen import compilable  # noqa: E402
-from kvtier.kernels.copy_rows_kernel import _copy_rows_kernel  # noqa: E402
+from kvtier.kernels.copy_rows_kernel import copy_rows_jit  # noqa: E402
 from kvtier.kernels.index_check import Checks, check_launch  # noqa: E402
-from kvtier.kernels.index_check_kernel import _check_indices_kernel  # noqa: E402
+from kvtier.kernels.index_check_kernel import check_indices_jit  # noqa: E402
 
 core = importlib.import_module("kvtier.kernels.launcher")
 check_module = importlib.import_module("kvtier.kernels.index_check_kernel")
@@ -95,9 +95,9 @@ def triton_path(monkeypatch, request):
     kernel_class = getattr(request, "param", FakeKernel)
     launches, passes = [], []
     kernel_caches = {}                  # id(a JITFunction's key cache) -> its kernel cache
-    for kernel, install in ((_copy_rows_kernel, lambda jf: monkeypatch.setattr(core, "_kernel", lambda: jf)),
-                            (_check_indices_kernel,
-                             lambda jf: monkeypatch.setattr(check_module, "_check_indices_kernel", jf))):
+    for kernel, install in ((copy_rows_jit, lambda jf: monkeypatch.setattr(core, "_kernel", lambda: jf)),
+                            (check_indices_jit,
+                             lambda jf: monkeypatch.setattr(check_module, "check_indices_jit", jf))):
         jf = compilable(kernel)
         kernels, keys = {}, {}
         kernel_caches[id(keys)] = kernels
@@ -139,7 +139,7 @@ def bound_copy(rows=64):
 
 RECORD = torch.zeros(8, dtype=torch.int64)
 CHECKS = Checks(("src_indices", 64, 1), ("dst_indices", 64, 1))
-ARG = {n: i for i, n in enumerate(_copy_rows_kernel.arg_names)}
+ARG = {n: i for i, n in enumerate(copy_rows_jit.arg_names)}
 LAUNCHER = 9            # where the kernel's own arguments start in its launcher's
 
 

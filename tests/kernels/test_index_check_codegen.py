@@ -16,7 +16,7 @@ SCRIPT = textwrap.dedent("""
     import itertools, triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    from kvtier.kernels.index_check_kernel import _check_indices_kernel as k
+    from kvtier.kernels.index_check_kernel import check_indices_jit as k
     runtime = {"a_idx": "*i64", "a_n": "i32", "a_stride": "i32", "a_limit": "i64", "a_id": "i32",
                "b_idx": "*i32", "b_n": "i32", "b_stride": "i32", "b_limit": "i64", "b_id": "i32",
                "ta": "*i64", "ta_n": "i32", "ta_id": "i32", "tb": "*u64", "tb_n": "i32", "tb_id": "i32",

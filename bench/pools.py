@@ -1,4 +1,4 @@
-"""Transfers to time, built from real pools: what the autotuner measures and what the
+"""Pool calls to time, built from real pools: what the autotuner measures and what the
 benchmark times is the pools' own call, the one engines make.
 
 A `PoolShape` (layers, components, row dims, dtype, page size, host and device layouts)
@@ -8,11 +8,11 @@ host layout over random host memory (pinned on an accelerator, and registered wh
 platform's kernels need it, as an engine's pool would be), with scattered device pages
 and host slots, as a hierarchical cache allocates them.
 
-`Pools.transfer(op)` is one operation of `kvtier.kernels.ops.LABELS`. Its
+`Pools.call(op)` (a `TimedCall`) is one operation of `kvtier.kernels.ops.LABELS`. Its
 ``runner(config)`` runs the pools' call for it (`HostPool` backup and loads, through
 the kernel or the dma path with its runtime copies; `DevicePool` gather and scatter)
 with ``config`` fixed on both pools (their ``config``), or under the pools' own lookup
-when ``config`` is None. `RowCopy` says what a transfer moves, as
+when ``config`` is None. `RowCopy` says what a call moves, as
 `copy_rows` takes it; its `mismatch` compares every destination row with its source row,
 byte for byte.
 """
@@ -27,6 +27,7 @@ import kvtier.platforms as platforms
 from kvtier.kernels import CopyConfig, RowMap
 from kvtier.kernels.errors import fail
 from kvtier.kernels.layouts import host_layout
+from kvtier.autotune.shape import PoolShape
 from kvtier.kernels.ops import Op
 from kvtier.kernels.reference import layer_rows
 from kvtier.kernels.validate import compute_device
@@ -34,52 +35,8 @@ from kvtier.pool import HostPool, MHADevicePool, MLADevicePool
 from kvtier.pool.gather import contiguous_map, group_shape
 
 POISON = 0xA5
-DEVICE_LAYOUTS = ("layers", "stacked")
 # Components -> the device pool class an engine would adopt its tensors with.
 _POOLS = {2: MHADevicePool, 1: MLADevicePool}
-
-
-@dataclass(frozen=True)
-class PoolShape:
-    """The KV pool a tuning run stands for. MHA: two components (K, V) of rows
-    (heads, head_dim); MLA: one component of rows (1, kv_lora_rank + rope_dim)."""
-    num_layers: int
-    row_dims: Tuple[int, int]
-    num_components: int
-    dtype: torch.dtype
-    page_size: int = 1
-    host_layout: str = "layer_first"
-    device_layout: str = "layers"      # "layers": a tensor per layer; "stacked": one buffer
-
-    def __post_init__(self):
-        host_layout(self.host_layout, "host_layout")
-        if self.device_layout not in DEVICE_LAYOUTS:
-            raise fail("device_layout", self.device_layout, f"must be one of {DEVICE_LAYOUTS}")
-        if self.num_components not in _POOLS:
-            raise fail("num_components", self.num_components, "must be 2 (MHA: K and V) or 1 (MLA)")
-        for name in ("num_layers", "page_size"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise fail(name, value, "must be a positive int")
-        if len(self.row_dims) != 2 or min(self.row_dims) < 1:
-            raise fail("row_dims", self.row_dims, "must be (heads, head_dim), both positive")
-
-    @classmethod
-    def mha(cls, layers: int, heads: int, head_dim: int, dtype=torch.bfloat16, **kw) -> "PoolShape":
-        return cls(layers, (heads, head_dim), 2, dtype, **kw)
-
-    @classmethod
-    def mla(cls, layers: int, kv_lora_rank: int, rope_dim: int, dtype=torch.bfloat16, **kw) -> "PoolShape":
-        return cls(layers, (1, kv_lora_rank + rope_dim), 1, dtype, **kw)
-
-    @property
-    def row_bytes(self) -> int:
-        return self.row_dims[0] * self.row_dims[1] * self.dtype.itemsize
-
-    def describe(self) -> str:
-        kind = "MHA" if self.num_components == 2 else "MLA"
-        return (f"{kind} L={self.num_layers} row={self.row_dims} {str(self.dtype).replace('torch.', '')} "
-                f"({self.row_bytes} B) P={self.page_size} host={self.host_layout} device={self.device_layout}")
 
 
 @dataclass(frozen=True)
@@ -288,17 +245,8 @@ class Pools:
         moves every transfer with the dma strategy)."""
         return all(m.reachable_by(self.platform) for _, m, _ in self.host_pool.groups)
 
-    def transfer(self, op) -> "Transfer":
-        return Transfer(self, op)
-
-
-def pool_bytes(shape: PoolShape, tokens: int, *, layers: Optional[int] = None, spare: int = 2) -> int:
-    """Bytes of each of the two pools `Pools` builds for ``tokens`` (whole pages, ``spare``
-    times over) of ``shape`` with ``layers`` (default its own): what a tool checks against
-    the memory there is before building them."""
-    P = shape.page_size
-    slots = spare * -(-tokens // P) * P
-    return (layers or shape.num_layers) * shape.num_components * slots * shape.row_bytes
+    def call(self, op) -> "TimedCall":
+        return TimedCall(self, op)
 
 
 def _device_pool(shape: PoolShape, slots: int, random):
@@ -313,7 +261,7 @@ def _device_pool(shape: PoolShape, slots: int, random):
                             shape.page_size)
 
 
-class Transfer:
+class TimedCall:
     """One operation on `Pools`, ready to run under any configuration.
 
     by_page: as the pools launch it (host layouts that index pages move whole pages;
@@ -410,9 +358,9 @@ class Transfer:
         return w is not None and w.mismatch() is None
 
 
-def build_transfer(shape: PoolShape, op: str, num_rows: int, device: torch.device,
-                   seed: int = 0) -> Transfer:
+def build_call(shape: PoolShape, op: str, num_rows: int, device: torch.device,
+               seed: int = 0) -> TimedCall:
     """``op`` moving ``num_rows`` rows (rounded up to whole pages) of every layer (load_layer:
     the last layer) and component of ``shape``, on pools of their own."""
     op = Op.parse(op)
-    return Pools(shape, num_rows, device, seed=seed).transfer(op)
+    return Pools(shape, num_rows, device, seed=seed).call(op)

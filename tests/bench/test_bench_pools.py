@@ -11,7 +11,8 @@ import torch
 import kvtier.platforms as platforms
 from autotune_support import spy_launches
 from kvtier.autotune.search import tune_transfer
-from kvtier.autotune.workload import POISON, Pools, PoolShape, build_transfer, rows_of
+from kvtier.autotune.shape import PoolShape
+from kvtier.bench.pools import POISON, Pools, build_call, rows_of
 from kvtier.kernels.config import CopyConfig
 from kvtier.kernels.ops import LABELS
 from kvtier.kernels.reference import layer_rows
@@ -56,7 +57,7 @@ def _check_moved_exactly(t, src_before):
 @pytest.mark.parametrize("op", LABELS)
 def test_transfer_moves_exactly_its_rows(op, layout, device_layout):
     shape = PoolShape.mha(2, 2, 8, torch.float16, page_size=2, host_layout=layout, device_layout=device_layout)
-    t = build_transfer(shape, op, num_rows=6, device=CPU, seed=1)
+    t = build_call(shape, op, num_rows=6, device=CPU, seed=1)
     assert t.num_layers == (1 if op == "load_layer" else 2)
     assert t.num_rows == 6 and t.nbytes == 6 * 32 * t.num_layers * 2
     assert t.crosses_link == (op in ("backup", "load", "load_layer"))
@@ -71,7 +72,7 @@ def test_transfer_moves_exactly_its_rows(op, layout, device_layout):
 
 def test_source_rows_are_random_and_device_slots_scattered():
     shape = PoolShape.mla(1, 32, 8, torch.bfloat16, page_size=4)
-    t = build_transfer(shape, "backup", num_rows=10, device=CPU)
+    t = build_call(shape, "backup", num_rows=10, device=CPU)
     assert t.num_rows == 12                         # whole pages
     assert t.copy.src.row_bytes == 80 and t.copy.src.num_components == 1
     for idx in (t.copy.src_indices, t.copy.dst_indices):        # device pages, host slots
@@ -85,7 +86,7 @@ def test_source_rows_are_random_and_device_slots_scattered():
 def test_unknown_op_and_layout_are_rejected():
     shape = PoolShape.mha(1, 1, 8, torch.float16)
     with pytest.raises(ValueError, match="op='swap'"):
-        build_transfer(shape, "swap", 4, CPU)
+        build_call(shape, "swap", 4, CPU)
     with pytest.raises(ValueError, match="device_layout='paged'"):
         PoolShape.mha(1, 1, 8, torch.float16, device_layout="paged")
     with pytest.raises(ValueError, match="host_layout='diagonal'"):
@@ -103,7 +104,7 @@ def test_unknown_op_and_layout_are_rejected():
 @pytest.mark.parametrize("op", LABELS)
 def test_a_forced_configuration_reaches_every_launch(monkeypatch, op):
     shape = PoolShape.mha(2, 2, 8, torch.float16, page_size=2, host_layout="page_first")
-    t = build_transfer(shape, op, 6, CPU)
+    t = build_call(shape, op, 6, CPU)
     for cfg in ((KERNEL, DMA) if t.crosses_link else (KERNEL,)):
         launched = spy_launches(monkeypatch)
         t.poison()
@@ -130,7 +131,7 @@ def test_the_dma_candidate_runs_through_the_pools_dma_path(monkeypatch):
 
     monkeypatch.setattr(dma_module, "backup", backup)
     monkeypatch.setattr(link_copy, "issue", issue)
-    t = build_transfer(shape, "backup", 8, CPU)
+    t = build_call(shape, "backup", 8, CPU)
 
     def timer(fn, *, config):
         fn()
@@ -143,7 +144,7 @@ def test_the_dma_candidate_runs_through_the_pools_dma_path(monkeypatch):
 
 
 def test_kernel_candidates_need_host_memory_kernels_reach(monkeypatch):
-    t = build_transfer(PoolShape.mha(1, 1, 8, torch.float16), "load", 4, CPU)
+    t = build_call(PoolShape.mha(1, 1, 8, torch.float16), "load", 4, CPU)
     monkeypatch.setattr(Pools, "kernels_reach", property(lambda self: False))
     with pytest.raises(ValueError, match="config.strategy='kernel'"):
         t.runner(KERNEL)
@@ -156,7 +157,7 @@ def test_host_memory_is_registered_where_the_platform_needs_it(monkeypatch):
     registered = []
     record = dataclasses.replace(platforms.get("cpu"), register_host=lambda buf: registered.append(buf))
     monkeypatch.setitem(platforms._RECORDS, "cpu", record)
-    t = build_transfer(PoolShape.mha(1, 1, 8, torch.float16), "backup", 4, CPU)
+    t = build_call(PoolShape.mha(1, 1, 8, torch.float16), "backup", 4, CPU)
     assert t.pools.host_pool.registered
     assert [b.data_ptr() for b in registered] == [t.pools.host.data_ptr()]
 
@@ -165,7 +166,7 @@ def test_bytes_left_over_from_an_earlier_run_do_not_pass(monkeypatch):
     """A gather result is a new buffer per call: one that holds an earlier run's rows (as a
     buffer the allocator hands out again would) fails, since poison changed the source."""
     from kvtier.pool import DevicePool
-    t = build_transfer(PoolShape.mha(2, 2, 8, torch.float16, page_size=2), "gather", 6, CPU)
+    t = build_call(PoolShape.mha(2, 2, 8, torch.float16, page_size=2), "gather", 6, CPU)
     t.poison()
     t.runner(KERNEL)()
     assert t.verify()
