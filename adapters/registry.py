@@ -31,6 +31,7 @@ import torch
 from kvtier.errors import fail
 
 from .maps import UNCACHED, EngineCall
+from kvtier import caches
 
 _TENSOR = torch.Tensor
 _DATA_PTR = torch.Tensor.data_ptr
@@ -78,9 +79,18 @@ class Registration:
 # Index of the live registrations and their prepared calls (docs/design.md, "Caches"):
 # a storage's address -> its registrations; a call key -> its prepared call. Values are
 # weak references: an entry lives as long as the registration that keeps its object.
-_STORAGES: Dict[int, List[weakref.ref]] = {}
-_CALLS: Dict[tuple, weakref.ref] = {}
-_OWNERS: "weakref.WeakKeyDictionary[object, Registration]" = weakref.WeakKeyDictionary()
+_STORAGES: Dict[int, List[weakref.ref]] = caches.table(
+    "adapters.registry._STORAGES", key="a registered storage's start address", value="weak references to the "
+    "registrations holding it", bound="registered storages alive", rule="the registration dropped or replaced",
+    stale="not happen: a registration holds its storages, so the address stands for that memory")
+_CALLS: Dict[tuple, weakref.ref] = caches.table(
+    "adapters.registry._CALLS", key="call kind, exact scalars, every tensor's data_ptr()",
+    value="weak reference to the PreparedCall its registration keeps",
+    bound=f"{CALLS_PER_REGISTRATION} per registration", rule="the registration dropped, replaced or full (oldest first)",
+    stale="not happen: a hit compares every tensor's geometry and its held tensors' addresses")
+_OWNERS: "weakref.WeakKeyDictionary[object, Registration]" = caches.table(
+    "adapters.registry._OWNERS", factory=weakref.WeakKeyDictionary, kind="state", key="the engine's owner object (weak)",
+    value="its Registration", bound="owners alive", rule="the owner collected, unregister(), or a new register()")
 _LOCK = threading.RLock()     # (reentrant: a registration collected under it drops its entries)
 
 

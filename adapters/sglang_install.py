@@ -43,6 +43,7 @@ from . import sglang as _cuda_calls
 from . import sglang_npu as _npu_calls
 from . import sglang_npu_state as _npu_state
 from . import sglang_ranges as _ranges
+from kvtier import caches
 
 __all__ = ["install", "uninstall", "installed", "SGLANG_MODULES", "KVCACHEIO", "KVCACHEIO_NPU"]
 
@@ -113,9 +114,15 @@ BINDINGS: Dict[str, object] = {
 _MISSING = object()
 _lock = threading.Lock()
 # (owner: module or sys.modules dict, name, previous value or _MISSING), in change order.
-_saved: List[Tuple[object, str, object]] = []
-_routed: Dict[str, List[str]] = {}
-_active: List[bool] = []   # non-empty while installed
+_saved: List[Tuple[object, str, object]] = caches.table(
+    "adapters.sglang_install._saved", factory=list, kind="state", key="-",
+    value="(owner, name, previous value) of every binding install() changed", bound="bindings changed",
+    rule="uninstall()")
+_routed: Dict[str, List[str]] = caches.table("adapters.sglang_install._routed", kind="state", key="SGLang module",
+                                             value="names routed through kvtier", bound="modules routed",
+                                             rule="uninstall()")
+_active: List[bool] = caches.table("adapters.sglang_install._active", factory=list, kind="state", key="-",
+                                   value="non-empty while installed", bound="1", rule="uninstall()")
 
 
 def installed() -> Dict[str, List[str]]:

@@ -6,10 +6,10 @@ and one bucket of transfer sizes: the number of rows rounded up to a power of tw
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, asdict
 
 from kvtier.kernels.errors import KvtierError, fail
+from kvtier import caches
 
 
 def rows_bucket(num_rows: int) -> int:
@@ -69,7 +69,8 @@ def versions() -> dict:
     return {"triton": _triton_version(), "kvtier": _kvtier_version()}
 
 
-@functools.lru_cache(maxsize=1)
+@caches.lru("autotune.key._triton_version", maxsize=1, key="-", value="Triton's version string",
+            stale="not happen: the installed Triton does not change in a process")
 def _triton_version() -> str:
     try:
         import triton
@@ -78,7 +79,7 @@ def _triton_version() -> str:
         return "none"
 
 
-@functools.lru_cache(maxsize=1)
+@caches.lru("autotune.key._kvtier_version", maxsize=1, key="-", value="kvtier's version string", stale="-")
 def _kvtier_version() -> str:
     try:
         from importlib.metadata import version
@@ -87,13 +88,18 @@ def _kvtier_version() -> str:
         return "unknown"
 
 
-@functools.lru_cache(maxsize=None)
 def device_identity(platform: str) -> DeviceId:
     """Name, architecture and compute units of the current device of ``platform``
-    (queried once per process through kvtier.platforms, which loads torch_npu
-    only for "npu")."""
+    (queried once per device through kvtier.platforms, which loads torch_npu only for
+    "npu"): another current device is another answer."""
+    return _identity_of(platform, platform_device(platform))
+
+
+@caches.lru("autotune.key._identity_of", bound="devices present", key="platform, torch device (with its index)",
+            value="DeviceId", stale="not happen: a device's properties do not change")
+def _identity_of(platform: str, device) -> DeviceId:
     from kvtier.platforms import device_properties
-    p = device_properties(platform_device(platform))
+    p = device_properties(device)
     return DeviceId(platform, str(p["name"]), str(p["arch"]), int(p.get("compute_units") or 0),
                     int(p.get("ub_bytes") or 0))
 

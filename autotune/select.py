@@ -9,29 +9,33 @@ is tuned here.
 """
 from __future__ import annotations
 
-import functools
 import math
 from typing import Dict, Optional, Tuple
 
-from kvtier.bounded import Bounded
 from kvtier.kernels.config import CopyConfig
 from kvtier.platforms import default_config
 from kvtier.kernels.ops import Op
 
 from . import cache
 from .key import DeviceId, TuneKey, device_identity, rows_bucket
+from kvtier import caches
 
 # Answers by their arguments, dropped by `invalidate` (docs/design.md, "Caches").
-_RESOLVED = Bounded(4096)
-_BY_DEVICE = Bounded(4096)      # config_for's answers, by op and torch device
-_TABLES = Bounded(64)           # each device's tuned results, read once
+_RESOLVED = caches.bounded("autotune.select._RESOLVED", 4096,
+                           key="op, platform, device identity, row bytes, page size, rows bucket, layers, link",
+                           value="configuration", rule="invalidate() (a new tuning result; bumps EPOCH)",
+                           stale="use an older configuration (speed, never bytes)")
+_BY_DEVICE = caches.bounded("autotune.select._BY_DEVICE", 4096, key="op, torch device, row bytes, page size, rows, "
+                            "layers", value="config_for's answer", rule="invalidate()", stale="as _RESOLVED")
+_TUNED = caches.bounded("autotune.select._TUNED", 64, key="device identity", value="the device's tuned results, "
+                         "read once from its cache file", rule="invalidate()", stale="as _RESOLVED")
 # The tuning epoch, bumped by `invalidate`: whoever keeps a looked-up configuration (a
 # prepared transfer's steps) compares ``EPOCH[0]`` with the one it looked up under, and
 # looks up again when it moved on.
 EPOCH = [0]
 
 
-class Table:
+class TunedResults:
     """The tuned results of one device, indexed for exact and nearest-bucket lookups."""
 
     def __init__(self, results: Dict[TuneKey, CopyConfig]):
@@ -80,7 +84,8 @@ def config_for(op, device, *, row_bytes: int, page_size: int, num_rows: int,
     return cfg
 
 
-@functools.lru_cache(maxsize=None)
+@caches.lru("autotune.select._identity", bound="devices present", key="torch device (with its index)",
+            value="(platform, device name)", stale="not happen: a device's name does not change")
 def _identity(device) -> Tuple[str, str]:
     from kvtier.platforms import device_name, platform_of
     return platform_of(device), device_name(device)
@@ -107,17 +112,17 @@ def resolve(op: str, platform: str, *, row_bytes: int, page_size: int, num_rows:
                      num_layers=num_layers, crosses_link=crosses_link)
     device = _device(platform, device_name)
     if device is not None:
-        cfg, source = table(device).lookup(key)
+        cfg, source = tuned_results(device).lookup(key)
         if cfg is not None:
             return cfg, source
     return default_config(platform, crosses_link=crosses_link), "default"
 
 
-def table(device: DeviceId) -> Table:
+def tuned_results(device: DeviceId) -> TunedResults:
     """The device's results, read from its cache file once per process."""
-    t = _TABLES.get(device)
+    t = _TUNED.get(device)
     if t is None:
-        t = _TABLES.put(device, Table(cache.load(device)))
+        t = _TUNED.put(device, TunedResults(cache.load(device)))
     return t
 
 
@@ -136,4 +141,4 @@ def invalidate() -> None:
     EPOCH[0] += 1
     _RESOLVED.clear()
     _BY_DEVICE.clear()
-    _TABLES.clear()
+    _TUNED.clear()

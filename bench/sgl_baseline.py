@@ -7,7 +7,6 @@ MLA ones. The launch uses sgl_kernel's default block quota (its programs per lau
 """
 from __future__ import annotations
 
-import functools
 import importlib
 import inspect
 
@@ -18,6 +17,7 @@ import kvtier.platforms as platforms
 from kvtier.kernels.ops import Op
 
 from .workload import Prepared, Unsupported, Workload
+from kvtier import caches
 
 BLOCK_QUOTA = 2   # sgl_kernel's default: at most this many blocks per launch
 # Why the baseline is absent where sgl_kernel does not import (docs/benchmarks.md):
@@ -26,7 +26,8 @@ ABSENT = ("sgl_kernel is not importable here; its published wheel (sgl-kernel 0.
           "built against torch 2.9.1 only")
 
 
-@functools.lru_cache(maxsize=None)
+@caches.lru("bench.sgl_baseline.load_kvcacheio", bound="1", key="-", value="sgl_kernel's kvcacheio module, or None",
+            stale="not happen: imported once")
 def load_kvcacheio():
     """sgl_kernel's kvcacheio module if it imports and has the API this baseline calls
     (item_size in bytes, no io_backend argument), else None."""

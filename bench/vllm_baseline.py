@@ -16,7 +16,6 @@ itself is installed, its module is imported instead.
 """
 from __future__ import annotations
 
-import functools
 import importlib
 import importlib.util
 import os
@@ -33,6 +32,7 @@ from kvtier.bench.pools import RowCopy
 from kvtier.kernels.reference import layer_rows
 
 from .workload import Prepared, Unsupported, Workload
+from kvtier import caches
 
 MODULE = "vllm.v1.kv_offload.cpu.swap_blocks_triton"
 SWAP_ENV = "KVTIER_VLLM_SWAP"
@@ -49,7 +49,8 @@ def source_path() -> Path:
     return Path(os.environ.get(SWAP_ENV) or DEFAULT_PATH)
 
 
-@functools.lru_cache(maxsize=None)
+@caches.lru("bench.vllm_baseline.load_swap", bound="1", key="-", value="vLLM's swap module, or None",
+            stale="not happen: imported once")
 def load_swap() -> Optional[types.ModuleType]:
     """vLLM's swap module (installed vLLM, else the extracted file), or None."""
     if platforms.detect_platform() not in platforms.CUDA_RUNTIME:

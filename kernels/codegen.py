@@ -184,7 +184,7 @@ def _compile(target: str, config: CopyConfig, shape: dict):
     from .copy_rows_kernel import copy_rows_jit
     const = kernel_constants(config, dict(shape, target=target))
     idx = f"*i{shape['index_bits']}"
-    word = "*i32" if const["CHECK"] == 1 else "*i64"     # the verdict words, or the failure record
+    word = "*i32" if const["CHECK"] == 1 else "*i64"     # the verdict, or the failure record
     ptrs = {"src_table": "*i64", "dst_table": "*i64", "src_table2": "*i64", "dst_table2": "*i64",
             "src_idx": idx, "dst_idx": idx, "verdict": word, "record": word}
     # Dense index lists: Triton specializes their stride of 1 to a constant at launch.

@@ -99,7 +99,7 @@ def copy_rows_jit(
     (components from TSPLIT on, counted from 0) for the rest, plus ``base`` bytes and
     ``c * comp_stride``.
     Row offsets follow the row-map formula; SRC_I32 / DST_I32 compute a side's offsets
-    within a layer in 32 bits (the plan sets them where a layer spans under 2 GiB), layer
+    within a layer in 32 bits (the launch sets them where a layer spans under 2 GiB), layer
     and component bases stay 64-bit. Strides arrive in units of ALIGN words, so the
     compiler sees the alignment of every offset and may use 16-byte accesses, even
     through addresses loaded from a table.

@@ -1,4 +1,4 @@
-"""Where index checks report, per thread: failure records and verdict words.
+"""Where index checks report, per thread: failure records and verdict.
 
 Every check of a call's index lists (inline in a copy launch, or a check launch of the
 call's own, `kvtier.kernels.index_check`) writes its first failure to the *record* of
@@ -11,7 +11,7 @@ at once where the check has run already, else at its next kvtier call or its
 `synchronize()`. A thread never sees another thread's failure.
 
 A check launch hands its verdict to the copies of the same call through the calling
-thread's *verdict words* on the current stream: word 0 is 0 or the failure's code (the
+thread's *verdict* on the current stream: word 0 is 0 or the failure's code (the
 copies move nothing unless it is 0), word 1 its negation. A thread enqueues one call at a
 time, so on one stream its calls' checks and copies are ordered and no call reads
 another's verdict; other threads, and other streams, have words of their own.
@@ -29,6 +29,7 @@ import torch
 import kvtier.platforms as platforms
 
 from .errors import fail
+from kvtier import caches
 
 RECORD_WORDS = 8        # code, argument id, position, value, limit, page, (spare)
 
@@ -39,8 +40,11 @@ _REASONS = {1: "negative index", 2: "index out of range for {limit} rows",
 
 # Argument names by id: the kernels record an id, the host names the argument. Only the
 # names used in kvtier's own calls are ever added (a few dozen at most).
-_NAMES: List[str] = []
-_IDS: Dict[str, int] = {}
+MAX_NAMES = 4096         # argument names interned at most; past it a name reads as "an argument"
+_NAMES: List[str] = caches.table("kernels.faults._NAMES", factory=list, key="argument id", value="argument name",
+                                 bound=str(MAX_NAMES), stale="not happen: an id names one argument for the process")
+_IDS: Dict[str, int] = caches.table("kernels.faults._IDS", key="argument name", value="its id (index in _NAMES)",
+                                    bound=str(MAX_NAMES), stale="-")
 _NAMES_LOCK = threading.Lock()
 
 
@@ -51,6 +55,11 @@ def arg_id(name: str) -> int:
         with _NAMES_LOCK:
             i = _IDS.get(name)
             if i is None:
+                if len(_NAMES) >= MAX_NAMES - 1:        # full: one catch-all name from here on
+                    name = "an argument"
+                    i = _IDS.get(name)
+                    if i is not None:
+                        return i
                 i = _IDS[name] = len(_NAMES)
                 _NAMES.append(name)
     return i
@@ -78,7 +87,9 @@ class Record:
 
 
 _local = threading.local()
-_KEEP: List[object] = []        # accelerator records and words: never freed (see the module doc)
+_KEEP: List[object] = caches.table(     # accelerator records and words: never freed (see the module doc)
+    "kernels.faults._KEEP", factory=list, kind="state", key="-", value="accelerator failure records and verdict",
+    bound="one per thread, device and stream that launched", rule="never freed: a launch of an ended thread may still write it")
 _KEEP_LOCK = threading.Lock()
 
 
@@ -116,8 +127,8 @@ def call_record(device: torch.device) -> Record:
     return r if r is not None else record(device)
 
 
-def verdict_words(device: torch.device) -> torch.Tensor:
-    """This thread's verdict words (int32[2]) on ``device``'s current stream."""
+def verdicts(device: torch.device) -> torch.Tensor:
+    """This thread's verdict (int32[2]) on ``device``'s current stream."""
     _mine()
     key = (device, None if device.type == "cpu" else platforms.stream_key(device))
     w = _local.words.get(key)

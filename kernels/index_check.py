@@ -103,16 +103,16 @@ def check_list_on_host(name: str, idx: torch.Tensor, limit: int, page: int, skip
 
 def check_launch(device: torch.device, checks: Checks, si: torch.Tensor, di: torch.Tensor,
                  bounds: Sequence = (), sides: Sequence[tuple] = (),
-                 record: Optional[faults.Record] = None, words: Optional[torch.Tensor] = None,
+                 record: Optional[faults.Record] = None, verdict: Optional[torch.Tensor] = None,
                  two: bool = True, direct: bool = False) -> torch.Tensor:
     """Launch the check of one call's lists (and of the engine tables its ``bounds`` read
-    through ``sides``) on ``device``'s current stream: returns this thread's verdict words
-    there (or ``words``, int32[2] the caller owns: a plan's), which the call's copies read
+    through ``sides``) on ``device``'s current stream: returns this thread's verdict
+    there (or ``verdict``, int32[2] the caller owns: a batch plan's), which the call's copies read
     (word 0) or, for a copy that must run only when the call is refused, word 1.
     ``two=False``: only ``si`` is checked (against the source side's limit and page).
     ``direct``: the check kernel is compiled, and kept for direct launches
     (`kvtier.kernels.launcher.direct_launches`)."""
-    words = faults.verdict_words(device) if words is None else words
+    words = faults.verdicts(device) if verdict is None else verdict
     record = record or faults.record(device)
     tables = _tables(bounds, sides, (checks.src_targ, checks.dst_targ))
     ta, tb = (tables + [(words, 0, 0), (words, 0, 0)])[:2]

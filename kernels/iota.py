@@ -3,8 +3,10 @@ gather or scatter, a page's slot offsets in an index check."""
 from __future__ import annotations
 
 import torch
+from kvtier import caches
 
-_IOTA = {}
+_IOTA = caches.table("kernels.iota._IOTA", key="dtype, device", value="arange grown by doubling (never written)",
+                     bound="dtypes x devices; each under 2x the longest asked", stale="-")
 
 
 def iota(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

@@ -29,11 +29,11 @@ import torch
 import kvtier.platforms as platforms
 
 from . import direct_launch, faults
-from kvtier.bounded import Bounded
 from kvtier.config import CopyConfig
 from kvtier.errors import KvtierError
 from .tiling import kernel_constants, tile_copy  # noqa: F401  (tile_copy: tests and tools)
 from .rowmap import RowMap
+from kvtier import caches
 
 __all__ = ["synchronize", "interpreter_active", "triton_available", "tile_copy", "CopyLaunch", "Addresses",
            "copy_launch", "UNCHECKED", "BY_VERDICT", "INLINE"]
@@ -72,7 +72,8 @@ def _load_kernel() -> list:
     return _kernel_loaded
 
 
-_kernel_loaded = []     # [kernel, its constexpr parameter names], once loaded
+_kernel_loaded = caches.table("kernels.launcher._kernel_loaded", factory=list, key="-",
+                              value="[kernel, its constexpr parameter names], once loaded", bound="1", stale="-")
 
 
 def constexpr_names() -> tuple:
@@ -101,7 +102,8 @@ def interpreter_active() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-_warned = set()
+_warned = caches.table("kernels.launcher._warned", factory=set, kind="state", key="warning key",
+                       value="(member) warned once", bound="kinds of fallback (a few)")
 
 
 def _warn_once(key: str, msg: str) -> None:
@@ -142,7 +144,8 @@ _FALLBACK = {
     "cpu": "kvtier: CPU tensors need Triton's interpreter (TRITON_INTERPRET=1 before importing "
            "triton); copies run the torch reference",
 }
-_RUNNERS = {}
+_RUNNERS = caches.table("kernels.launcher._RUNNERS", key="device type", value='"kernel" or "reference"',
+                        bound="device types (3)", stale="not happen: decided once per process (Triton present, interpreter on)")
 
 
 def runner_for(device_type: str) -> str:
@@ -174,7 +177,8 @@ def synchronize(device=None) -> None:
     faults.synchronize(device)
 
 
-_interpreter_problem = []
+_interpreter_problem = caches.table("kernels.launcher._interpreter_problem", factory=list, key="-",
+                                    value="why Triton's interpreter cannot run here, once checked", bound="1", stale="-")
 
 
 def check_interpreter() -> None:
@@ -214,7 +218,12 @@ class Addresses(NamedTuple):
     comp_stride: int
 
 
-_LAUNCHES = Bounded(1024)      # copy launches by their layouts (docs/design.md, "Caches")
+_LAUNCHES = caches.bounded(
+    "kernels.launcher._LAUNCHES", 1024,
+    key="both maps' layout_key() (strides, sizes, page size, components, table form, alignment), layer range, "
+        "page mode, configuration, device, rows bucket, negative skip, whole pages, table checks, runner",
+    value="CopyLaunch (no tensor)", rule="nothing to invalidate (the key is everything the value reads)",
+    stale="not happen: no address or tensor in it")
 
 
 def copy_launch(src: RowMap, dst: RowMap, *, src_layer: int, dst_layer: int, num_layers: int, by_page: bool,
@@ -370,11 +379,12 @@ _PLACEHOLDER = torch.zeros(1, dtype=torch.int64)
 
 def _platform(device: torch.device):
     """The platform record whose launch floors, thread counts and map views apply (a seam:
-    tests and the Ascend lowering checks plan as another platform here)."""
+    tests and the Ascend lowering checks launch as another platform here)."""
     return platforms.of(device)
 
 
-_DUMMIES = {}
+_DUMMIES = caches.table("kernels.launcher._DUMMIES", key="device", value="an int64[1] tensor the kernel never reads",
+                        bound="devices present", stale="-")
 
 
 def _dummy(device: torch.device) -> torch.Tensor:

@@ -20,10 +20,13 @@ import torch
 
 import kvtier.platforms as platforms
 
-from kvtier.bounded import Bounded
 from .errors import fail
+from kvtier import caches
 
-_LAST = Bounded(64)     # (device, stream) -> (snapshot, on device); docs/design.md, "Caches"
+_LAST = caches.bounded(
+    "kernels.staging._LAST", 64, key="device, stream; a hit only where the list's values equal the snapshot's",
+    value="kvtier's own page-locked snapshot and its device copy", rule="another list on that stream",
+    stale="not happen: compared by value on every call")
 
 
 def stage(idx: torch.Tensor, device: torch.device, arg: str = "indices") -> torch.Tensor:

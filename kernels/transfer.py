@@ -25,6 +25,7 @@ from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
+from kvtier import caches
 from kvtier.config import CopyConfig
 from kvtier.errors import fail
 
@@ -91,6 +92,11 @@ def default_resolve(copy: Copy, n: int) -> Tuple[CopyConfig, str]:
     """The platform's shipped configuration, the kernel strategy (the bare API's choice)."""
     return None, "kernel"
 
+
+caches.declare("kernels.transfer.Transfer.size_classes", key="size class of the index count (power of two)",
+               value="Steps: each copy's configuration, strategy, launch and addresses, under one tuning epoch",
+               bound=f"{SIZE_CLASSES} per Transfer", rule="the owner's tuning epoch moves on (resolved again)",
+               stale="not happen: the storage watch refuses a call whose tensors moved")
 
 _NO_EPOCH = [0]
 _NO_GRIDS = (0,) * 64        # (0: the launch works its programs out)
@@ -228,7 +234,7 @@ class Transfer:
         words a check launch of theirs wrote (every launch moves nothing unless it is good),
         or None where they were checked on the host (``checked``) or checks are off. What
         a batch plan and a call of several steps run; ``grids``: each launch's programs,
-        where the caller worked them out for this count (a plan does, once)."""
+        where the caller worked them out for this count (a batch plan does, once)."""
         if log.isEnabledFor(DEBUG):
             self._log(steps, si.numel())
         if self.runner != "kernel":

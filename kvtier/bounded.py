@@ -51,6 +51,10 @@ class Bounded:
     def __contains__(self, key) -> bool:
         return key in self._entries
 
+    def items(self) -> list:
+        with self._lock:
+            return list(self._entries.items())
+
     def values(self) -> list:
         with self._lock:
             return list(self._entries.values())

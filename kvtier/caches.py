@@ -50,8 +50,13 @@ def declare(name: str, *, key: str, value: str, bound: str, rule: str = "-", sta
 
 
 def bounded(name: str, bound: int, **info) -> Bounded:
-    """A new `Bounded` of at most ``bound`` entries, registered as ``name``."""
-    declare(name, bound=str(bound), **info)
+    """A new `Bounded` of at most ``bound`` entries, registered as ``name``. An object's
+    own cache (one per instance) is declared at its module's level, so that the registry
+    is whole once the module is imported, and made here without ``info``."""
+    if info:
+        declare(name, bound=str(bound), **info)
+    elif name not in _REGISTRY:
+        raise ValueError(f"cache {name!r} is made before it is declared")
     return Bounded(bound)
 
 
@@ -74,7 +79,8 @@ def registered() -> Dict[str, Cache]:
 
 
 def import_all() -> None:
-    """Import every kvtier module that registers a cache (what the table lists)."""
+    """Import every kvtier module (what the table lists); a module whose engine is not
+    installed is left out (it declares no cache: `tests/test_caches.py` checks)."""
     import importlib
     import pkgutil
     import kvtier
@@ -84,7 +90,11 @@ def import_all() -> None:
         for info in pkgutil.iter_modules(mod.__path__):
             if pkg == "kvtier" and info.name in ("__main__",):
                 continue
-            importlib.import_module(f"{pkg}.{info.name}")
+            try:
+                importlib.import_module(f"{pkg}.{info.name}")
+            except ImportError as e:       # an engine's module without its engine (SGLang, Mooncake)
+                if (e.name or "").startswith("kvtier"):
+                    raise
     del kvtier
 
 
@@ -98,5 +108,7 @@ def markdown() -> str:
 
 
 if __name__ == "__main__":
-    import_all()
-    print(markdown())
+    # run as a script this file is __main__; the modules register with kvtier.caches
+    from kvtier import caches as _caches
+    _caches.import_all()
+    print(_caches.markdown())

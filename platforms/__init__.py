@@ -37,6 +37,7 @@ from .record import Platform, PlatformUnavailable  # noqa: E402
 from . import ascend, cpu, cuda  # noqa: E402
 from .ascend import (NPU_MIN_PIECE_BYTES, NPU_MIN_ROWS, load_torch_npu, npu_available,  # noqa: E402,F401
                      npu_status, register_host_memory)
+from kvtier import caches  # noqa: E402
 
 __all__ = [
     "Platform", "PLATFORMS", "PlatformUnavailable", "get", "of", "platform_of", "detect_platform",
@@ -92,7 +93,8 @@ def _probe() -> str:
     return "cpu"
 
 
-_probed = {}
+_probed = caches.table("platforms._probed", key="the one key 'platform'", value="the probed platform name",
+                       bound="1", rule="-", stale="not happen: the machine's accelerators do not change")
 
 
 def detect_platform() -> str:
@@ -258,7 +260,8 @@ def npu_launch_limits(device=None, props: Optional[dict] = None) -> dict:
     return ascend.npu_launch_limits(props if props is not None else device_properties(device))
 
 
-@lru_cache(maxsize=None)
+@caches.lru("platforms.device_name", bound="devices present", key="torch device (with its index)",
+            value="the device's name", stale="not happen: a device's name does not change")
 def device_name(device) -> str:
     """The device's name as autotune results are filed ("" for the CPU)."""
     device = torch.device(device)

@@ -25,7 +25,6 @@ import os
 import weakref
 import statistics
 from dataclasses import replace
-from functools import lru_cache
 from typing import Optional
 
 import torch
@@ -38,12 +37,14 @@ from . import runtime_libs
 from .record import PlatformUnavailable
 from .record import Platform
 from .runtime_libs import ARGS_2D, Runtime
+from kvtier import caches
 
 ACL_HOST_REGISTER_MAPPED = 0
 HOST_PAGE = 4096        # aclrtHostRegister needs a 4 KiB-aligned start
 
 # ------------------------------------------------------------------ torch_npu
-_npu = {}  # "module" or "error" once load_torch_npu has run
+_npu = caches.table("platforms.ascend._npu", key='"module" or "error"', value="torch_npu, or why it did not load",
+                    bound="2", rule="-", stale="not happen: loaded once per process")
 
 
 def load_torch_npu():
@@ -154,7 +155,11 @@ def _fit_space(space: Space, figures: dict) -> Space:
 # when the storage is freed, and it answers only while the storage it names still starts
 # at that address with that size (re-checked on every lookup), so an address the
 # allocator hands out again is never taken for registered memory.
-_registered = {}
+_registered = caches.table(
+    "platforms.ascend._registered", key="a registered storage's start address",
+    value="(weak reference to the storage, its size, device address)", bound="registered storages alive",
+    rule="the storage freed (its weak reference), or a lookup that finds another storage, start or size there",
+    stale="not happen: every lookup re-checks the storage is alive at that start with that size")
 
 
 def register_host_memory(tensor: torch.Tensor, device_address: int) -> None:
@@ -297,7 +302,9 @@ def unregister_storage(start: int) -> None:
 
 # Storage starts kvtier registered with the NPU itself (`register_npu_host`), so that each
 # is unregistered once: explicitly, or when its storage is freed.
-_owned = set()
+_owned = caches.table("platforms.ascend._owned", factory=set, kind="state", key="storage start address",
+                      value="(member) registered by kvtier itself", bound="registered storages alive",
+                      rule="unregistered once, explicitly or when the storage is freed")
 
 
 
@@ -309,7 +316,8 @@ def _register_for_pool(buf: torch.Tensor):
 
 
 # ------------------------------------------------------------------ bulk copies (dma)
-@lru_cache(maxsize=None)
+@caches.lru("platforms.ascend._acl_runtime", bound="1", key="-", value="ACL's bulk copy calls (ctypes)",
+            stale="not happen: a loaded library stays")
 def _acl_runtime() -> Optional[Runtime]:
     copy_2d = runtime_libs.function("libascendcl.so", "aclrtMemcpy2dAsync", ARGS_2D)
     if copy_2d is None:

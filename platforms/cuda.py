@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import replace
-from functools import lru_cache
 from typing import Callable, Optional
 
 import torch
@@ -19,6 +18,7 @@ from kvtier.config import CopyConfig, Space
 from . import runtime_libs
 from .record import Platform
 from .runtime_libs import ARGS_2D, Runtime
+from kvtier import caches
 
 # Defaults, measured on an H200 (results/2026-11-29_h200/defaults, 1 KiB rows, 8192 random
 # tokens x 8 layers x K,V): 4 programs of 64-row tiles move 50.9 GB/s device->host and
@@ -58,7 +58,8 @@ def cuda_timer(warmup: int = 0, repeats: int = 0):
 
 
 # ------------------------------------------------------------------ bulk copies (dma)
-@lru_cache(maxsize=None)
+@caches.lru("platforms.cuda._runtime", bound="2", key="HIP or CUDA", value="the runtime's bulk copy calls (ctypes)",
+            stale="not happen: a loaded library stays")
 def _runtime(hip: bool) -> Optional[Runtime]:
     lib, fn, err = (("libamdhip64.so", "hipMemcpy2DAsync", "hipGetErrorString") if hip else
                     ("libcudart.so", "cudaMemcpy2DAsync", "cudaGetErrorString"))

@@ -3,10 +3,10 @@ on CUDA and ROCm, a device sleep that keeps a stream busy while the host queues 
 calls it times (`DeviceBusy`, `busy_keeper`: None where no sleep op exists)."""
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import Optional
 
 import torch
+from kvtier import caches
 
 
 def device_module(device: torch.device):
@@ -35,7 +35,8 @@ class DeviceBusy:
         return self._end is not None and not self._end.query()
 
 
-@lru_cache(maxsize=None)
+@caches.lru("platforms.events._sleep_rate", bound="devices present", key="torch device",
+            value="device sleep cycles per second (measured once)", stale="mistime a busy wait (figures, never bytes)")
 def _sleep_rate(device: torch.device) -> float:
     """Sleep cycles per second on ``device``, measured once."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

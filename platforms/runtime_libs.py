@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import os
-from functools import lru_cache
+from kvtier import caches
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -33,7 +33,8 @@ def loaded_library(fragment: str) -> Optional[str]:
     return None
 
 
-@lru_cache(maxsize=None)
+@caches.lru("platforms.runtime_libs.library", bound="libraries asked for (a few names)", key="library name fragment",
+            value="ctypes handle of the mapped library", stale="not happen: a mapped library stays")
 def library(fragment: str) -> Optional[ctypes.CDLL]:
     """The mapped library as a ctypes handle (cached), or None where it is not loaded."""
     path = loaded_library(fragment)

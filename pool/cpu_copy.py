@@ -45,7 +45,7 @@ def get_cpu_copy(pool, indices: torch.Tensor, chunk_size: int = 8192) -> CpuCopy
 
 def _checked(pool, indices: torch.Tensor):
     """One check launch of the whole list before the first chunk moves (a bad list moves
-    no chunk): its verdict words, which every chunk's copies read; None with checks off.
+    no chunk): its verdict, which every chunk's copies read; None with checks off.
     Where the check has run already (the CPU) its failure is raised here."""
     if not checks_on(pool.check) or not indices.numel():
         return None

@@ -17,7 +17,6 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from kvtier.bounded import Bounded
 from kvtier.errors import KvtierError, fail
 from kvtier.kernels import RowMap, faults
 from kvtier.kernels.validate import is_int
@@ -25,8 +24,17 @@ from kvtier.kernels.validate import is_int
 from .gather import gather as _gather, scatter as _scatter
 from .tuning import FixedConfig
 from .spec import Component, check_bool, check_positive
+from kvtier import caches
 
 Buffers = Dict[str, Union[torch.Tensor, Sequence[torch.Tensor]]]
+
+
+caches.declare("pool.device.DevicePool.gathers", key="op, page mode, page indices, slot count",
+               value="GroupCopies (a prepared Transfer over buffer templates; no buffer held)", bound="16 per pool",
+               rule="a call's buffers that do not fit the templates; the tuning epoch (the Transfer resolves again)",
+               stale="not happen: every call's buffers are checked and their addresses read per call")
+caches.declare("pool.device.DevicePool.gather_specs", key="page mode, slot count",
+               value="group buffer shapes and dtypes", bound="64 per pool", stale="-")
 
 
 class DevicePool:
@@ -102,8 +110,8 @@ class DevicePool:
         self.check: Optional[bool] = None
         # Gathers' and scatters' prepared copies per call shape, and group buffers' shapes
         # per slot count (pool/gather.py: this pool's own, a few shapes at a time).
-        self.gathers = Bounded(16)
-        self.gather_specs = Bounded(64)
+        self.gathers = caches.bounded("pool.device.DevicePool.gathers", 16)
+        self.gather_specs = caches.bounded("pool.device.DevicePool.gather_specs", 64)
         self._component_names = list(self.components)
 
     # ------------------------------------------------------------------ description

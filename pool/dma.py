@@ -46,7 +46,6 @@ import torch
 
 import kvtier.platforms as platforms
 from kvtier.autotune.select import config_for
-from kvtier.bounded import Bounded
 from kvtier.errors import fail
 from kvtier.kernels import RowMap
 from kvtier.kernels.index_check import Checks
@@ -58,6 +57,7 @@ from kvtier.kernels.validate import compute_device
 
 from . import link_copy
 from .dma_copies import Chunk, chunks_of, runs_of, shape_2d
+from kvtier import caches
 
 Runs = Tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 CHUNK_ENV = "KVTIER_DMA_CHUNK_BYTES"
@@ -114,11 +114,20 @@ def configure(cfg: Optional[DmaConfig]) -> Optional[DmaConfig]:
 
 # ------------------------------------------------------------------ per-stream staging
 @dataclass
-class Slot:
+class StagingSlot:
     """One staging slot as a ``(C, *layout dims)`` tensor and its row map."""
 
     tensor: torch.Tensor
     map: RowMap
+
+
+caches.declare("pool.dma.StreamStaging.slots", key="dtype, components, layout, page size, layers, row shape, "
+               "chunk cap, slot count", value="staging slots: views of this ring's buffer and their maps",
+               bound="32 per ring", rule="the buffer grown (all dropped)",
+               stale="not happen: views of the ring's current buffer only")
+caches.declare("pool.dma.StreamStaging.host_slots", key="a kept chunk (the entry holds it, so its id is not reused)",
+               value="the chunk's host slots on the device", bound="64 per ring",
+               stale="not happen: the entry holds its chunk")
 
 
 class StreamStaging:
@@ -133,16 +142,16 @@ class StreamStaging:
         rt = self.runtime
         self.side = rt.Stream(device=device) if rt is not None else None
         self.buffer: Optional[torch.Tensor] = None
-        self.slots: Dict[tuple, List[Slot]] = {}
+        self.slots = caches.bounded("pool.dma.StreamStaging.slots", 32)
         self.events: Dict[str, object] = {}
         # One transfer enqueues at a time: two threads on one stream would otherwise
         # interleave their chunks in one ring and wait on each other's events.
         self.lock = threading.Lock()
-        self.host_slots = Bounded(64)       # id(chunk) -> (chunk, its host slots on the device)
+        self.host_slots = caches.bounded("pool.dma.StreamStaging.host_slots", 64)   # id(chunk) -> (chunk, its slots)
 
     # -- staging
     def ring(self, host_buf: torch.Tensor, layout: str, page_size: int, layers: int, cap: int,
-             n_slots: int) -> List[Slot]:
+             n_slots: int) -> List[StagingSlot]:
         """``n_slots`` staging slots of ``cap`` units shaped like ``host_buf``'s layout with
         ``layers`` layers; the ring's buffer grows (doubling) when they do not fit."""
         lay = host_layout(layout)
@@ -161,10 +170,9 @@ class StreamStaging:
         for s in range(n_slots):
             t = self.buffer[s * slot_bytes:s * slot_bytes + prod(shape) * host_buf.element_size()]
             t = t.view(host_buf.dtype).view(shape)
-            ring.append(Slot(t, RowMap.stack([RowMap.from_host_layout(t[c], layout, unit)
+            ring.append(StagingSlot(t, RowMap.stack([RowMap.from_host_layout(t[c], layout, unit)
                                               for c in range(shape[0])])))
-        self.slots[key] = ring
-        return ring
+        return self.slots.put(key, ring)
 
     def _grow(self, nbytes: int) -> None:
         old = 0 if self.buffer is None else self.buffer.numel()
@@ -212,7 +220,9 @@ class StreamStaging:
 ALIGN = 256                     # bytes: staging slots start at this alignment
 # Per (device, caller stream); an evicted one's ring stays allocated until its streams
 # finish (the allocator knows its streams), and is made again on the next call.
-_STREAM_STAGING = Bounded(16)
+_STREAM_STAGING = caches.bounded(
+    "pool.dma._STREAM_STAGING", 16, kind="state", key="device, caller stream",
+    value="StreamStaging: staging ring, side stream, events (an evicted one's memory is freed once its streams finish)")
 
 
 def stream_staging(device: torch.device) -> StreamStaging:
@@ -343,7 +353,7 @@ class _DmaCall:
         self.stream = platforms.current_stream(didx.device) if didx.device.type != "cpu" else None
 
     # -- pieces of a chunk
-    def _slot(self, k: int) -> Slot:
+    def _slot(self, k: int) -> StagingSlot:
         return self.ring[k % len(self.ring)]
 
     def _dev_indices(self, ch: Chunk) -> torch.Tensor:
@@ -355,7 +365,7 @@ class _DmaCall:
         return config_for(self.stage_op, self.didx.device, row_bytes=self.dev_map.row_bytes,
                           page_size=self.dev_map.page_size, num_rows=rows, num_layers=self.num_layers)
 
-    def _stage_launch(self, ch: Chunk, slot: Slot, to_stage: bool) -> None:
+    def _stage_launch(self, ch: Chunk, slot: StagingSlot, to_stage: bool) -> None:
         di = self._dev_indices(ch)
         si = iota(di.numel(), di.dtype, di.device)
         cfg = self._stage_config(di.numel())
@@ -366,7 +376,7 @@ class _DmaCall:
             _staging_copy(self.stage_op, slot.map, si, self.dev_map, di, 0, self.dev_layer, self.num_layers,
                           self.by_page, cfg, self.verdict)
 
-    def _copies(self, ch: Chunk, slot: Slot, to_host: bool) -> None:
+    def _copies(self, ch: Chunk, slot: StagingSlot, to_host: bool) -> None:
         with self.staging.on_side():
             link_copy.issue(ch.copies, self.host_range, slot.tensor, to_host)
 
@@ -380,7 +390,7 @@ class _DmaCall:
     def _host_map(self) -> RowMap:
         return self.host_map
 
-    def _fill_from_host(self, ch: Chunk, slot: Slot, inverted: torch.Tensor) -> None:
+    def _fill_from_host(self, ch: Chunk, slot: StagingSlot, inverted: torch.Tensor) -> None:
         """Staging slot <- the chunk's host rows, only where the verdict is bad."""
         hs = self.staging.host_slots_of(ch, self.unit)
         _staging_copy(self.op, self._host_map(), hs, slot.map, iota(hs.numel(), hs.dtype, hs.device),
@@ -431,7 +441,8 @@ class _DmaCall:
             st.signal(f"drained{s}", S)
 
 
-_SHAPES = Bounded(256)      # copy shapes by the views' shapes and strides (docs/design.md, "Caches")
+_SHAPES = caches.bounded("pool.dma._SHAPES", 256, key="both views' shapes, strides, element size, layout, layer range",
+                         value="2-D copy shape", stale="not happen: no address in it")
 
 
 def _shape(host_buf, layout, host_layer, num_layers, stage, ld, ud):

@@ -25,7 +25,7 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from kvtier.bounded import Bounded
+from kvtier import caches
 
 
 @dataclass(frozen=True)
@@ -276,5 +276,8 @@ def _value(t: torch.Tensor) -> bytes:
 
 
 # Runs and chunks by the values of their lists (docs/design.md, "Caches").
-_RUNS = Bounded(256)
-_CHUNKS = Bounded(256)
+_RUNS = caches.bounded("pool.dma_copies._RUNS", 256, key="host list values, unit, check limits",
+                       value="runs of consecutive host units (the values checked when made)",
+                       stale="not happen: compared by value")
+_CHUNKS = caches.bounded("pool.dma_copies._CHUNKS", 256, key="copy shape, chunk cap, runs' values",
+                         value="chunks and their 2-D copies", stale="not happen: compared by value")

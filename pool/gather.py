@@ -12,6 +12,7 @@ from typing import Dict, List, Optional
 
 import torch
 
+from kvtier import caches
 from kvtier.errors import fail
 from kvtier.kernels import RowMap
 from kvtier.kernels.index_check import Checks
@@ -35,6 +36,10 @@ def contiguous_map(t: torch.Tensor, pool, pages: bool) -> RowMap:
     """Map over a ``(C, L, tokens..., *row)`` buffer, all its components in one map."""
     page = pool.page_size if pages else 1
     return RowMap.stack([RowMap.from_stacked(t[i], page, paged_dims=pages) for i in range(t.shape[0])])
+
+
+caches.declare("pool.gather.GroupCopies.rows", key="index dtype", value="the buffer side's rows 0 .. n-1 (an "
+               "iota view)", bound="index dtypes (2) per GroupCopies", stale="-")
 
 
 class GroupCopies:
@@ -71,7 +76,7 @@ class GroupCopies:
             return pool.config or tuning.tuned_for(op, src, dst, n_slots, layers), "kernel"
         self.transfer = Transfer(copies, device=pool.device, checks=checks, check=pool.check, resolve=resolve,
                                  epoch=tuning.EPOCH, call_side=0 if into_pool else 1, op=op)
-        self.rows: Dict[torch.dtype, torch.Tensor] = {}
+        self.rows: Dict[torch.dtype, torch.Tensor] = {}     # (pool.gather.GroupCopies.rows: registered)
 
     def fits(self, bufs: List[torch.Tensor]) -> bool:
         """Whether ``bufs`` are contiguous in the shapes and aligned as the templates assume

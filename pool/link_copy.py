@@ -16,6 +16,7 @@ import kvtier.platforms as platforms
 from kvtier.platforms.runtime_libs import Runtime, dma_mode
 
 from .dma_copies import Copies2D
+from kvtier import caches
 
 log = logging.getLogger("kvtier")
 
@@ -78,7 +79,8 @@ def runtime_for(device: torch.device, host: torch.Tensor) -> Optional[Runtime]:
     return rt
 
 
-_warned = set()
+_warned = caches.table("pool.link_copy._warned", factory=set, kind="state", key="slow-path reason",
+                       value="(member) warned once", bound="reasons (a few)")
 
 
 def _slow_path_once(key: str, why: str) -> None:

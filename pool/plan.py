@@ -5,13 +5,13 @@ flashinfer's ``plan()`` / ``run()`` split: the caller says when a batch starts
 index lists into tensors of its own when it is made, so nothing the caller does to its
 own tensors afterwards (by torch or by any other means) reaches it, and checks them
 once: host-resident lists on the host at once (raising `KvtierError` naming the argument
-and the value), device-resident ones by a check launch whose verdict words belong to the
+and the value), device-resident ones by a check launch whose verdict belongs to the
 plan (every launch of the plan reads them; a bad list makes them all move nothing, and
 its failure is raised at the making thread's next call or `synchronize`). The plan's
-launches then check nothing more: its lists are its own, and so are the words.
+launches then check nothing more: its lists are its own, and so is the verdict.
 
 A plan is used on the stream it was made on; used on another one, that stream first
-waits for the plan's copies and check. A plan holds its lists, words and the pools
+waits for the plan's copies and check. A plan holds its lists, its verdict and the pools
 (whose buffers it moves); drop it when the batch is done.
 """
 from __future__ import annotations
@@ -53,7 +53,7 @@ class TransferPlan:
         else:
             self.host_on_device = self.host_indices.pin_memory().to(device, non_blocking=True)
         self.checked = False
-        self.words: Optional[torch.Tensor] = None
+        self.verdict: Optional[torch.Tensor] = None
         self._check(device)
         # Each call's steps, resolved now (none for an empty batch); the tensors they rest
         # on checked to be where their maps were built.
@@ -75,7 +75,7 @@ class TransferPlan:
 
     def _check(self, device: torch.device) -> None:
         """The lists' values, once: host-resident ones here (raising at once), the
-        device-resident ones by one check launch writing the plan's words."""
+        device-resident ones by one check launch writing the plan's verdict."""
         host = self.host
         if not checks_on(host.check):
             return
@@ -90,8 +90,8 @@ class TransferPlan:
                 on_device.append((name, limit, page, idx))
         if on_device:
             a, b = on_device[0], on_device[-1]
-            self.words = torch.zeros(2, dtype=torch.int32, device=device)
-            check_launch(device, Checks(a[:3], b[:3]), a[3], b[3], words=self.words, two=len(on_device) == 2,
+            self.verdict = torch.zeros(2, dtype=torch.int32, device=device)
+            check_launch(device, Checks(a[:3], b[:3]), a[3], b[3], verdict=self.verdict, two=len(on_device) == 2,
                          direct=direct_launches())
         self.checked = True
 
@@ -107,7 +107,7 @@ class TransferPlan:
         if self.stream is not None:
             self._same_stream()
         self.transfers.layers[local].launch_checked(self.layer_steps[local], self.host_on_device,
-                                                    self.device_indices, self.host_indices, self.words, self.checked,
+                                                    self.device_indices, self.host_indices, self.verdict, self.checked,
                                                     grids=self.layer_grids[local])
 
     def load(self) -> None:
@@ -117,7 +117,7 @@ class TransferPlan:
             if self.stream is not None:
                 self._same_stream()
             self.transfers.load.launch_checked(self.load_steps, self.host_on_device, self.device_indices,
-                                               self.host_indices, self.words, self.checked)
+                                               self.host_indices, self.verdict, self.checked)
 
     def backup(self) -> None:
         """Device -> host, every layer (target pool: drafts too)."""
@@ -126,7 +126,7 @@ class TransferPlan:
             if self.stream is not None:
                 self._same_stream()
             self.transfers.backup.launch_checked(self.backup_steps, self.device_indices, self.host_on_device,
-                                                 self.host_indices, self.words, self.checked)
+                                                 self.host_indices, self.verdict, self.checked)
 
     def _same_stream(self) -> None:
         """On a stream other than the plan's, wait for the plan's copies and check first."""

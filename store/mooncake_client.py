@@ -18,6 +18,7 @@ import threading
 from typing import Dict, List, Optional
 
 from kvtier.kernels.errors import fail
+from kvtier import caches
 
 
 def import_client(url: str):
@@ -111,8 +112,12 @@ class Client:
 # threads, and for calls abandoned on a hung store until they return.
 MAX_STAGING_REGIONS = 8
 
-_clients: Dict[tuple, Client] = {}
-_left_open: List[Client] = []           # masters that stopped answering: never closed
+_clients: Dict[tuple, Client] = caches.table(
+    "store.mooncake_client._clients", kind="state", key="master, metadata server, protocol, local host",
+    value="a shared Mooncake client and its users", bound="stores opened", rule="its last user closes it")
+_left_open: List[Client] = caches.table(        # masters that stopped answering: never closed
+    "store.mooncake_client._left_open", factory=list, kind="state", key="-", value="clients of masters that "
+    "stopped answering (closing one would hang)", bound="hung masters", rule="never (the process ends)")
 _lock = threading.Lock()
 
 

@@ -41,6 +41,7 @@ from urllib.parse import quote
 import torch
 
 from kvtier.kernels.errors import fail
+from kvtier import caches
 
 log = logging.getLogger("kvtier")
 
@@ -56,7 +57,8 @@ XXH3_64 = 1      # xxhash's xxh3_64 (the `store` extra): the default
 CRC32 = 2        # zlib.crc32 (standard library): the fallback where xxhash is missing
 ALGORITHMS = {XXH3_64: "xxh3_64", CRC32: "crc32"}
 
-_warned = set()
+_warned = caches.table("store.page._warned", factory=set, kind="state", key="warning key",
+                       value="(member) warned once", bound="kinds of warning (a few)")
 _warn_lock = threading.Lock()
 
 

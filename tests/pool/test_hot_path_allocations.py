@@ -1,5 +1,5 @@
 """Hot-path calls allocate nothing once a call of their shape has run (their routes,
-launch plans and verdict words are kept; their index lists are used as they come):
+launch plans and verdict are kept; their index lists are used as they come):
 HostPool backup and all-layer and per-layer loads on every host layout and both device
 storage forms, a `dma` layer loop after its first layer, `gather(out=)`, a scatter of a
 gather's result, and the SGLang adapter's calls. A gather into new buffers allocates its

@@ -101,7 +101,7 @@ def test_one_ring_serves_calls_of_any_size(chunks):
         if ptr is None:
             ptr, rings = ln.buffer.data_ptr(), {k: [s.map for s in v] for k, v in ln.slots.items()}
         assert ln.buffer.data_ptr() == ptr, "the staging ring was reallocated"
-        assert all([s.map for s in ln.slots[k]] == m for k, m in rings.items())
+        assert all([s.map for s in ln.slots.get(k)] == m for k, m in rings.items())
     assert_same(dev.model, original, "device after backups")
     hc.check_margins()
 
@@ -171,7 +171,7 @@ def _direct_backup(host, dev_pool, hidx, didx, verdict):
 
 
 def _words(code: int) -> torch.Tensor:
-    """A call's verdict words as its check launch writes them: the code, then its negation."""
+    """A call's verdict as its check launch writes them: the code, then its negation."""
     return torch.tensor([code, int(code == 0)], dtype=torch.int32)
 
 
