@@ -21,7 +21,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from kvtier.kernels.errors import KvtierError, fail
+from kvtier.errors import KvtierError, fail
 
 from .sglang_npu import TransferDirection, TransferFlag, transfer_kv_dim_exchange
 

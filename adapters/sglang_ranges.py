@@ -17,7 +17,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from kvtier.kernels.errors import fail
+from kvtier.errors import fail
 from kvtier.platforms import detect_platform, get, host_device_address
 
 from .sglang import transfer_kv_direct

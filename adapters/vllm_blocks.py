@@ -19,7 +19,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from kvtier.kernels.errors import fail
+from kvtier.errors import fail
 
 
 def block_ids(arg: str, spec) -> np.ndarray:

@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 from typing import Dict, Optional
 
-from kvtier.kernels.config import CopyConfig
-from kvtier.kernels.errors import fail
+from kvtier.config import CopyConfig
+from kvtier.errors import fail
 from kvtier.writable import writable_dir
 
 from .key import DeviceId, TuneKey, versions

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, asdict
 
-from kvtier.kernels.errors import KvtierError, fail
+from kvtier.errors import KvtierError, fail
 from kvtier import caches
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
-from kvtier.kernels.config import CopyConfig
+from kvtier.config import CopyConfig
 
 ReportFn = Callable[..., object]
 

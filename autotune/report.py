@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import List
 
-from kvtier.kernels.config import CopyConfig
+from kvtier.config import CopyConfig
 
 from .search import TuneResult, describe_config
 

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, List, Optional, Sequence
 
-from kvtier.kernels.config import CopyConfig
+from kvtier.config import CopyConfig
 from kvtier.errors import fail
 
 from . import cache, select

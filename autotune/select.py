@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Dict, Optional, Tuple
 
-from kvtier.kernels.config import CopyConfig
+from kvtier.config import CopyConfig
 from kvtier.platforms import default_config
 from kvtier.kernels.ops import Op
 

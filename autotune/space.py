@@ -13,8 +13,8 @@ from dataclasses import replace
 from typing import List, Optional
 
 import kvtier.platforms as platforms
-from kvtier.kernels.config import STRATEGIES, CopyConfig, Space
-from kvtier.kernels.errors import fail
+from kvtier.config import STRATEGIES, CopyConfig, Space
+from kvtier.errors import fail
 
 from .key import DeviceId
 

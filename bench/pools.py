@@ -25,7 +25,7 @@ import torch
 
 import kvtier.platforms as platforms
 from kvtier.kernels import CopyConfig, RowMap
-from kvtier.kernels.errors import fail
+from kvtier.errors import fail
 from kvtier.kernels.layouts import host_layout
 from kvtier.autotune.shape import PoolShape
 from kvtier.kernels.ops import Op

@@ -22,7 +22,7 @@ import torch
 
 from kvtier.autotune.shape import PoolShape
 from kvtier.bench.pools import Pools
-from kvtier.kernels.errors import fail
+from kvtier.errors import fail
 from kvtier.kernels.ops import LABELS
 
 OPS = LABELS

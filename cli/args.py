@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from kvtier.kernels.errors import KvtierError
+from kvtier.errors import KvtierError
 
 
 class UsageError(Exception):

@@ -75,7 +75,7 @@ def run(args) -> int:
     shape, ops, sizes, layer_counts = _tuning_flags(args, platform, device)
     if not args.no_write:
         from kvtier.autotune.cache import writable_cache_dir
-        from kvtier.kernels.errors import KvtierError
+        from kvtier.errors import KvtierError
         try:
             writable_cache_dir()
         except KvtierError as e:
@@ -114,7 +114,7 @@ def _tuning_flags(args, platform: str, device):
     and the pools they ask for checked against this machine's memory."""
     import torch
     from kvtier.autotune.shape import PoolShape, pool_bytes
-    from kvtier.kernels.errors import KvtierError
+    from kvtier.errors import KvtierError
     from kvtier.kernels.ops import parse_list
     from .args import UsageError, check_fits, int_list
     d = _DEFAULTS["cpu" if platform == "cpu" else "device"]

@@ -105,8 +105,8 @@ def _number(args, flag: str, kind, low):
 
 def _dimension(flag: str, text: str) -> tuple:
     """The values one sweep dimension flag asks for, each checked."""
-    from kvtier.kernels.config import STRATEGIES
-    from kvtier.kernels.errors import KvtierError
+    from kvtier.config import STRATEGIES
+    from kvtier.errors import KvtierError
     from kvtier.kernels.layouts import NAMES
     from kvtier.kernels.ops import parse_list
     if flag == "--ops":
@@ -251,7 +251,7 @@ def _interference(args, device, dims: dict) -> int:
 def _store(args) -> int:
     """`--store URL`: the store tier's figures (kvtier.store.bench), printed, and in
     --json FILE."""
-    from kvtier.kernels.errors import KvtierError
+    from kvtier.errors import KvtierError
     from kvtier.store import bench as store_bench
     if not args.quiet:
         print(f"kvtier bench --store: measuring {args.store} (about a minute)", flush=True)

@@ -44,7 +44,7 @@ def run(args) -> int:
     import shutil
     import tempfile
     import torch
-    from kvtier.kernels.errors import KvtierError
+    from kvtier.errors import KvtierError
     from kvtier.store import open_store
     scratch = None if args.store else tempfile.mkdtemp(prefix="kvtier-demo-store-")
     try:

@@ -23,7 +23,7 @@ from collections import Counter
 from dataclasses import dataclass, field, asdict
 from typing import Optional
 
-from .config import CopyConfig
+from kvtier.config import CopyConfig
 from .direct_launch import interpreted
 
 TARGETS = {

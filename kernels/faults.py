@@ -28,7 +28,7 @@ import torch
 
 import kvtier.platforms as platforms
 
-from .errors import fail
+from kvtier.errors import fail
 from kvtier import caches
 
 RECORD_WORDS = 8        # code, argument id, position, value, limit, page, (spare)

@@ -30,7 +30,7 @@ from typing import Optional, Sequence
 import torch
 
 from . import direct_launch, faults
-from .errors import fail
+from kvtier.errors import fail
 from .validate import check_pages_in_range
 
 CHECK_ENV = "KVTIER_CHECK"

@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 from typing import Dict, Sequence, Tuple
 
-from .errors import fail
+from kvtier.errors import fail
 
 
 @dataclass(frozen=True)

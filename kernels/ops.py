@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .errors import fail
+from kvtier.errors import fail
 
 OPS = ("backup", "load", "gather", "scatter")
 SCOPES = ("all", "layer")

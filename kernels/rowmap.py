@@ -21,7 +21,7 @@ import torch
 
 from kvtier.address import pow2_align as _pow2_align
 
-from .errors import KvtierError, fail
+from kvtier.errors import KvtierError, fail
 from .layouts import host_layout
 
 

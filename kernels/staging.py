@@ -20,7 +20,7 @@ import torch
 
 import kvtier.platforms as platforms
 
-from .errors import fail
+from kvtier.errors import fail
 from kvtier import caches
 
 _LAST = caches.bounded(

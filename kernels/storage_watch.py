@@ -16,7 +16,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from .errors import fail
+from kvtier.errors import fail
 from .rowmap import RowMap
 
 _DATA_PTR = torch.Tensor.data_ptr

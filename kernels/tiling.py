@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .config import CopyConfig
+from kvtier.config import CopyConfig
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ import torch
 
 import kvtier.platforms as platforms
 
-from .errors import KvtierError, fail
+from kvtier.errors import KvtierError, fail
 from .iota import iota
 from .rowmap import RowMap, owned_span
 

@@ -7,7 +7,7 @@ from typing import Hashable, List, Optional
 
 import torch
 
-from kvtier.kernels.errors import fail
+from kvtier.errors import fail
 from kvtier.kernels.validate import check_index, check_page_aligned, is_int
 
 from .spec import check_positive

@@ -9,7 +9,7 @@ from typing import List, Tuple
 import torch
 
 from kvtier.kernels import faults
-from kvtier.kernels.errors import fail
+from kvtier.errors import fail
 from kvtier.kernels.launcher import direct_launches
 from kvtier.kernels.index_check import Checks, check_launch, checks_on
 from kvtier.kernels.validate import check_index, is_int

@@ -6,7 +6,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from kvtier.kernels.errors import fail
+from kvtier.errors import fail
 
 from .device import DevicePool, allocate
 from .spec import (Component, IndexerSpec, check_bool, check_device, check_dtype, check_indexer,

@@ -7,7 +7,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from kvtier.kernels.errors import fail
+from kvtier.errors import fail
 
 from .device import DevicePool, allocate
 from .mha import checked_indexer_buffers, layer_list, stacked_layers

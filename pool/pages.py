@@ -7,7 +7,7 @@ from typing import Iterator, List, Tuple
 
 import torch
 
-from kvtier.kernels.errors import fail
+from kvtier.errors import fail
 from kvtier.kernels.validate import check_dense, check_index, check_pages_in_range
 
 from kvtier.kernels.layouts import host_layout

@@ -11,7 +11,7 @@ from typing import Tuple
 
 import torch
 
-from kvtier.kernels.errors import fail
+from kvtier.errors import fail
 from kvtier.kernels.validate import is_int
 
 

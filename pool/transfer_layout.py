@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Tuple, Union
 
-from kvtier.kernels.errors import fail
+from kvtier.errors import fail
 from kvtier.kernels.validate import is_int
 
 

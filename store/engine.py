@@ -39,7 +39,7 @@ import threading
 from collections import Counter
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from kvtier.kernels.errors import KvtierError, fail
+from kvtier.errors import KvtierError, fail
 
 log = logging.getLogger("kvtier")
 

@@ -35,7 +35,7 @@ import uuid
 from typing import Dict, List, Optional, Sequence, Tuple
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from kvtier.kernels.errors import fail
+from kvtier.errors import fail
 
 from .engine import DEFAULT_TIMEOUT_MS, Engine, Status
 

@@ -65,7 +65,7 @@ import uuid
 import weakref
 from typing import Dict, List, Optional, Sequence
 
-from kvtier.kernels.errors import fail
+from kvtier.errors import fail
 
 from . import mooncake_client as clients
 from .deadline import DeadlineWorkers, Outcome

@@ -17,7 +17,7 @@ import socket
 import threading
 from typing import Dict, List, Optional
 
-from kvtier.kernels.errors import fail
+from kvtier.errors import fail
 from kvtier import caches
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Dict
 from urllib.parse import parse_qsl, urlsplit
 
-from kvtier.kernels.errors import fail
+from kvtier.errors import fail
 
 _SIZE = re.compile(r"^(\d+)([kmgt]?)(i?b)?$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}

@@ -40,7 +40,7 @@ from urllib.parse import quote
 
 import torch
 
-from kvtier.kernels.errors import fail
+from kvtier.errors import fail
 from kvtier import caches
 
 log = logging.getLogger("kvtier")

@@ -27,7 +27,7 @@ import threading
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from kvtier.kernels.errors import fail
+from kvtier.errors import fail
 
 from . import redis_ops as ops
 from . import resp

@@ -9,7 +9,7 @@ import shutil
 import subprocess
 from typing import Dict, Optional
 
-from kvtier.kernels.errors import fail
+from kvtier.errors import fail
 
 CLIENTS = 50        # redis-benchmark's default: 50 connections, one request in flight each
 MIN_BYTES = 256 << 20   # moved at least (each way): fewer requests over 50 connections

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import List, NamedTuple, Optional, Tuple
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from kvtier.kernels.errors import fail
+from kvtier.errors import fail
 
 DEFAULT_PORT = 6379
 OPTIONS = {"connections": (1, 64)}      # name -> (least, most)

@@ -60,7 +60,7 @@ import torch
 
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage
 
-from kvtier.kernels.errors import KvtierError, fail
+from kvtier.errors import KvtierError, fail
 
 from . import sglang_pools
 from .canonical import modes

@@ -31,7 +31,7 @@ from typing import List, Tuple
 
 import torch
 
-from kvtier.kernels.errors import fail
+from kvtier.errors import fail
 from kvtier.kernels.layouts import host_layout
 
 LAYOUTS = {

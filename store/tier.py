@@ -38,7 +38,7 @@ from typing import List, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
-from kvtier.kernels.errors import fail
+from kvtier.errors import fail
 from kvtier.kernels.validate import check_index, check_pages_in_range
 
 from .canonical import LAYER_PIECE_MIN, CanonicalPages, Staging

@@ -15,8 +15,8 @@ from autotune_support import logs_warning
 from kvtier.autotune import cache
 from kvtier.autotune.cache import CACHE_ENV, FORMAT_VERSION, cache_dir, cache_path, load, store
 from kvtier.autotune.key import DeviceId, TuneKey
-from kvtier.kernels.config import CopyConfig
-from kvtier.kernels.errors import KvtierError
+from kvtier.config import CopyConfig
+from kvtier.errors import KvtierError
 
 DEV = DeviceId("cuda", "NVIDIA H200", "sm_90", 132)
 CFG = CopyConfig(num_programs=8, rows=4, block_bytes=2048, num_warps=8, strategy="kernel")
@@ -147,7 +147,7 @@ _WRITER = """
 import sys
 from kvtier.autotune.cache import store
 from kvtier.autotune.key import DeviceId, TuneKey
-from kvtier.kernels.config import CopyConfig
+from kvtier.config import CopyConfig
 dev = DeviceId("cuda", "NVIDIA H200", "sm_90", 132)
 op = sys.argv[1]
 for n in range(25):

@@ -5,7 +5,7 @@ import pytest
 
 from kvtier.autotune.key import DeviceId
 from kvtier.autotune.prune import codegen_report, codegen_target, prune_spilling
-from kvtier.kernels.config import CopyConfig
+from kvtier.config import CopyConfig
 
 
 def _configs():

@@ -16,7 +16,7 @@ from kvtier.autotune.key import DeviceId, TuneKey, device_identity, platform_dev
 from kvtier.autotune.search import tune
 from kvtier.autotune.space import MAX_PROGRAMS_ENV, default_max_programs, max_programs_from_env
 from kvtier.autotune.shape import PoolShape, pool_bytes
-from kvtier.kernels.errors import KvtierError
+from kvtier.errors import KvtierError
 from kvtier.writable import writable_dir, writable_file
 
 DEV = DeviceId("cpu", "test-cpu", "x86_64", 4)

@@ -13,7 +13,7 @@ from autotune_support import spy_launches
 from kvtier.autotune.search import tune_transfer
 from kvtier.autotune.shape import PoolShape
 from kvtier.bench.pools import POISON, Pools, build_call, rows_of
-from kvtier.kernels.config import CopyConfig
+from kvtier.config import CopyConfig
 from kvtier.kernels.ops import LABELS
 from kvtier.kernels.reference import layer_rows
 

@@ -14,7 +14,7 @@ from kvtier.bench.overhead import CALLS, CPU_NOTE, TORCH_OPS, format_overhead, m
 from kvtier.bench.probe import LaunchProbe
 from kvtier.bench.workload import Shape
 from kvtier.kernels import copy_rows
-from kvtier.kernels.errors import KvtierError
+from kvtier.errors import KvtierError
 
 
 class _Counting:

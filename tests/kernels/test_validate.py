@@ -9,7 +9,7 @@ and value on random lists, good and bad."""
 import pytest
 import torch
 
-from kvtier.kernels.errors import KvtierError
+from kvtier.errors import KvtierError
 from kvtier.kernels.validate import (check_index, check_page_aligned, check_pages_in_range, check_range,
                                      index_ok)
 

@@ -34,7 +34,7 @@ import uuid
 
 import pytest
 
-from kvtier.kernels.errors import KvtierError
+from kvtier.errors import KvtierError
 from kvtier.store.engine import Engine, Status
 
 

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from engine_conformance import EngineConformance
-from kvtier.kernels.errors import KvtierError
+from kvtier.errors import KvtierError
 from kvtier.store import Status, open_store
 from kvtier.store.file import FileEngine, object_name
 

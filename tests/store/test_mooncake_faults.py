@@ -12,7 +12,7 @@ import uuid
 import numpy as np
 import pytest
 
-from kvtier.kernels.errors import KvtierError
+from kvtier.errors import KvtierError
 from kvtier.store import Status, open_store
 from mooncake_support import ThrowawayStore
 

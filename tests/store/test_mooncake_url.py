@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from kvtier.kernels.errors import KvtierError
+from kvtier.errors import KvtierError
 from kvtier.store import open_store
 from kvtier.store import mooncake as mc
 from kvtier.store import mooncake_client

@@ -8,7 +8,7 @@ import struct
 import pytest
 
 from store_support import host_case
-from kvtier.kernels.errors import KvtierError
+from kvtier.errors import KvtierError
 from kvtier.store import page as page_mod
 from kvtier.store.page import (CRC32, FORMAT_VERSION, MAGIC, XXH3_64, Checksum, Geometry, PageFormat,
                                namespace, store_key)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from engine_conformance import EngineConformance
-from kvtier.kernels.errors import KvtierError
+from kvtier.errors import KvtierError
 from kvtier.store import Status, open_store
 from kvtier.store import redis_ops
 from kvtier.store.redis import RedisClusterEngine, RedisEngine, key_slot

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from kvtier.kernels.errors import KvtierError
+from kvtier.errors import KvtierError
 from kvtier.store import Status, open_store
 from kvtier.store.redis_url import parse, redacted
 from redis_support import free_ports

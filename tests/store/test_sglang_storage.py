@@ -29,7 +29,7 @@ if mods is None:
 from sglang_storage_support import (CASES, KIND_LAYOUTS, P, POISON, all_pages, backend, build,  # noqa: E402
                                     create, host_pool, page, poison, slots, snapshot, storage_config)
 from redis_support import flip_byte, redis_cluster_url, redis_url  # noqa: E402,F401  (fixtures: shared servers)
-from kvtier.kernels.errors import KvtierError  # noqa: E402
+from kvtier.errors import KvtierError  # noqa: E402
 from kvtier.store.file import object_name  # noqa: E402
 from sglang.srt.mem_cache.utils import get_storage_hash_str  # noqa: E402
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from store_support import KINDS, LAYOUTS, PAGE, POISON, canonical, host_case, poison, slots
-from kvtier.kernels.errors import KvtierError
+from kvtier.errors import KvtierError
 from kvtier.store import Engine, Status, open_store
 from kvtier.store.file import object_name
 from kvtier.store.page import Geometry, PageFormat
