@@ -127,6 +127,13 @@ def registration(owner) -> Optional[Registration]:
     return _OWNERS.get(owner)
 
 
+def sizes() -> Dict[str, int]:
+    """How many registrations, registered storages and prepared calls the index holds
+    (for diagnostics: each falls back to 0 once its owners are gone)."""
+    with _LOCK:
+        return {"registrations": len(_OWNERS), "storages": len(_STORAGES), "calls": len(_CALLS)}
+
+
 def call(kind, scalars: tuple, tensors: Sequence[torch.Tensor], src_indices, dst_indices, check,
          build: Callable[[], EngineCall]) -> None:
     """One adapter call: ``kind`` and ``scalars`` (exact ints, None or configs: `plain`)

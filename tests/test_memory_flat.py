@@ -112,8 +112,33 @@ class _Spec:
         self.block_ids = np.array(ids, dtype=np.int64)
 
 
+class _Owner:
+    """An engine's pool object: what a registration lives as long as."""
+
+
+OWNER = _Owner()
+
+
+def registered():
+    """A buffer set registered, called twice (prepared, then found) and dropped with its owner."""
+    from kvtier.adapters import registry
+    owner = _Owner()
+    k, v, dk, dv = buffer(), buffer(), buffer(), buffer()
+    registry.register(owner, [k, v, dk, dv])
+    for _ in range(2):
+        adapters.transfer_kv_per_layer(k, dk, v, dv, IDX, IDX, 1024)
+
+
+def reregistered():
+    """One owner registering new buffers on every call (an engine reallocating its KV)."""
+    from kvtier.adapters import registry
+    k, v, dk, dv = buffer(), buffer(), buffer(), buffer()
+    registry.register(OWNER, [k, v, dk, dv])
+    adapters.transfer_kv_per_layer(k, dk, v, dv, IDX, IDX, 1024)
+
+
 HOST = None
-ENTRY_POINTS = {"sglang per layer": sglang_per_layer, "sglang pf->lf": sglang_pf_lf,
+ENTRY_POINTS = {"registered": registered, "re-registered": reregistered, "sglang per layer": sglang_per_layer, "sglang pf->lf": sglang_pf_lf,
                 "sglang all layers": sglang_all_layer, "sglang direct": sglang_direct, "lmcache": lmcache,
                 "copy_rows": bare_copy_rows, "pools": pools, "stand-in pool": standin_pool, "vllm": vllm}
 
@@ -136,3 +161,9 @@ def test_memory_stays_flat_over_thousands_of_calls_on_new_buffers(name):
     # 2 GiB. What the allocator keeps for reuse (it moves by tens of MiB either way between
     # readings, without a trend) stays well under this.
     assert grown < 256 * MB, f"{name}: resident memory grew by {grown / MB:.0f} MiB over {CALLS} calls"
+    if name in ("registered", "re-registered"):
+        from kvtier.adapters import registry
+        gc.collect()
+        left = registry.sizes()
+        # (OWNER's registration stays: one, with its four storages and one call)
+        assert left["registrations"] <= 1 and left["storages"] <= 4 and left["calls"] <= 1, (name, left)
