@@ -247,57 +247,49 @@ class HostPool:
                                      device_indices: torch.Tensor) -> None:
         """Device -> host, every layer of every component. Passing the target pool moves
         the packed draft pools' layers too (they share the target's token slots)."""
-        for t in self.transfers:        # (the packed pools, target first: an identity scan)
-            if t.device_pool is device_pool:
-                break
-        else:
-            t = self._stand_in(device_pool)
-        h = self._lists(t, host_indices, device_indices, BACKUP)
+        t, h = self._prepared(device_pool, host_indices, device_indices, BACKUP)
         t.backup.launch(device_indices, h, host_indices)
 
     def load_to_device_all_layer(self, device_pool, host_indices: torch.Tensor,
                                  device_indices: torch.Tensor) -> None:
         """Host -> device, every layer (target pool: drafts too)."""
-        for t in self.transfers:
-            if t.device_pool is device_pool:
-                break
-        else:
-            t = self._stand_in(device_pool)
-        h = self._lists(t, host_indices, device_indices, LOAD)
+        t, h = self._prepared(device_pool, host_indices, device_indices, LOAD)
         t.load.launch(h, device_indices, host_indices)
 
     def load_to_device_per_layer(self, device_pool, host_indices: torch.Tensor,
                                  device_indices: torch.Tensor, layer_id: int) -> None:
         """Host -> device for model layer ``layer_id`` of ``device_pool`` only (layer-wise
         overlap with the forward pass). Indexer rows move for layers that have them."""
+        t, h = self._prepared(device_pool, host_indices, device_indices, LOAD_LAYER)
+        local = layer_id - t.start_layer if type(layer_id) is int else -1
+        if not 0 <= local < len(t.layers):
+            t.device_pool.local_layer(layer_id)         # (names what is wrong)
+        t.layers[local].launch(h, device_indices, host_indices)
+
+    def _prepared(self, device_pool, host_indices, device_indices, op: Op) -> Tuple[PoolTransfers, torch.Tensor]:
+        """``device_pool``'s prepared transfers (the packed pools, target first: an identity
+        scan; else a stand-in's), and the host list where the copy runs, both lists' shapes
+        checked before any byte moves (int32/int64, 1-D, strided, host indices on the CPU or
+        the pool's device, device indices on the pool's device, equal counts, whole pages
+        where the layout moves pages; a CPU list staged on the device without waiting). While
+        a CUDA graph is captured, a CPU host list is staged inside the graph
+        (`_staged_for_capture`)."""
         for t in self.transfers:
             if t.device_pool is device_pool:
                 break
         else:
             t = self._stand_in(device_pool)
-        local = layer_id - t.start_layer if type(layer_id) is int else -1
-        if not 0 <= local < len(t.layers):
-            t.device_pool.local_layer(layer_id)         # (names what is wrong)
-        h = self._lists(t, host_indices, device_indices, LOAD_LAYER)
-        t.layers[local].launch(h, device_indices, host_indices)
-
-    def _lists(self, t: PoolTransfers, host_indices, device_indices, op: Op) -> torch.Tensor:
-        """Both lists' shapes checked, before any byte moves (int32/int64, 1-D, strided, host
-        indices on the CPU or the pool's device, device indices on the pool's device, equal
-        counts, whole pages where the layout moves pages); returns the host list where the
-        copy runs (staged on the device from the CPU without waiting). While a CUDA graph is
-        captured, a CPU host list is staged inside the graph (`_staged_for_capture`)."""
         dev = self.device
         if self._cpu_pool:
             if not (type(host_indices) is torch.Tensor and type(device_indices) is torch.Tensor
                     and index_ok(host_indices, dev) and index_ok(device_indices, dev)
                     and host_indices.numel() == device_indices.numel() and self._index_page == 1):
                 self._check_shapes(t.device_pool, host_indices, device_indices)
-            return host_indices
+            return t, host_indices
         if platforms.capturing():
-            return self._captured(t, host_indices, device_indices, op)
+            return t, self._captured(t, host_indices, device_indices, op)
         self._check_shapes(t.device_pool, host_indices, device_indices)
-        return host_indices if host_indices.device == dev else stage(host_indices, dev, "host_indices")
+        return t, (host_indices if host_indices.device == dev else stage(host_indices, dev, "host_indices"))
 
     def _captured(self, t: PoolTransfers, host_indices, device_indices, op: Op) -> torch.Tensor:
         """`_lists` while a CUDA graph is captured: a CPU host list is staged on the device by
