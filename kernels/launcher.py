@@ -34,6 +34,7 @@ from kvtier.errors import KvtierError
 from .tiling import kernel_constants, tile_copy  # noqa: F401  (tile_copy: tests and tools)
 from .rowmap import RowMap
 from kvtier import caches
+from kvtier.warn_once import warn_once
 
 __all__ = ["synchronize", "interpreter_active", "triton_available", "tile_copy", "CopyLaunch", "Addresses",
            "copy_launch", "UNCHECKED", "BY_VERDICT", "INLINE"]
@@ -102,15 +103,8 @@ def interpreter_active() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-_warned = caches.table("kernels.launcher._warned", factory=set, kind="state", key="warning key",
-                       value="(member) warned once", bound="kinds of fallback (a few)")
-
-
 def _warn_once(key: str, msg: str) -> None:
-    if key not in _warned:
-        _warned.add(key)
-        logging.getLogger("kvtier").warning("%s", msg)
-        warnings.warn(msg, RuntimeWarning, stacklevel=3)
+    warn_once(key, "%s", msg, python_warning=True)
 
 
 def _unify_chunks(src: RowMap, dst: RowMap):

@@ -7,7 +7,6 @@ devices without a sync). ``KVTIER_DMA_COPY`` (auto | batch | 2d | torch) narrows
 """
 from __future__ import annotations
 
-import logging
 from typing import Optional
 
 import torch
@@ -16,9 +15,8 @@ import kvtier.platforms as platforms
 from kvtier.platforms.runtime_libs import Runtime, dma_mode
 
 from .dma_copies import Copies2D
-from kvtier import caches
+from kvtier.warn_once import warn_once
 
-log = logging.getLogger("kvtier")
 
 
 def issue(copies: Copies2D, host: torch.Tensor, stage: torch.Tensor, to_host: bool) -> None:
@@ -79,11 +77,5 @@ def runtime_for(device: torch.device, host: torch.Tensor) -> Optional[Runtime]:
     return rt
 
 
-_warned = caches.table("pool.link_copy._warned", factory=set, kind="state", key="slow-path reason",
-                       value="(member) warned once", bound="reasons (a few)")
-
-
 def _slow_path_once(key: str, why: str) -> None:
-    if key not in _warned:
-        _warned.add(key)
-        log.warning("kvtier dma: bulk copies run as torch copies, one per contiguous piece (slow): %s", why)
+    warn_once("dma." + key, "kvtier dma: bulk copies run as torch copies, one per contiguous piece (slow): %s", why)

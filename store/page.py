@@ -32,7 +32,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import struct
-import threading
 import zlib
 from dataclasses import dataclass
 from typing import Optional, Sequence, Tuple
@@ -41,7 +40,7 @@ from urllib.parse import quote
 import torch
 
 from kvtier.errors import fail
-from kvtier import caches
+from kvtier.warn_once import warn_once as warn_once_any
 
 log = logging.getLogger("kvtier")
 
@@ -57,18 +56,9 @@ XXH3_64 = 1      # xxhash's xxh3_64 (the `store` extra): the default
 CRC32 = 2        # zlib.crc32 (standard library): the fallback where xxhash is missing
 ALGORITHMS = {XXH3_64: "xxh3_64", CRC32: "crc32"}
 
-_warned = caches.table("store.page._warned", factory=set, kind="state", key="warning key",
-                       value="(member) warned once", bound="kinds of warning (a few)")
-_warn_lock = threading.Lock()
-
-
 def warn_once(mode: str, message: str, *args) -> None:
     """One WARNING per failure mode per process on the ``kvtier`` logger."""
-    with _warn_lock:
-        if mode in _warned:
-            return
-        _warned.add(mode)
-    log.warning("kvtier store: " + message, *args)
+    warn_once_any("store." + mode, "kvtier store: " + message, *args)
 
 
 def _xxhash():

@@ -23,6 +23,7 @@ import warnings
 import pytest
 import torch
 
+import kvtier.warn_once
 from copy_rows_support import HOST_FORMS, PATTERNS, Side, make_indices, run_and_check
 from copy_rows_support import kernel_really_runs  # noqa: F401  (autouse fixture: the kernel runs)
 from helpers import POISON, Guarded, assert_bytes_equal
@@ -335,7 +336,7 @@ def test_fallback_without_interpreter_warns_once_and_copies(monkeypatch, by_page
     """Where Triton cannot run CPU tensors, copies run the reference: one warning, same bytes."""
     monkeypatch.setattr(copy_rows_module, "reference_copy", REAL_REFERENCE)
     monkeypatch.setattr(copy_rows_module, "interpreter_active", lambda: False)
-    monkeypatch.setattr(copy_rows_module, "_warned", set())
+    monkeypatch.setattr(kvtier.warn_once, "_warned", set())
     monkeypatch.setattr(copy_rows_module, "_RUNNERS", {})      # decided again without the interpreter
 
     def no_kernel(*a, **k):

@@ -9,6 +9,8 @@ import ctypes
 import random
 
 import pytest
+
+import kvtier.warn_once
 import torch
 
 from helpers import POISON, Guarded, assert_bytes_equal
@@ -313,7 +315,7 @@ def test_a_fallback_to_torch_copies_is_a_warning_once(monkeypatch, caplog):
     import dataclasses
     from types import SimpleNamespace
     import kvtier.platforms as platforms
-    monkeypatch.setattr(link_copy, "_warned", set())
+    monkeypatch.setattr(kvtier.warn_once, "_warned", set())
     why = "set TASK_QUEUE_ENABLE=0 for aclrtMemcpy2dAsync"
     no_runtime = dataclasses.replace(platforms.get("cuda"), dma_runtime=lambda: (None, why))
     monkeypatch.setattr(link_copy.platforms, "of", lambda device: no_runtime)
@@ -326,7 +328,7 @@ def test_a_fallback_to_torch_copies_is_a_warning_once(monkeypatch, caplog):
     assert len(warnings) == 2 and why in warnings[0] and "not pinned" in warnings[1], warnings
     caplog.clear()
     monkeypatch.setenv("KVTIER_DMA_COPY", "torch")
-    monkeypatch.setattr(link_copy, "_warned", set())
+    monkeypatch.setattr(kvtier.warn_once, "_warned", set())
     with caplog.at_level("WARNING", logger="kvtier"):
         assert link_copy.runtime_for(torch.device("cuda"), pinned) is None
     assert not caplog.records

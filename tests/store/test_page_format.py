@@ -7,6 +7,8 @@ import struct
 
 import pytest
 
+import kvtier.warn_once
+
 from store_support import host_case
 from kvtier.errors import KvtierError
 from kvtier.store import page as page_mod
@@ -82,7 +84,7 @@ def test_crc32_fallback_and_unverifiable_pages(fmt, monkeypatch, caplog):
     data, pieces = _payload(fmt)
     with_xxh3 = fmt.seal("k", pieces)
     monkeypatch.setattr(page_mod, "_xxhash", lambda: None)
-    page_mod._warned.discard("checksum.fallback")
+    kvtier.warn_once.forget("store.checksum.fallback")
     bare = PageFormat(fmt.geometry)
     with caplog.at_level(logging.WARNING, logger="kvtier"):
         h = bare.seal("k", pieces)
