@@ -160,7 +160,9 @@ def test_backup_seals_the_next_batch_while_one_is_written(engine):
 
     def seal(header, pieces, algorithm=None):
         key = tier.key(keys[3])
-        if key.encode() in bytes(header) and first_put_running.is_set():
+        # (the first put may not have started yet on a busy machine: wait for it; a tier
+        # that sealed only after the first put returned finds it cleared and waits in vain)
+        if key.encode() in bytes(header) and first_put_running.wait(WAIT):
             sealed_while_writing.append(key)
             release.set()
         return real_seal(header, pieces, algorithm)
