@@ -31,7 +31,7 @@ from kvtier.kernels.errors import fail
 
 from . import redis_ops as ops
 from . import resp
-from .engine import DEFAULT_TIMEOUT_MS, Engine, Status
+from .engine import DEFAULT_TIMEOUT_MS, Engine, RawCalls, Status
 from .redis_url import RedisUrl, parse, redacted
 
 SLOTS = 16384
@@ -175,6 +175,18 @@ class _RedisEngine(Engine):
     def _benchmark_keys(self, written: List[str]) -> List[str]:
         """The names redis-benchmark's keys ``written`` have on this store."""
         return written
+
+    def raw_calls(self, value_bytes: int, count: int) -> RawCalls:
+        """Bare pipelined SETs and GETs of ``count`` values of ``value_bytes`` (RESP, as
+        a plain client sends them) on one connection to each node the keys hash to, from
+        this engine's connection pools, on the calling thread: every node's commands
+        sent, then every node's replies read; no redirects, no replica wait
+        (`RawCalls`)."""
+        return _RedisRawCalls(self, value_bytes, count)
+
+    def _master_of(self, key: bytes) -> Optional[Node]:
+        """The node that serves ``key`` (None: no master serves its slot)."""
+        raise NotImplementedError
 
     # ------------------------------------------------------------------ for the engines
     def _node(self, host: str, port: int) -> Node:
@@ -331,6 +343,73 @@ class _RedisEngine(Engine):
                     res[j] = Status.TIMEOUT
 
 
+class _RedisRawCalls(RawCalls):
+    """`_RedisEngine.raw_calls`."""
+
+    def __init__(self, engine: _RedisEngine, value_bytes: int, count: int):
+        super().__init__(engine, value_bytes, count)
+        self._conns: Dict[Node, resp.Connection] = {}
+        self._header = resp.bulk_header(value_bytes)
+        self.how = (f"bare pipelined SET / GET of {count} value(s) of {value_bytes} B, one connection "
+                    "per node, on the calling thread (RESP; no replica wait)")
+
+    def _groups(self) -> Tuple[List[Tuple[resp.Connection, List[int]]], float]:
+        deadline = time.monotonic() + self.engine.timeout
+        groups: Dict[Node, List[int]] = {}
+        for i, k in enumerate(self.keys):
+            node = self.engine._master_of(k.encode())
+            if node is None:
+                raise RuntimeError("a raw key's hash slot has no master")
+            groups.setdefault(node, []).append(i)
+        out = []
+        for node, idxs in groups.items():
+            conn = self._conns.get(node)
+            if conn is None or conn.broken:
+                conn = self._conns[node] = node.acquire(deadline)
+            out.append((conn, idxs))
+        return out, deadline
+
+    def set(self) -> None:
+        self.fresh_keys()
+        try:
+            conns, deadline = self._groups()
+            for conn, idxs in conns:
+                parts: list = []
+                for i in idxs:
+                    k, v = self.keys[i].encode(), self.sources[i]
+                    parts += [b"*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n" % (len(k), k, v.nbytes), v, resp.CRLF]
+                conn.send(parts, deadline)
+            for conn, idxs in conns:
+                for _ in idxs:
+                    reply = conn.read_reply(deadline)
+                    if reply != "OK":
+                        raise RuntimeError(f"a raw SET answered {reply!r:.60}")
+        except resp.Fault as e:
+            raise RuntimeError(f"a raw SET failed: {e}") from None
+
+    def get(self) -> None:
+        try:
+            conns, deadline = self._groups()
+            for conn, idxs in conns:
+                conn.send([b"*2\r\n$3\r\nGET\r\n$%d\r\n%s\r\n" % (len(k), k)
+                           for k in (self.keys[i].encode() for i in idxs)], deadline)
+            for conn, idxs in conns:
+                for i in idxs:
+                    line = conn.read_line(deadline, len(self._header))
+                    if line != self._header[:-2]:
+                        raise RuntimeError(f"a raw GET answered {line[:40]!r}")
+                    conn.read_into([self.targets[i]], deadline)
+                    conn.expect_crlf(deadline)
+        except resp.Fault as e:
+            raise RuntimeError(f"a raw GET failed: {e}") from None
+
+    def close(self) -> None:
+        conns, self._conns = self._conns, {}
+        for node, conn in conns.items():
+            node.release(conn)
+        self.clear()
+
+
 def _stripes(groups: Dict[Node, List[int]], connections: int) -> Dict[Node, int]:
     """Connections per node for one call: ``connections`` in all, shared by the nodes
     in proportion to their keys, at least one each and never more than their keys (a
@@ -370,6 +449,9 @@ class RedisEngine(_RedisEngine):
 
     def _benchmark_node(self):
         return self._server.host, self._server.port
+
+    def _master_of(self, key):
+        return self._server
 
 
 class RedisClusterEngine(_RedisEngine):
@@ -418,6 +500,9 @@ class RedisClusterEngine(_RedisEngine):
     def _benchmark_node(self):
         node = self._masters[0] if self._masters else self._seeds[0]
         return node.host, node.port
+
+    def _master_of(self, key):
+        return self._slots[key_slot(key)]
 
     def _benchmark_keys(self, written: List[str]) -> List[str]:
         """In a cluster, redis-benchmark puts a hash tag of one slot per master into

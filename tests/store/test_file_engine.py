@@ -84,6 +84,20 @@ def test_raw_throughput_leaves_nothing_behind(tmp_path):
         e.raw_throughput(10, True)
 
 
+def test_raw_calls_leave_nothing_behind(tmp_path):
+    from kvtier.store.engine import RawCalls
+    e = FileEngine(f"file://{tmp_path}")
+    before = sorted(os.listdir(tmp_path))
+    for raw, how in ((e.raw_calls(4096, 4), "plain writes"), (RawCalls(e, 4096, 4), "put_from")):
+        raw.set()                   # plain files; the engine's own calls (the default)
+        raw.get()
+        assert [bytes(t) for t in raw.targets] == [bytes(s) for s in raw.sources] and how in raw.how
+        raw.close()
+    assert sorted(os.listdir(tmp_path)) == before
+    objects = [f for d in os.listdir(tmp_path) if len(d) == 2 for f in os.listdir(tmp_path / d)]
+    assert objects == [] and os.listdir(tmp_path / "tmp") == []
+
+
 def test_a_failing_write_is_error_and_leaves_no_temporary_file(tmp_path, monkeypatch):
     e = FileEngine(f"file://{tmp_path}")
     import errno

@@ -249,6 +249,21 @@ def test_raw_throughput(engine):
     assert _keys_on_masters(engine) == before
 
 
+def test_raw_calls_are_bare_and_leave_nothing_behind(engine):
+    before = _keys_on_masters(engine)
+    raw = engine.raw_calls(300 << 10, 4)
+    try:
+        raw.set()
+        raw.get()
+        assert [bytes(t) for t in raw.targets] == [bytes(s) for s in raw.sources]
+        assert "bare pipelined SET / GET" in raw.how
+        assert _keys_on_masters(engine) == before + 4
+    finally:
+        raw.close()
+    assert _keys_on_masters(engine) == before
+    assert engine.stats["put.hit"] == 0        # not through the engine's calls
+
+
 def test_raw_throughput_without_redis_benchmark(engine, monkeypatch):
     import shutil
     monkeypatch.setattr(shutil, "which", lambda name: None)
