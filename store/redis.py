@@ -36,6 +36,7 @@ from .redis_url import RedisUrl, parse, redacted
 
 SLOTS = 16384
 MAX_IDLE = 8                # idle connections kept per node
+SPREAD_BYTES = 2 << 20      # a call's values a connection carries before the call spreads over another
 MAX_ROUNDS = 5              # redirects followed per key in one call
 REFRESH_EVERY = 0.1         # seconds between slot-map reloads while it is stale
 
@@ -235,7 +236,7 @@ class _RedisEngine(Engine):
                     out[i] = Status.ERROR
                 self.warn_once("unserved", "a key's hash slot has no master in the slot map")
             tasks = []
-            for node, stripes in _stripes(groups, self._conf.connections).items():
+            for node, stripes in _stripes(groups, self._conf.connections, items).items():
                 idxs = groups[node]
                 tasks += [(node, idxs[s::stripes]) for s in range(stripes)]
             self._dispatch(op, tasks, items, out, deadline, replicated)
@@ -410,14 +411,22 @@ class _RedisRawCalls(RawCalls):
         self.clear()
 
 
-def _stripes(groups: Dict[Node, List[int]], connections: int) -> Dict[Node, int]:
+def _stripes(groups: Dict[Node, List[int]], connections: int, items: Sequence[ops.Item]) -> Dict[Node, int]:
     """Connections per node for one call: ``connections`` in all, shared by the nodes
     in proportion to their keys, at least one each and never more than their keys (a
     cluster call reaching three masters with ``connections=4`` uses one connection a
-    master: on two cores, twelve threads ran slower than three; docs/store-redis.md)."""
+    master: on two cores, twelve threads ran slower than three; docs/store-redis.md),
+    nor more than one per `SPREAD_BYTES` of the node's values: a small call (a few
+    pages, or keys alone) runs on one connection, on the calling thread where it
+    reaches one node, with no hand-off to the engine's threads."""
     total = sum(len(idxs) for idxs in groups.values())
-    return {node: max(1, min(len(idxs), round(connections * len(idxs) / total)))
-            for node, idxs in groups.items()}
+    out = {}
+    for node, idxs in groups.items():
+        share = min(len(idxs), round(connections * len(idxs) / total))
+        if share > 1:
+            share = min(share, -(-sum(items[i].nbytes for i in idxs) // SPREAD_BYTES))
+        out[node] = max(1, share)
+    return out
 
 
 class RedisEngine(_RedisEngine):
