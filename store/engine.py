@@ -57,6 +57,7 @@ class Status(enum.IntEnum):
 
 
 Buffers = Sequence[object]      # buffer-protocol objects (memoryview, bytearray, numpy arrays)
+_STATUS_NAMES = {s: s.name.lower() for s in Status}      # as counted in `Engine.stats`
 
 
 class Engine:
@@ -172,7 +173,7 @@ class Engine:
     def count(self, op: str, statuses: Sequence[Status]) -> None:
         with self._stats_lock:
             for s in statuses:
-                self.stats[f"{op}.{s.name.lower()}"] += 1
+                self.stats[f"{op}.{_STATUS_NAMES[s]}"] += 1
 
     def _guarded(self, op: str, n: int, call: Callable[[], List[Status]]) -> List[Status]:
         if n == 0:

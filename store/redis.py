@@ -39,6 +39,7 @@ MAX_IDLE = 8                # idle connections kept per node
 SPREAD_BYTES = 2 << 20      # a call's values a connection carries before the call spreads over another
 MAX_ROUNDS = 5              # redirects followed per key in one call
 REFRESH_EVERY = 0.1         # seconds between slot-map reloads while it is stale
+ROLE_EVERY = 0.1            # seconds a node's ROLE answer is used for before a write asks again
 
 
 # redis-benchmark's key names in a cluster: a tag of a few characters, which may hold "}"
@@ -68,6 +69,20 @@ class Node:
         self._lock = threading.Lock()
         self.held_until = 0.0       # after a timeout, not tried again before this
         self.closed = False
+        # What ROLE last said (replicas connected; None: not a master), and until when
+        # writes go by it without asking again (`ROLE_EVERY`; a fault or an unanswered
+        # WAIT ends it at once).
+        self.replicas: Optional[int] = None
+        self.role_until = 0.0
+
+    def role_known(self, now: float) -> bool:
+        return now < self.role_until
+
+    def learned_role(self, replicas: Optional[int]) -> None:
+        self.replicas, self.role_until = replicas, time.monotonic() + ROLE_EVERY
+
+    def forget_role(self) -> None:
+        self.role_until = 0.0
 
     def acquire(self, deadline: float) -> resp.Connection:
         while True:
@@ -294,20 +309,25 @@ class _RedisEngine(Engine):
             fault = Status.ERROR
         else:
             conn = None
-            role = ops.Role() if replicated else None
+            # A write asks the node's ROLE in its pipeline unless a recent answer holds.
+            role = ops.Role() if replicated and not node.role_known(now) else None
+            replicas = node.replicas if replicated else None
             settled = False             # False in `finally`: interrupted mid-stream
             try:
                 conn = node.acquire(deadline)
                 errors = ops.ServerErrors()
                 if role is not None:
                     op(conn, sub, res, deadline, errors, role)
+                    replicas = role.replicas
+                    node.learned_role(replicas)
                 else:
                     op(conn, sub, res, deadline, errors)
                 if errors.seen:         # CLUSTERDOWN, LOADING, WRONGTYPE...: ERROR, said once
                     self.warn_once(f"reply:{errors.seen[0].split()[0]}", "%s answered %s",
                                    node, errors.seen[0])
+                    node.forget_role()
                     self._faulted(node)
-                if role is not None and role.replicas and any(r is Status.HIT for r in res):
+                if replicas and any(r is Status.HIT for r in res):
                     self._wait_replica(node, conn, res, deadline)
                 settled = True
             except Exception as e:      # a fault of the server's, or of this code: a status
@@ -319,7 +339,10 @@ class _RedisEngine(Engine):
                     self.warn_once(f"bug:{type(e).__name__}", "%s failed (%s: %s); reported as ERROR",
                                    node, type(e).__name__, e)
                 fault = Status.TIMEOUT if isinstance(e, resp.TimeoutFault) else Status.ERROR
-                if role is not None and role.replicas:    # no write there counts without its WAIT
+                node.forget_role()
+                if role is not None:
+                    replicas = role.replicas    # read before any write's reply, where it was
+                if replicas:    # no write there counts without its WAIT
                     res = [None] * len(sub)
                 if fault is Status.TIMEOUT:
                     node.held_until = time.monotonic() + self.timeout
@@ -337,6 +360,7 @@ class _RedisEngine(Engine):
         wait_ms = (deadline - time.monotonic()) * 1000.0 * 0.8
         acked = ops.wait_replica(conn, deadline, wait_ms) if wait_ms >= 1 else 0
         if acked < 1:
+            node.forget_role()          # the next write asks whether the replica is still there
             self.warn_once("unreplicated", "%s lists a replica but none acknowledged the writes "
                            "in time; they are reported TIMEOUT", node)
             for j, r in enumerate(res):

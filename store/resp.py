@@ -86,19 +86,17 @@ class Connection:
         self._stage = bytearray(_STAGE_BYTES)
         self._view = memoryview(self._stage)
         self._start = self._end = 0     # unread bytes are _stage[_start:_end]
+        self._asked = False             # sent since the last receive: no reply is there yet
 
     def stale(self) -> bool:
         """Whether an idle connection is unusable: the server closed or reset it (it
-        died or restarted), or sent bytes nobody asked for. One non-blocking peek."""
+        died or restarted), or sent bytes nobody asked for. One poll that does not wait."""
         if self.broken or self._start != self._end:
             return True
         try:
-            self._sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
-        except BlockingIOError:
-            return False            # nothing to read: alive and quiet
+            return bool(self._readable.poll(0))     # end of stream, a reset, or unasked-for bytes
         except OSError:
             return True
-        return True                 # end of stream, or unasked-for bytes
 
     def close(self) -> None:
         self.broken = True
@@ -114,6 +112,7 @@ class Connection:
         i = 0
         while i < len(views):
             n = self._io(self._sock.sendmsg, views[i:i + _IOV_MAX], deadline, self._writable)
+            self._asked = True
             while n > 0:                # step past what was sent; resume mid-buffer
                 size = views[i].nbytes
                 if n >= size:
@@ -220,29 +219,35 @@ class Connection:
         self._end += self._recv(self._view[self._end:self._end + ask], deadline)
 
     def _recv(self, view: memoryview, deadline: float) -> int:
-        n = self._io(self._sock.recv_into, view, deadline, self._readable)
+        # The first receive after a send waits first: its reply is a round trip away.
+        wait, self._asked = self._asked, False
+        n = self._io(self._sock.recv_into, view, deadline, self._readable, wait)
         if n == 0:
             self.close()
             raise ConnectionFault(f"{self.host}:{self.port} closed the connection")
         return n
 
-    def _io(self, op, arg, deadline: float, ready) -> int:
+    def _io(self, op, arg, deadline: float, ready, wait: bool = False) -> int:
         """``op(arg)`` on the non-blocking socket, waiting on ``ready`` (the socket's
-        readable or writable poll) while it would block, at most until ``deadline``."""
+        readable or writable poll) while it would block (``wait``: first), at most until
+        ``deadline``."""
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 self.close()
                 raise TimeoutFault(f"{self.host}:{self.port} did not answer in time")
+            if wait:
+                try:
+                    ready.poll(math.ceil(remaining * 1000))     # ms; then the deadline is checked again
+                except OSError as e:
+                    self.close()
+                    raise ConnectionFault(f"{self.host}:{self.port}: {e}") from None
+                wait = False
+                continue
             try:
                 return op(arg)
             except BlockingIOError:
-                pass
-            except OSError as e:
-                self.close()
-                raise ConnectionFault(f"{self.host}:{self.port}: {e}") from None
-            try:
-                ready.poll(math.ceil(remaining * 1000))     # ms; then the deadline is checked again
+                wait = True
             except OSError as e:
                 self.close()
                 raise ConnectionFault(f"{self.host}:{self.port}: {e}") from None
