@@ -148,6 +148,37 @@ def test_a_call_is_spread_over_its_threads(tmp_path, threads):
     assert e._pool is None          # a call after close makes no threads
 
 
+@pytest.mark.parametrize("files,size,shares", [(4, 256 << 10, 1), (8, 256 << 10, 1), (9, 256 << 10, 2),
+                                             (16, 256 << 10, 2), (12, 1 << 20, 3), (40, 1000, 1)])
+def test_a_read_spreads_over_a_thread_per_read_spread_bytes(tmp_path, monkeypatch, files, size, shares):
+    """A read takes another thread only for each `READ_SPREAD_BYTES` of its values (a
+    few pages are read on the calling thread); a write of as many files spreads over
+    them all."""
+    import threading
+    from kvtier.store import file as file_module
+    assert file_module.READ_SPREAD_BYTES == 2 << 20
+    dealt = []
+    real_deal = file_module._deal
+    monkeypatch.setattr(file_module, "_deal", lambda count, threads: dealt.append(threads) or real_deal(count, threads))
+    e = open_store(f"file://{tmp_path}?threads=3")
+    keys = [f"k{i}" for i in range(files)]
+    values = [os.urandom(size) for _ in range(files)]
+    readers = set()
+    real_read = e._read
+    e._read = lambda path, views: readers.add(threading.get_ident()) or real_read(path, views)
+    try:
+        assert e.put_from(keys, [[v] for v in values]) == [Status.HIT] * files
+        assert dealt == [3]                 # every write call: over all three threads
+        targets = [bytearray(size) for _ in values]
+        assert e.get_into(keys, [[t] for t in targets]) == [Status.HIT] * files
+        assert [bytes(t) for t in targets] == values
+        assert dealt == [3] + ([shares] if shares > 1 else [])
+        if shares == 1:
+            assert readers == {threading.get_ident()}       # the calling thread alone
+    finally:
+        e.close()
+
+
 def test_a_fault_in_one_thread_is_that_keys_status(tmp_path, monkeypatch):
     """A store fault on one key (any thread) is that key's status; an exception that
     is not a store fault ends the call as ERROR for every key, after every thread
