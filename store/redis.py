@@ -3,15 +3,18 @@
 
 They speak RESP themselves (`kvtier.store.resp`: bulk replies land in the page buffers,
 values are sent from them) and need no client library. A call's keys are grouped by
-node, each group pipelined on one connection (or spread over ``connections``), the
-groups of different nodes at once on a small thread pool, all under one deadline: the
+node, each group pipelined on one connection (or spread over ``connections``, one for
+each `SPREAD_BYTES` of its values at most), the groups of different nodes at once on a
+small thread pool (one runs on the calling thread), all under one deadline: the
 engine's timeout from the call's start. A node that does not answer by then gives its
 keys TIMEOUT and is not tried again for one timeout (its keys are TIMEOUT at once); a
 refused or reset connection gives ERROR; other nodes' keys are not held up.
 
-Writes to a master that lists a connected replica (``ROLE``) are acknowledged only once
-one replica has them (``WAIT 1``), so an acknowledged page survives the master's death;
-a master left without replicas (after a failover) takes writes without waiting.
+Writes to a master that lists a connected replica (``ROLE``, asked in a write's
+pipeline at most every `ROLE_EVERY` per node, and again after a fault or a ``WAIT`` no
+replica answered) are acknowledged only once one replica has them (``WAIT 1``), so an
+acknowledged page survives the master's death; a master left without replicas (after a
+failover) takes writes without waiting.
 
 The cluster engine routes each key by its hash slot (CRC16 of the key or of its
 ``{hash tag}``), follows MOVED and ASK redirects, and reloads the slot map
