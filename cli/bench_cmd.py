@@ -4,7 +4,8 @@ same-size copy_; sgl_kernel and vLLM's swap kernel where they can run), the host
 call of the pools' and adapters' hot-path calls beside torch's index ops, and a table,
 JSON and PNG of it all. `--interference` runs only a transfer's GB/s beside a concurrent
 GEMM's slowdown (CUDA; `--smoke` gives its structure on the CPU). `--store URL` runs
-only the store tier's prefetch and backup beside the store's own raw figures.
+only the store tier's prefetch and backup beside the store's own raw figures (throughput,
+then one- and four-page latency; `--latency`: the latency alone).
 
 On a machine without an accelerator it runs a small smoke sweep under Triton's
 interpreter and says that its figures are not hardware figures. `--overhead` runs only
@@ -51,8 +52,12 @@ def register(sub) -> None:
     p.add_argument("--json", metavar="FILE", help="write the host-overhead measurement (with --store: the "
                                                   "store's) to FILE as JSON")
     p.add_argument("--store", metavar="URL",
-                   help="only the store tier: prefetch and backup GB/s for 64 KiB-1 MiB pages beside the store's "
-                        "own raw GET/SET in the same run (file:///dir, redis://host:port, ...; docs/store.md)")
+                   help="only the store tier: prefetch and backup GB/s for 64 KiB-1 MiB pages, and one- and "
+                        "four-page latency, beside the store's own raw GET/SET in the same run "
+                        "(file:///dir, redis://host:port, ...; docs/store.md)")
+    p.add_argument("--latency", action="store_true",
+                   help="with --store: only the latency part (one- and four-page backup and prefetch p50/p99 "
+                        "beside a raw SET/GET of the same bytes), no throughput")
     p.add_argument("--no-overhead", action="store_true", help="skip the host-overhead benchmark")
     p.add_argument("--interference", action="store_true",
                    help="only a transfer's GB/s beside a concurrent GEMM's slowdown per program cap "
@@ -122,7 +127,7 @@ def _dimension(flag: str, text: str) -> tuple:
 # Flags --interference takes; every other flag is refused with it.
 INTERFERENCE_FLAGS = ("--interference", "--smoke", "--ops", "--caps", "--out", "--no-plot", "--quiet")
 _ALL_FLAGS = (*SWEEP_FLAGS, "--overhead", "--json", "--no-overhead", "--quiet")
-STORE_FLAGS = ("--store", "--json", "--quiet")      # what --store takes
+STORE_FLAGS = ("--store", "--json", "--latency", "--quiet")      # what --store takes
 
 
 def _check_flags(args) -> dict:
@@ -133,6 +138,8 @@ def _check_flags(args) -> dict:
                  and _given(args, f) not in (None, False)]
         if given:
             raise UsageError(f"{given[0]}: --store takes only {' '.join(STORE_FLAGS[1:])}")
+    if args.latency and args.store is None:
+        raise UsageError("--latency: measures the store tier; give --store URL with it")
     if args.interference:
         given = [f for f in (*_ALL_FLAGS, "--store") if f not in INTERFERENCE_FLAGS
                  and _given(args, f) not in (None, False)]
@@ -254,9 +261,10 @@ def _store(args) -> int:
     from kvtier.errors import KvtierError
     from kvtier.store import bench as store_bench
     if not args.quiet:
-        print(f"kvtier bench --store: measuring {args.store} (about a minute)", flush=True)
+        print(f"kvtier bench --store: measuring {args.store} "
+              f"({'latency only, seconds' if args.latency else 'about a minute'})", flush=True)
     try:
-        result = store_bench.measure(args.store)
+        result = store_bench.measure(args.store, throughput=not args.latency)
     except KvtierError as e:
         print(f"--store={args.store!r}: {e}", file=sys.stderr)
         return 2

@@ -16,6 +16,20 @@ it measures in one run, best of a few rounds, interleaved:
 
 Goal, printed, never asserted: hit path >= 0.8x raw GET and backup >= 0.8x raw SET for
 pages of 256 KiB and more; the checksum <= 10% of the hit path.
+
+Latency (HiCache's calls are often a few pages, and a prefill waits on them): for calls
+of one and of four pages of `LATENCY_PAGE_BYTES`, in both layouts, the p50 and p99 of
+`LATENCY_REPEATS` calls each, interleaved call by call in one run:
+
+- backup: `StoreTier.backup` of fresh keys;
+- prefetch: `StoreTier.prefetch` of the keys just backed up;
+- raw SET / raw GET: the engine's `raw_calls` of as many values of the page object's
+  size (header and payload), one per page, fresh keys for every SET: the store's own
+  client call where the engine has one (`Engine.raw_calls`).
+
+Every key written is removed after its repeat (outside the timed calls). Latency goal,
+printed, never asserted: a one-page prefetch <= 1.5x a raw GET and a one-page backup <=
+2x a raw SET, at the p50.
 """
 from __future__ import annotations
 
@@ -55,81 +69,162 @@ ROUNDS = 3
 PAIRS = 4                  # checked and unchecked prefetches per round, for the checksum's share
 
 
+LATENCY_PAGE_BYTES = 256 << 10
+LATENCY_PAGES = (1, 4)
+LATENCY_REPEATS = 1000     # timed calls of each kind per row
+LATENCY_WARMUP = 20        # calls of each kind first, not timed
+LATENCY_GOAL = {"pages": 1, "at": "p50", "prefetch_vs_raw_get": 1.5, "backup_vs_raw_set": 2.0}
+
+
 def measure(url: str, page_bytes=None, layouts=None, total_bytes: Optional[int] = None,
-            rounds: Optional[int] = None, log: Optional[Callable[[str], None]] = None) -> Dict:
-    """The figures as a dict (`format_text` prints them); each argument left None takes
-    the module's default (PAGE_BYTES, LAYOUTS, TOTAL_BYTES, ROUNDS). ``log`` is given
-    each point's row as it is measured."""
-    import torch
+            rounds: Optional[int] = None, log: Optional[Callable[[str], None]] = None,
+            throughput: bool = True, latency: bool = True, repeats: Optional[int] = None) -> Dict:
+    """The figures as a dict (`format_text` prints them): ``points`` (throughput, where
+    ``throughput``) and ``latency`` (where ``latency``). Each argument left None takes the
+    module's default (PAGE_BYTES, LAYOUTS, TOTAL_BYTES, ROUNDS, LATENCY_REPEATS). ``log``
+    is given each row as it is measured."""
     page_bytes, layouts = page_bytes or PAGE_BYTES, layouts or LAYOUTS
     total_bytes, rounds = total_bytes or TOTAL_BYTES, rounds or ROUNDS
     from .engine import open_store
-    from .tier import StoreTier
     engine = open_store(url)
-    points: List[Dict] = []
     try:
-        for size in page_bytes:
-            pages = max(16, min(1024, total_bytes // size))
-            for layout in layouts:
-                host = bench_host(size, pages, layout)
-                tier = StoreTier(host, engine, model="kvtier-bench")
-                unchecked = StoreTier(host, engine, model="kvtier-bench")
-                unchecked.format.checksum = Unchecked()
-                P = host.page_size
-                idx = torch.arange(pages * P, dtype=torch.int64)
-                payload = tier.plan.payload_bytes * pages
-                best = {"backup": 1e9, "prefetch": 1e9, "raw_get": 0.0, "raw_set": 0.0, "raw_get_one": 0.0,
-                        "raw_get_threads": 0.0, "raw_set_threads": 0.0}
-                shares: List[float] = []
-                raw_how = ""
-                for r in range(rounds + 1):             # round 0 warms up (directories, caches)
-                    keys = [f"bench-{uuid.uuid4().hex}" for _ in range(pages)]
-                    raw = engine.raw_throughput(tier.plan.payload_bytes, pages)
-                    t_backup = _timed(lambda: tier.backup(keys, idx))
-                    t_prefetch = None           # the round's first checked read: one a round, as raw's
-                    for pair in range(PAIRS):
-                        t = {}
-                        for reader in (tier, unchecked)[::-1] if pair % 2 else (tier, unchecked):
-                            hits = []
-                            t[reader] = _timed(lambda: hits.append(reader.prefetch(keys, idx)))
-                            if hits[0] != pages:
-                                raise RuntimeError(f"prefetch read {hits[0]} of {pages} pages back ({reader.stats})")
-                        t_prefetch = t_prefetch or t[tier]
-                        if r:
-                            shares.append(1 - t[unchecked] / t[tier])
-                    engine.delete([tier.key(k) for k in keys])
-                    if r == 0:
-                        continue
-                    best["backup"] = min(best["backup"], t_backup)
-                    best["prefetch"] = min(best["prefetch"], t_prefetch)
-                    best["raw_get"] = max(best["raw_get"], raw["get_gbps"])
-                    best["raw_set"] = max(best["raw_set"], raw["set_gbps"])
-                    for k in ("raw_get_one", "raw_get_threads", "raw_set_threads"):
-                        best[k] = max(best[k], raw.get(_RAW_EXTRA[k], 0.0))
-                    raw_how = raw.get("how", "")
-                from .canonical import modes
-                point = {
-                    "page_bytes": tier.plan.payload_bytes, "layout": layout, "pages": pages,
-                    "moves": sorted(set(modes(tier.plan).values())),
-                    "prefetch_gbps": payload / best["prefetch"] / 1e9,
-                    "backup_gbps": payload / best["backup"] / 1e9,
-                    "raw_get_gbps": best["raw_get"], "raw_set_gbps": best["raw_set"],
-                    "raw_get_one_buffer_gbps": best["raw_get_one"] or None,
-                    "raw_get_threads_gbps": best["raw_get_threads"] or None,
-                    "raw_set_threads_gbps": best["raw_set_threads"] or None,
-                    "checksum_share": max(0.0, sorted(shares)[len(shares) // 2]),
-                    "raw_how": raw_how,
-                }
-                point["prefetch_vs_raw_get"] = point["prefetch_gbps"] / point["raw_get_gbps"]
-                point["backup_vs_raw_set"] = point["backup_gbps"] / point["raw_set_gbps"]
-                points.append(point)
-                if log:
-                    log(_row(point))
+        points = _throughput(engine, page_bytes, layouts, total_bytes, rounds, log) if throughput else []
+        lat = _latency(engine, layouts, repeats or LATENCY_REPEATS, log) if latency else None
     finally:
         engine.close()
     from .page import ALGORITHMS
-    return {"url": url, "engine": type(engine).__name__, "checksum": ALGORITHMS[Checksum().default],
-            "rounds": rounds, "goal": GOAL, "points": points}
+    out = {"url": url, "engine": type(engine).__name__, "checksum": ALGORITHMS[Checksum().default],
+           "rounds": rounds, "goal": GOAL, "points": points}
+    if lat is not None:
+        out["latency"] = lat
+    return out
+
+
+def _throughput(engine, page_bytes, layouts, total_bytes: int, rounds: int, log) -> List[Dict]:
+    import torch
+    from .tier import StoreTier
+    points: List[Dict] = []
+    for size in page_bytes:
+        pages = max(16, min(1024, total_bytes // size))
+        for layout in layouts:
+            host = bench_host(size, pages, layout)
+            tier = StoreTier(host, engine, model="kvtier-bench")
+            unchecked = StoreTier(host, engine, model="kvtier-bench")
+            unchecked.format.checksum = Unchecked()
+            P = host.page_size
+            idx = torch.arange(pages * P, dtype=torch.int64)
+            payload = tier.plan.payload_bytes * pages
+            best = {"backup": 1e9, "prefetch": 1e9, "raw_get": 0.0, "raw_set": 0.0, "raw_get_one": 0.0,
+                    "raw_get_threads": 0.0, "raw_set_threads": 0.0}
+            shares: List[float] = []
+            raw_how = ""
+            for r in range(rounds + 1):             # round 0 warms up (directories, caches)
+                keys = [f"bench-{uuid.uuid4().hex}" for _ in range(pages)]
+                raw = engine.raw_throughput(tier.plan.payload_bytes, pages)
+                t_backup = _timed(lambda: tier.backup(keys, idx))
+                t_prefetch = None           # the round's first checked read: one a round, as raw's
+                for pair in range(PAIRS):
+                    t = {}
+                    for reader in (tier, unchecked)[::-1] if pair % 2 else (tier, unchecked):
+                        hits = []
+                        t[reader] = _timed(lambda: hits.append(reader.prefetch(keys, idx)))
+                        if hits[0] != pages:
+                            raise RuntimeError(f"prefetch read {hits[0]} of {pages} pages back ({reader.stats})")
+                    t_prefetch = t_prefetch or t[tier]
+                    if r:
+                        shares.append(1 - t[unchecked] / t[tier])
+                engine.delete([tier.key(k) for k in keys])
+                if r == 0:
+                    continue
+                best["backup"] = min(best["backup"], t_backup)
+                best["prefetch"] = min(best["prefetch"], t_prefetch)
+                best["raw_get"] = max(best["raw_get"], raw["get_gbps"])
+                best["raw_set"] = max(best["raw_set"], raw["set_gbps"])
+                for k in ("raw_get_one", "raw_get_threads", "raw_set_threads"):
+                    best[k] = max(best[k], raw.get(_RAW_EXTRA[k], 0.0))
+                raw_how = raw.get("how", "")
+            from .canonical import modes
+            point = {
+                "page_bytes": tier.plan.payload_bytes, "layout": layout, "pages": pages,
+                "moves": sorted(set(modes(tier.plan).values())),
+                "prefetch_gbps": payload / best["prefetch"] / 1e9,
+                "backup_gbps": payload / best["backup"] / 1e9,
+                "raw_get_gbps": best["raw_get"], "raw_set_gbps": best["raw_set"],
+                "raw_get_one_buffer_gbps": best["raw_get_one"] or None,
+                "raw_get_threads_gbps": best["raw_get_threads"] or None,
+                "raw_set_threads_gbps": best["raw_set_threads"] or None,
+                "checksum_share": max(0.0, sorted(shares)[len(shares) // 2]),
+                "raw_how": raw_how,
+            }
+            point["prefetch_vs_raw_get"] = point["prefetch_gbps"] / point["raw_get_gbps"]
+            point["backup_vs_raw_set"] = point["backup_gbps"] / point["raw_set_gbps"]
+            points.append(point)
+            if log:
+                log(_row(point))
+    return points
+
+
+def _latency(engine, layouts, repeats: int, log) -> Dict:
+    """The latency rows (module doc), one per layout and page count."""
+    import torch
+    from .tier import StoreTier
+    rows: List[Dict] = []
+    how = ""
+    for layout in layouts:
+        host = bench_host(LATENCY_PAGE_BYTES, max(LATENCY_PAGES), layout)
+        tier = StoreTier(host, engine, model="kvtier-bench")
+        P = host.page_size
+        object_bytes = tier.plan.payload_bytes + tier.format.header_size(tier.key(_fresh()))
+        for n in LATENCY_PAGES:
+            idx = torch.arange(n * P, dtype=torch.int64)
+            raw = engine.raw_calls(object_bytes, n)
+            how = raw.how
+            times: Dict[str, List[float]] = {"backup": [], "prefetch": [], "raw_set": [], "raw_get": []}
+            try:
+                for r in range(LATENCY_WARMUP + repeats):
+                    keys = [_fresh() for _ in range(n)]
+                    t_backup = _timed(lambda: _expect(tier.backup(keys, idx), [True] * n, "backup", tier))
+                    t_prefetch = _timed(lambda: _expect(tier.prefetch(keys, idx), n, "prefetch", tier))
+                    t_set, t_get = _timed(raw.set), _timed(raw.get)
+                    engine.delete([tier.key(k) for k in keys])
+                    raw.clear()
+                    if r >= LATENCY_WARMUP:
+                        for k, t in zip(times, (t_backup, t_prefetch, t_set, t_get)):
+                            times[k].append(t)
+            finally:
+                raw.close()
+            row: Dict = {"layout": layout, "pages": n, "moves": _moves(tier), "repeats": repeats}
+            for k, ts in times.items():
+                row[f"{k}_p50_us"], row[f"{k}_p99_us"] = _percentile(ts, 0.50) * 1e6, _percentile(ts, 0.99) * 1e6
+            for at in ("p50", "p99"):
+                row[f"prefetch_vs_raw_get_{at}"] = row[f"prefetch_{at}_us"] / row[f"raw_get_{at}_us"]
+                row[f"backup_vs_raw_set_{at}"] = row[f"backup_{at}_us"] / row[f"raw_set_{at}_us"]
+            rows.append(row)
+            if log:
+                log(_latency_row(row))
+    return {"page_bytes": LATENCY_PAGE_BYTES, "object_bytes": object_bytes, "repeats": repeats,
+            "goal": LATENCY_GOAL, "raw_how": how, "rows": rows}
+
+
+def _fresh() -> str:
+    return f"bench-{uuid.uuid4().hex}"
+
+
+def _moves(tier) -> List[str]:
+    from .canonical import modes
+    return sorted(set(modes(tier.plan).values()))
+
+
+def _expect(got, want, call: str, tier) -> None:
+    if got != want:
+        raise RuntimeError(f"{call} answered {got!r}, not {want!r} ({dict(tier.stats)})")
+
+
+def _percentile(values: List[float], q: float) -> float:
+    """The ``q`` quantile of ``values``: the value at rank ceil(q * n) (nearest rank)."""
+    ordered = sorted(values)
+    import math
+    return ordered[max(0, min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1))]
 
 
 _RAW_EXTRA = {"raw_get_one": "get_gbps_one_buffer", "raw_get_threads": "get_gbps_threads",
@@ -159,9 +254,43 @@ def _row(p: Dict) -> str:
             f"{100 * p['checksum_share']:>7.1f}%  {goal}")
 
 
+LATENCY_HEADER = (f"{'pages':>5} {'layout':18} {'moves':8} {'backup p50/p99':>15} {'raw SET':>13} {'ratio':>5} "
+                  f"{'prefetch p50/p99':>16} {'raw GET':>13} {'ratio':>5}  goal")
+
+
+def _latency_row(r: Dict) -> str:
+    goal = ""
+    if r["pages"] == LATENCY_GOAL["pages"]:
+        at = LATENCY_GOAL["at"]
+        ok = (r[f"prefetch_vs_raw_get_{at}"] <= LATENCY_GOAL["prefetch_vs_raw_get"]
+              and r[f"backup_vs_raw_set_{at}"] <= LATENCY_GOAL["backup_vs_raw_set"])
+        goal = "met" if ok else "below"
+
+    def pair(k):
+        return f"{r[k + '_p50_us']:>6.0f}/{r[k + '_p99_us']:<6.0f}"
+    return (f"{r['pages']:>5} {r['layout']:18} {'+'.join(r['moves']):8} {pair('backup'):>15} "
+            f"{pair('raw_set'):>13} {r['backup_vs_raw_set_p50']:>5.2f} {pair('prefetch'):>16} "
+            f"{pair('raw_get'):>13} {r['prefetch_vs_raw_get_p50']:>5.2f}  {goal}")
+
+
+def format_latency(lat: Dict) -> List[str]:
+    g = LATENCY_GOAL
+    lines = [f"latency: calls of {lat['page_bytes'] >> 10} KiB pages (objects of {lat['object_bytes']} B), "
+             f"p50/p99 of {lat['repeats']} calls each, us; backups of fresh keys; ratios at the p50",
+             LATENCY_HEADER]
+    lines += [_latency_row(r) for r in lat["rows"]]
+    lines.append(f"raw: {lat['raw_how']}")
+    lines.append(f"latency goal ({g['pages']} page, {g['at']}): prefetch <= {g['prefetch_vs_raw_get']}x raw GET, "
+                 f"backup <= {g['backup_vs_raw_set']}x raw SET")
+    return lines
+
+
 def format_text(result: Dict) -> str:
-    lines = [f"kvtier store bench: {result['url']} ({result['engine']}, checksum {result['checksum']}, "
-             f"best of {result['rounds']} rounds; GB/s of page payload)", HEADER]
+    lines = [f"kvtier store bench: {result['url']} ({result['engine']}, checksum {result['checksum']}"
+             + (f", best of {result['rounds']} rounds; GB/s of page payload)" if result["points"] else ")")]
+    if not result["points"]:
+        return "\n".join(lines + format_latency(result["latency"]))
+    lines.append(HEADER)
     lines += [_row(p) for p in result["points"]]
     how = {p["raw_how"] for p in result["points"] if p["raw_how"]}
     lines += [f"raw: {h}" for h in sorted(how)]
@@ -175,4 +304,6 @@ def format_text(result: Dict) -> str:
     lines.append(f"goal (pages >= {g['min_page_bytes'] >> 10} KiB): prefetch >= {g['prefetch_vs_raw_get']}x raw GET, "
                  f"backup >= {g['backup_vs_raw_set']}x raw SET, checksum <= {100 * g['checksum_share']:.0f}% "
                  "of the hit path")
+    if "latency" in result:
+        lines += format_latency(result["latency"])
     return "\n".join(lines)

@@ -57,6 +57,7 @@ class Status(enum.IntEnum):
 
 
 Buffers = Sequence[object]      # buffer-protocol objects (memoryview, bytearray, numpy arrays)
+_STATUS_NAMES = {s: s.name.lower() for s in Status}      # as counted in `Engine.stats`
 
 
 class Engine:
@@ -138,6 +139,14 @@ class Engine:
         --store` puts beside kvtier's figures."""
         raise NotImplementedError(f"{type(self).__name__} has no raw throughput measurement")
 
+    def raw_calls(self, value_bytes: int, count: int) -> "RawCalls":
+        """One raw SET and one raw GET of ``count`` values of ``value_bytes`` at a time,
+        to be timed call by call (`RawCalls`): what `kvtier bench --store` puts beside
+        the tier's latency. Engines give the store's own client call where they have one;
+        this default moves plain buffers through the engine's own `put_from` and
+        `get_into`."""
+        return RawCalls(self, value_bytes, count)
+
     # ------------------------------------------------------------------ for subclasses
     def _exists(self, keys: List[str]) -> List[Status]:
         raise NotImplementedError
@@ -164,7 +173,7 @@ class Engine:
     def count(self, op: str, statuses: Sequence[Status]) -> None:
         with self._stats_lock:
             for s in statuses:
-                self.stats[f"{op}.{s.name.lower()}"] += 1
+                self.stats[f"{op}.{_STATUS_NAMES[s]}"] += 1
 
     def _guarded(self, op: str, n: int, call: Callable[[], List[Status]]) -> List[Status]:
         if n == 0:
@@ -185,6 +194,64 @@ class Engine:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r})"
+
+
+class RawCalls:
+    """Raw calls of ``count`` values of ``value_bytes``, each value from and into a
+    buffer of its own: `set` writes ``count`` new keys, `get` reads the keys the last
+    `set` wrote, `clear` removes every key written so far, `close` that and anything
+    else the calls hold. A value not stored or not read back raises `RuntimeError`
+    (a raw figure of failed calls means nothing). ``how`` says what the calls are.
+
+    This one goes through the engine's own `put_from` and `get_into` (every check and
+    count of the engine included); engines override `Engine.raw_calls` with the store's
+    own client call where they have one."""
+
+    def __init__(self, engine: "Engine", value_bytes: int, count: int):
+        for arg, v in (("value_bytes", value_bytes), ("count", count)):
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise fail(arg, v, "must be a positive int")
+        self.engine, self.value_bytes, self.count = engine, value_bytes, count
+        self.sources = [memoryview(bytearray(_noise(value_bytes))) for _ in range(count)]
+        self.targets = [memoryview(bytearray(value_bytes)) for _ in range(count)]
+        self.keys: List[str] = []
+        self.written: List[str] = []
+        self.how = (f"{type(engine).__name__}.put_from / get_into of {count} value(s) of "
+                    f"{value_bytes} B, one buffer each")
+
+    def fresh_keys(self) -> List[str]:
+        """``count`` new key names, remembered for `clear`."""
+        import uuid
+        self.keys = [f"kvtier-raw-{uuid.uuid4().hex}" for _ in range(self.count)]
+        self.written += self.keys
+        return self.keys
+
+    def set(self) -> None:
+        statuses = self.engine.put_from(self.fresh_keys(), [[s] for s in self.sources])
+        _all_stored("put_from", statuses)
+
+    def get(self) -> None:
+        statuses = self.engine.get_into(self.keys, [[t] for t in self.targets])
+        _all_stored("get_into", statuses)
+
+    def clear(self) -> None:
+        written, self.written = self.written, []
+        if written:
+            self.engine.delete(written)
+
+    def close(self) -> None:
+        self.clear()
+
+
+def _noise(n: int) -> bytes:
+    import os
+    return os.urandom(n)
+
+
+def _all_stored(call: str, statuses) -> None:
+    bad = sorted({s.name for s in statuses if s != Status.HIT})
+    if bad:
+        raise RuntimeError(f"raw {call} answered {', '.join(bad)}")
 
 
 def _unheard(i: int) -> None:
@@ -254,4 +321,4 @@ def open_store(url: str, timeout_ms: int = DEFAULT_TIMEOUT_MS, **options) -> Eng
     return engine_cls(url, timeout_ms=timeout_ms, **options)
 
 
-__all__ = ["Engine", "Status", "open_store", "SCHEMES", "DEFAULT_TIMEOUT_MS", "KvtierError"]
+__all__ = ["Engine", "RawCalls", "Status", "open_store", "SCHEMES", "DEFAULT_TIMEOUT_MS", "KvtierError"]

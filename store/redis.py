@@ -3,15 +3,18 @@
 
 They speak RESP themselves (`kvtier.store.resp`: bulk replies land in the page buffers,
 values are sent from them) and need no client library. A call's keys are grouped by
-node, each group pipelined on one connection (or spread over ``connections``), the
-groups of different nodes at once on a small thread pool, all under one deadline: the
+node, each group pipelined on one connection (or spread over ``connections``, one for
+each `SPREAD_BYTES` of its values at most), the groups of different nodes at once on a
+small thread pool (one runs on the calling thread), all under one deadline: the
 engine's timeout from the call's start. A node that does not answer by then gives its
 keys TIMEOUT and is not tried again for one timeout (its keys are TIMEOUT at once); a
 refused or reset connection gives ERROR; other nodes' keys are not held up.
 
-Writes to a master that lists a connected replica (``ROLE``) are acknowledged only once
-one replica has them (``WAIT 1``), so an acknowledged page survives the master's death;
-a master left without replicas (after a failover) takes writes without waiting.
+Writes to a master that lists a connected replica (``ROLE``, asked in a write's
+pipeline at most every `ROLE_EVERY` per node, and again after a fault or a ``WAIT`` no
+replica answered) are acknowledged only once one replica has them (``WAIT 1``), so an
+acknowledged page survives the master's death; a master left without replicas (after a
+failover) takes writes without waiting.
 
 The cluster engine routes each key by its hash slot (CRC16 of the key or of its
 ``{hash tag}``), follows MOVED and ASK redirects, and reloads the slot map
@@ -31,13 +34,15 @@ from kvtier.errors import fail
 
 from . import redis_ops as ops
 from . import resp
-from .engine import DEFAULT_TIMEOUT_MS, Engine, Status
+from .engine import DEFAULT_TIMEOUT_MS, Engine, RawCalls, Status
 from .redis_url import RedisUrl, parse, redacted
 
 SLOTS = 16384
 MAX_IDLE = 8                # idle connections kept per node
+SPREAD_BYTES = 2 << 20      # a call's values a connection carries before the call spreads over another
 MAX_ROUNDS = 5              # redirects followed per key in one call
 REFRESH_EVERY = 0.1         # seconds between slot-map reloads while it is stale
+ROLE_EVERY = 0.1            # seconds a node's ROLE answer is used for before a write asks again
 
 
 # redis-benchmark's key names in a cluster: a tag of a few characters, which may hold "}"
@@ -67,6 +72,20 @@ class Node:
         self._lock = threading.Lock()
         self.held_until = 0.0       # after a timeout, not tried again before this
         self.closed = False
+        # What ROLE last said (replicas connected; None: not a master), and until when
+        # writes go by it without asking again (`ROLE_EVERY`; a fault or an unanswered
+        # WAIT ends it at once).
+        self.replicas: Optional[int] = None
+        self.role_until = 0.0
+
+    def role_known(self, now: float) -> bool:
+        return now < self.role_until
+
+    def learned_role(self, replicas: Optional[int]) -> None:
+        self.replicas, self.role_until = replicas, time.monotonic() + ROLE_EVERY
+
+    def forget_role(self) -> None:
+        self.role_until = 0.0
 
     def acquire(self, deadline: float) -> resp.Connection:
         while True:
@@ -176,6 +195,18 @@ class _RedisEngine(Engine):
         """The names redis-benchmark's keys ``written`` have on this store."""
         return written
 
+    def raw_calls(self, value_bytes: int, count: int) -> RawCalls:
+        """Bare pipelined SETs and GETs of ``count`` values of ``value_bytes`` (RESP, as
+        a plain client sends them) on one connection to each node the keys hash to, from
+        this engine's connection pools, on the calling thread: every node's commands
+        sent, then every node's replies read; no redirects, no replica wait
+        (`RawCalls`)."""
+        return _RedisRawCalls(self, value_bytes, count)
+
+    def _master_of(self, key: bytes) -> Optional[Node]:
+        """The node that serves ``key`` (None: no master serves its slot)."""
+        raise NotImplementedError
+
     # ------------------------------------------------------------------ for the engines
     def _node(self, host: str, port: int) -> Node:
         with self._nodes_lock:
@@ -223,7 +254,7 @@ class _RedisEngine(Engine):
                     out[i] = Status.ERROR
                 self.warn_once("unserved", "a key's hash slot has no master in the slot map")
             tasks = []
-            for node, stripes in _stripes(groups, self._conf.connections).items():
+            for node, stripes in _stripes(groups, self._conf.connections, items).items():
                 idxs = groups[node]
                 tasks += [(node, idxs[s::stripes]) for s in range(stripes)]
             self._dispatch(op, tasks, items, out, deadline, replicated)
@@ -281,20 +312,25 @@ class _RedisEngine(Engine):
             fault = Status.ERROR
         else:
             conn = None
-            role = ops.Role() if replicated else None
+            # A write asks the node's ROLE in its pipeline unless a recent answer holds.
+            role = ops.Role() if replicated and not node.role_known(now) else None
+            replicas = node.replicas if replicated else None
             settled = False             # False in `finally`: interrupted mid-stream
             try:
                 conn = node.acquire(deadline)
                 errors = ops.ServerErrors()
                 if role is not None:
                     op(conn, sub, res, deadline, errors, role)
+                    replicas = role.replicas
+                    node.learned_role(replicas)
                 else:
                     op(conn, sub, res, deadline, errors)
                 if errors.seen:         # CLUSTERDOWN, LOADING, WRONGTYPE...: ERROR, said once
                     self.warn_once(f"reply:{errors.seen[0].split()[0]}", "%s answered %s",
                                    node, errors.seen[0])
+                    node.forget_role()
                     self._faulted(node)
-                if role is not None and role.replicas and any(r is Status.HIT for r in res):
+                if replicas and any(r is Status.HIT for r in res):
                     self._wait_replica(node, conn, res, deadline)
                 settled = True
             except Exception as e:      # a fault of the server's, or of this code: a status
@@ -306,7 +342,10 @@ class _RedisEngine(Engine):
                     self.warn_once(f"bug:{type(e).__name__}", "%s failed (%s: %s); reported as ERROR",
                                    node, type(e).__name__, e)
                 fault = Status.TIMEOUT if isinstance(e, resp.TimeoutFault) else Status.ERROR
-                if role is not None and role.replicas:    # no write there counts without its WAIT
+                node.forget_role()
+                if role is not None:
+                    replicas = role.replicas    # read before any write's reply, where it was
+                if replicas:    # no write there counts without its WAIT
                     res = [None] * len(sub)
                 if fault is Status.TIMEOUT:
                     node.held_until = time.monotonic() + self.timeout
@@ -324,6 +363,7 @@ class _RedisEngine(Engine):
         wait_ms = (deadline - time.monotonic()) * 1000.0 * 0.8
         acked = ops.wait_replica(conn, deadline, wait_ms) if wait_ms >= 1 else 0
         if acked < 1:
+            node.forget_role()          # the next write asks whether the replica is still there
             self.warn_once("unreplicated", "%s lists a replica but none acknowledged the writes "
                            "in time; they are reported TIMEOUT", node)
             for j, r in enumerate(res):
@@ -331,14 +371,89 @@ class _RedisEngine(Engine):
                     res[j] = Status.TIMEOUT
 
 
-def _stripes(groups: Dict[Node, List[int]], connections: int) -> Dict[Node, int]:
+class _RedisRawCalls(RawCalls):
+    """`_RedisEngine.raw_calls`."""
+
+    def __init__(self, engine: _RedisEngine, value_bytes: int, count: int):
+        super().__init__(engine, value_bytes, count)
+        self._conns: Dict[Node, resp.Connection] = {}
+        self._header = resp.bulk_header(value_bytes)
+        self.how = (f"bare pipelined SET / GET of {count} value(s) of {value_bytes} B, one connection "
+                    "per node, on the calling thread (RESP; no replica wait)")
+
+    def _groups(self) -> Tuple[List[Tuple[resp.Connection, List[int]]], float]:
+        deadline = time.monotonic() + self.engine.timeout
+        groups: Dict[Node, List[int]] = {}
+        for i, k in enumerate(self.keys):
+            node = self.engine._master_of(k.encode())
+            if node is None:
+                raise RuntimeError("a raw key's hash slot has no master")
+            groups.setdefault(node, []).append(i)
+        out = []
+        for node, idxs in groups.items():
+            conn = self._conns.get(node)
+            if conn is None or conn.broken:
+                conn = self._conns[node] = node.acquire(deadline)
+            out.append((conn, idxs))
+        return out, deadline
+
+    def set(self) -> None:
+        self.fresh_keys()
+        try:
+            conns, deadline = self._groups()
+            for conn, idxs in conns:
+                parts: list = []
+                for i in idxs:
+                    k, v = self.keys[i].encode(), self.sources[i]
+                    parts += [b"*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n" % (len(k), k, v.nbytes), v, resp.CRLF]
+                conn.send(parts, deadline)
+            for conn, idxs in conns:
+                for _ in idxs:
+                    reply = conn.read_reply(deadline)
+                    if reply != "OK":
+                        raise RuntimeError(f"a raw SET answered {reply!r:.60}")
+        except resp.Fault as e:
+            raise RuntimeError(f"a raw SET failed: {e}") from None
+
+    def get(self) -> None:
+        try:
+            conns, deadline = self._groups()
+            for conn, idxs in conns:
+                conn.send([b"*2\r\n$3\r\nGET\r\n$%d\r\n%s\r\n" % (len(k), k)
+                           for k in (self.keys[i].encode() for i in idxs)], deadline)
+            for conn, idxs in conns:
+                for i in idxs:
+                    line = conn.read_line(deadline, len(self._header))
+                    if line != self._header[:-2]:
+                        raise RuntimeError(f"a raw GET answered {line[:40]!r}")
+                    conn.read_into([self.targets[i]], deadline)
+                    conn.expect_crlf(deadline)
+        except resp.Fault as e:
+            raise RuntimeError(f"a raw GET failed: {e}") from None
+
+    def close(self) -> None:
+        conns, self._conns = self._conns, {}
+        for node, conn in conns.items():
+            node.release(conn)
+        self.clear()
+
+
+def _stripes(groups: Dict[Node, List[int]], connections: int, items: Sequence[ops.Item]) -> Dict[Node, int]:
     """Connections per node for one call: ``connections`` in all, shared by the nodes
     in proportion to their keys, at least one each and never more than their keys (a
     cluster call reaching three masters with ``connections=4`` uses one connection a
-    master: on two cores, twelve threads ran slower than three; docs/store-redis.md)."""
+    master: on two cores, twelve threads ran slower than three; docs/store-redis.md),
+    nor more than one per `SPREAD_BYTES` of the node's values: a small call (a few
+    pages, or keys alone) runs on one connection, on the calling thread where it
+    reaches one node, with no hand-off to the engine's threads."""
     total = sum(len(idxs) for idxs in groups.values())
-    return {node: max(1, min(len(idxs), round(connections * len(idxs) / total)))
-            for node, idxs in groups.items()}
+    out = {}
+    for node, idxs in groups.items():
+        share = min(len(idxs), round(connections * len(idxs) / total))
+        if share > 1:
+            share = min(share, -(-sum(items[i].nbytes for i in idxs) // SPREAD_BYTES))
+        out[node] = max(1, share)
+    return out
 
 
 class RedisEngine(_RedisEngine):
@@ -370,6 +485,9 @@ class RedisEngine(_RedisEngine):
 
     def _benchmark_node(self):
         return self._server.host, self._server.port
+
+    def _master_of(self, key):
+        return self._server
 
 
 class RedisClusterEngine(_RedisEngine):
@@ -418,6 +536,9 @@ class RedisClusterEngine(_RedisEngine):
     def _benchmark_node(self):
         node = self._masters[0] if self._masters else self._seeds[0]
         return node.host, node.port
+
+    def _master_of(self, key):
+        return self._slots[key_slot(key)]
 
     def _benchmark_keys(self, written: List[str]) -> List[str]:
         """In a cluster, redis-benchmark puts a hash tag of one slot per master into

@@ -15,6 +15,7 @@ from .engine import Status
 
 WINDOW_BYTES = 512 << 10   # payload bytes a window carries: little in flight stays in cache (docs/store-redis.md)
 WINDOW_KEYS = 256           # and at most this many keys
+LEAD_BYTES = 4096           # a GET target's first buffer up to this long (a page header) is received with the reply's header
 
 
 class Redirect(NamedTuple):
@@ -119,14 +120,17 @@ def get_into(conn: resp.Connection, items: Sequence[Item], out: list, deadline: 
 
     def decode(it: Item):
         header = resp.bulk_header(it.nbytes)
-        line = conn.read_line(deadline, len(header))     # ask no further than the header
+        # Ask no further than the reply's header and the first buffer where it is small
+        # (a page header: one receive for both); the rest lands straight in the buffers.
+        lead = it.buffers[0].nbytes if it.buffers and it.buffers[0].nbytes <= LEAD_BYTES else 0
+        line = conn.read_line(deadline, len(header) + lead)
         if line[:1] == b"$":
             n = _length(line)
             if n < 0:
                 return Status.MISS
             if n == it.nbytes:
                 conn.read_into(it.buffers, deadline)
-                conn.expect_crlf(deadline, 2 + len(header))
+                conn.expect_crlf(deadline, 2 + len(header) + lead)     # and the next reply's, alike
                 if it.landed is not None:
                     it.landed()
                 return Status.HIT

@@ -6,7 +6,8 @@
 ``valkey://`` and ``valkey+cluster://`` are the same. The port defaults to 6379; an
 IPv6 host is written in brackets. ``connections`` is how many connections one call
 spreads its keys over, each driven by its own thread, shared by the nodes the call
-reaches in proportion to their keys, at least one a node (default 4: the most robust
+reaches in proportion to their keys, at least one a node and at most one per 2 MiB of a
+node's values (`kvtier.store.redis.SPREAD_BYTES`) (default 4: the most robust
 for writes to one node on a busy 2-core machine, where reads did as well over 1;
 docs/store-redis.md).
 A cluster has one database, so its URL names none."""

@@ -7,7 +7,10 @@ measured to a fraction of ``redis-benchmark``'s GET throughput (docs/store-redis
 GET reply's payload lands by ``recv_into`` in the target buffers themselves, and a SET
 sends the page's buffers by ``sendmsg`` (a gather write) without joining them.
 
-A `Connection` is used by one thread at a time. Every blocking call takes an absolute
+A `Connection` is used by one thread at a time. Its socket is non-blocking: each send
+or receive is tried at once, and only where it would block does the connection wait
+(``poll``) for as long as the call's deadline leaves, so a transfer whose bytes are there
+costs one system call. Every blocking call takes an absolute
 deadline (``time.monotonic()`` seconds); a call past it raises `TimeoutFault`, a
 refused, reset or closed connection raises `ConnectionFault`, and either leaves the
 connection `broken` (its framing state is unknown), to be closed and not reused. A
@@ -16,6 +19,8 @@ pipeline goes on past it (a MOVED redirect, a wrong-type key).
 """
 from __future__ import annotations
 
+import math
+import select
 import socket
 import time
 from typing import List, Optional, Sequence
@@ -74,23 +79,24 @@ class Connection:
         except OSError as e:
             raise ConnectionFault(f"connecting to {host}:{port}: {e}") from None
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._sock.setblocking(False)       # waits are `_io`'s own, bounded by each call's deadline
+        self._readable, self._writable = select.poll(), select.poll()
+        self._readable.register(self._sock, select.POLLIN)
+        self._writable.register(self._sock, select.POLLOUT)
         self._stage = bytearray(_STAGE_BYTES)
         self._view = memoryview(self._stage)
         self._start = self._end = 0     # unread bytes are _stage[_start:_end]
+        self._asked = False             # sent since the last receive: no reply is there yet
 
     def stale(self) -> bool:
         """Whether an idle connection is unusable: the server closed or reset it (it
-        died or restarted), or sent bytes nobody asked for. One non-blocking peek."""
+        died or restarted), or sent bytes nobody asked for. One poll that does not wait."""
         if self.broken or self._start != self._end:
             return True
         try:
-            self._sock.settimeout(0)        # a timeout would make recv wait for data first
-            self._sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
-        except BlockingIOError:
-            return False            # nothing to read: alive and quiet
+            return bool(self._readable.poll(0))     # end of stream, a reset, or unasked-for bytes
         except OSError:
             return True
-        return True                 # end of stream, or unasked-for bytes
 
     def close(self) -> None:
         self.broken = True
@@ -105,7 +111,8 @@ class Connection:
         views: List[memoryview] = [p if isinstance(p, memoryview) else memoryview(p) for p in parts]
         i = 0
         while i < len(views):
-            n = self._io(self._sock.sendmsg, views[i:i + _IOV_MAX], deadline=deadline)
+            n = self._io(self._sock.sendmsg, views[i:i + _IOV_MAX], deadline, self._writable)
+            self._asked = True
             while n > 0:                # step past what was sent; resume mid-buffer
                 size = views[i].nbytes
                 if n >= size:
@@ -212,26 +219,38 @@ class Connection:
         self._end += self._recv(self._view[self._end:self._end + ask], deadline)
 
     def _recv(self, view: memoryview, deadline: float) -> int:
-        n = self._io(self._sock.recv_into, view, deadline=deadline)
+        # The first receive after a send waits first: its reply is a round trip away.
+        wait, self._asked = self._asked, False
+        n = self._io(self._sock.recv_into, view, deadline, self._readable, wait)
         if n == 0:
             self.close()
             raise ConnectionFault(f"{self.host}:{self.port} closed the connection")
         return n
 
-    def _io(self, op, arg, deadline: float) -> int:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            self.close()
-            raise TimeoutFault(f"{self.host}:{self.port} did not answer in time")
-        try:
-            self._sock.settimeout(remaining)
-            return op(arg)
-        except socket.timeout:
-            self.close()
-            raise TimeoutFault(f"{self.host}:{self.port} did not answer in time") from None
-        except OSError as e:
-            self.close()
-            raise ConnectionFault(f"{self.host}:{self.port}: {e}") from None
+    def _io(self, op, arg, deadline: float, ready, wait: bool = False) -> int:
+        """``op(arg)`` on the non-blocking socket, waiting on ``ready`` (the socket's
+        readable or writable poll) while it would block (``wait``: first), at most until
+        ``deadline``."""
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self.close()
+                raise TimeoutFault(f"{self.host}:{self.port} did not answer in time")
+            if wait:
+                try:
+                    ready.poll(math.ceil(remaining * 1000))     # ms; then the deadline is checked again
+                except OSError as e:
+                    self.close()
+                    raise ConnectionFault(f"{self.host}:{self.port}: {e}") from None
+                wait = False
+                continue
+            try:
+                return op(arg)
+            except BlockingIOError:
+                wait = True
+            except OSError as e:
+                self.close()
+                raise ConnectionFault(f"{self.host}:{self.port}: {e}") from None
 
     def _protocol(self, what: str) -> None:
         self.close()

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from kvtier.errors import fail
-from kvtier.kernels.validate import check_index, check_pages_in_range
+from kvtier.kernels.validate import check_index, check_pages_in_range, index_ok
 
 from .canonical import LAYER_PIECE_MIN, CanonicalPages, Staging
 from .engine import DEFAULT_TIMEOUT_MS, Engine, Status, open_store
@@ -49,6 +49,8 @@ log = logging.getLogger("kvtier")
 
 BATCH_PAGES = 128               # pages per engine call at most (HiCache passes up to 128)
 STAGING_BYTES = 64 << 20        # and at most this much staged page data per call (slots add header room)
+SMALL_INDICES = 256             # index lists up to this long are checked as Python ints (numpy: from about 400)
+_CPU = torch.device("cpu")
 
 
 class StoreTier:
@@ -187,9 +189,20 @@ class StoreTier:
         starts only once ``go_on(statuses)`` of the one before holds (None: always), so a
         miss the engine reports ends a prefetch before anything after it is read. When
         this returns or raises, no engine call of it is running and every staging
-        buffer it took is given back."""
+        buffer it took is given back. A call of one batch runs wholly on this thread
+        (nothing to overlap: no hand-off to a worker)."""
+        if not keys:
+            return
+        if len(keys) <= self.batch_pages:
+            staging = self.plan.take_staging(len(keys))
+            try:
+                batch = prepare(keys, pages, staging)
+                finish(batch, move(batch))
+            finally:
+                self.plan.give_staging(staging)
+            return
         spans = [(a, a + self.batch_pages) for a in range(0, len(keys), self.batch_pages)]
-        pool = self._workers() if len(spans) > 1 else None
+        pool = self._workers()
         held: List[_Batch] = []     # prepared, not finished (staging out); held[0]'s engine call is `flight`
         flight = None
         try:
@@ -366,13 +379,19 @@ class StoreTier:
         They are checked on a private copy of the indices, and that copy is what the call
         uses: indices rewritten while the call runs (an engine's own kernel, a numpy view)
         cannot change a page number after its check."""
-        check_index("host_indices", host_indices, torch.device("cpu"))
+        if not index_ok(host_indices, _CPU):
+            check_index("host_indices", host_indices, _CPU)
         P = self.page_size
         if host_indices.numel() != n * P:
             raise fail("host_indices", f"{host_indices.numel()} indices",
                        f"must be {n} pages of {P} slots, one page per key ({n * P} indices)")
         if not n:
             return []
+        if n * P <= SMALL_INDICES:
+            pages = self._whole_pages(host_indices.tolist(), n)        # the copy, as Python ints
+            if pages is not None:
+                return self._distinct(pages, distinct)
+            # not whole pages in range: the check below names what is wrong
         idx = np.array(host_indices.detach().numpy(), dtype=np.int64)      # the copy
         rows = idx.reshape(n, P)
         first = rows[:, 0]
@@ -381,11 +400,23 @@ class StoreTier:
                 and np.array_equal(rows, first[:, None] + np.arange(P))):
             check_pages_in_range("host_indices", torch.from_numpy(idx), self.host.size, P)   # names it
             raise fail("host_indices", idx.tolist()[:P], "must be whole pages in range")
-        pages = (first // P).tolist()
+        return self._distinct((first // P).tolist(), distinct)
+
+    def _whole_pages(self, idx: List[int], n: int) -> Optional[List[int]]:
+        """The page numbers of ``n`` whole pages in range given as slots ``idx``; None
+        where they are not that (`_pages` then says why)."""
+        P, last = self.page_size, self.host.size - self.page_size
+        pages = idx[::P]
+        for j, first in enumerate(pages):
+            if not 0 <= first <= last or first % P or idx[j * P:(j + 1) * P] != list(range(first, first + P)):
+                return None
+        return [first // P for first in pages]
+
+    def _distinct(self, pages: List[int], distinct: bool) -> List[int]:
         if distinct and len(set(pages)) != len(pages):
             seen = set()
             dup = next(p for p in pages if p in seen or seen.add(p))
-            raise fail("host_indices", f"page at slot {dup * P} given twice",
+            raise fail("host_indices", f"page at slot {dup * self.page_size} given twice",
                        "a prefetch reads each key into its own host page")
         return pages
 

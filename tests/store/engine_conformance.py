@@ -25,7 +25,8 @@ target of another length is CORRUPT (and the other keys of the batch are unaffec
 a missing key is MISS and its target untouched; ``landed`` for each whole value, once,
 inside the call; puts replace; delete; keys of any
 characters kept apart; bad arguments raise `KvtierError` before any byte moves; several
-threads at once; the counters; calls after `close` return ERROR.
+threads at once; the counters; calls after `close` return ERROR; `raw_calls` (the
+bench's raw latency) moves its values and raises once they are gone.
 """
 from __future__ import annotations
 
@@ -352,3 +353,24 @@ class EngineConformance:
     def test_repr_names_the_url(self, engine):
         assert engine.url in repr(engine)
 
+
+    # ------------------------------------------------------------------ raw calls
+    def test_raw_calls_move_their_values(self, engine):
+        raw = engine.raw_calls(5000, 3)
+        try:
+            assert raw.how
+            for _ in range(2):                  # each set writes new keys, get reads them back
+                raw.set()
+                for t in raw.targets:
+                    t[:] = bytes(len(t))
+                raw.get()
+                assert [bytes(t) for t in raw.targets] == [bytes(s) for s in raw.sources]
+                assert len(set(bytes(s) for s in raw.sources)) == 3       # a buffer per value
+            raw.clear()
+            with pytest.raises(RuntimeError):   # its keys are gone
+                raw.get()
+        finally:
+            raw.close()
+        for bad, arg in (((0, 3), "value_bytes"), ((10, True), "count")):
+            with pytest.raises(KvtierError, match=arg):
+                engine.raw_calls(*bad)

@@ -84,6 +84,20 @@ def test_raw_throughput_leaves_nothing_behind(tmp_path):
         e.raw_throughput(10, True)
 
 
+def test_raw_calls_leave_nothing_behind(tmp_path):
+    from kvtier.store.engine import RawCalls
+    e = FileEngine(f"file://{tmp_path}")
+    before = sorted(os.listdir(tmp_path))
+    for raw, how in ((e.raw_calls(4096, 4), "plain writes"), (RawCalls(e, 4096, 4), "put_from")):
+        raw.set()                   # plain files; the engine's own calls (the default)
+        raw.get()
+        assert [bytes(t) for t in raw.targets] == [bytes(s) for s in raw.sources] and how in raw.how
+        raw.close()
+    assert sorted(os.listdir(tmp_path)) == before
+    objects = [f for d in os.listdir(tmp_path) if len(d) == 2 for f in os.listdir(tmp_path / d)]
+    assert objects == [] and os.listdir(tmp_path / "tmp") == []
+
+
 def test_a_failing_write_is_error_and_leaves_no_temporary_file(tmp_path, monkeypatch):
     e = FileEngine(f"file://{tmp_path}")
     import errno
@@ -132,6 +146,37 @@ def test_a_call_is_spread_over_its_threads(tmp_path, threads):
     assert e.put_from(["x"], [[b"1"]]) == [Status.ERROR]
     assert e.get_into(keys, [[t] for t in targets]) == [Status.ERROR] * 10
     assert e._pool is None          # a call after close makes no threads
+
+
+@pytest.mark.parametrize("files,size,shares", [(4, 256 << 10, 1), (8, 256 << 10, 1), (9, 256 << 10, 2),
+                                             (16, 256 << 10, 2), (12, 1 << 20, 3), (40, 1000, 1)])
+def test_a_read_spreads_over_a_thread_per_read_spread_bytes(tmp_path, monkeypatch, files, size, shares):
+    """A read takes another thread only for each `READ_SPREAD_BYTES` of its values (a
+    few pages are read on the calling thread); a write of as many files spreads over
+    them all."""
+    import threading
+    from kvtier.store import file as file_module
+    assert file_module.READ_SPREAD_BYTES == 2 << 20
+    dealt = []
+    real_deal = file_module._deal
+    monkeypatch.setattr(file_module, "_deal", lambda count, threads: dealt.append(threads) or real_deal(count, threads))
+    e = open_store(f"file://{tmp_path}?threads=3")
+    keys = [f"k{i}" for i in range(files)]
+    values = [os.urandom(size) for _ in range(files)]
+    readers = set()
+    real_read = e._read
+    e._read = lambda path, views: readers.add(threading.get_ident()) or real_read(path, views)
+    try:
+        assert e.put_from(keys, [[v] for v in values]) == [Status.HIT] * files
+        assert dealt == [3]                 # every write call: over all three threads
+        targets = [bytearray(size) for _ in values]
+        assert e.get_into(keys, [[t] for t in targets]) == [Status.HIT] * files
+        assert [bytes(t) for t in targets] == values
+        assert dealt == [3] + ([shares] if shares > 1 else [])
+        if shares == 1:
+            assert readers == {threading.get_ident()}       # the calling thread alone
+    finally:
+        e.close()
 
 
 def test_a_fault_in_one_thread_is_that_keys_status(tmp_path, monkeypatch):

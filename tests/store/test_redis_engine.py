@@ -4,6 +4,7 @@ damage helpers the page layer's tests use, and the raw redis-benchmark figures."
 from __future__ import annotations
 
 import random
+import threading
 import time
 import uuid
 
@@ -15,7 +16,7 @@ from engine_conformance import EngineConformance
 from kvtier.errors import KvtierError
 from kvtier.store import Status, open_store
 from kvtier.store import redis_ops
-from kvtier.store.redis import RedisClusterEngine, RedisEngine, key_slot
+from kvtier.store.redis import SPREAD_BYTES, RedisClusterEngine, RedisEngine, key_slot
 from redis_support import call, flip_byte, raw_get, swap, truncate
 from redis_support import redis_cluster_url, redis_url  # noqa: F401  (fixtures: the shared servers)
 
@@ -151,14 +152,16 @@ def test_connections_option(url, connections):
 def test_a_call_uses_its_connections_in_all(redis_url, redis_cluster_url, connections):
     """``connections`` is the call's, shared by the nodes it reaches in proportion to
     their keys (at least one each, never more than their keys): one node takes them
-    all, a 3-master cluster about a third each."""
+    all, a 3-master cluster about a third each (values enough for each connection to
+    carry `SPREAD_BYTES`)."""
+    value = b"v" * (SPREAD_BYTES * 9 // 60 + 1)
     for url, masters in ((redis_url, 1), (redis_cluster_url, 3)):
         e = open_store(f"{url}?connections={connections}")
         used, real = [], e._task
         e._task = lambda op, node, idxs, *rest: (used.append((node, len(idxs))), real(op, node, idxs, *rest))
         try:
             keys = fresh_keys(60)
-            assert e.put_from(keys, [[b"v"]] * 60) == [Status.HIT] * 60
+            assert e.put_from(keys, [[value]] * 60) == [Status.HIT] * 60
             per_node = {}
             for node, n in used:
                 per_node.setdefault(node, []).append(n)
@@ -170,6 +173,27 @@ def test_a_call_uses_its_connections_in_all(redis_url, redis_cluster_url, connec
             assert e.delete(keys) == [Status.HIT] * 60
         finally:
             e.close()
+
+
+@pytest.mark.parametrize("pages,stripes", [(1, 1), (4, 1), (8, 1), (9, 2), (16, 2), (40, 4), (128, 4)])
+def test_a_small_call_runs_on_one_connection_on_the_calling_thread(redis_url, pages, stripes):
+    """A node's keys spread over another connection only for each `SPREAD_BYTES` of their
+    values: a call of a few pages (or of keys alone) is one connection, on the calling
+    thread, and the engine makes no thread for it."""
+    e = open_store(f"{redis_url}?connections=4")
+    used, real = [], e._task
+    e._task = lambda op, node, idxs, *rest: (used.append(threading.get_ident()), real(op, node, idxs, *rest))
+    try:
+        keys = fresh_keys(pages)
+        value = bytearray(256 << 10)
+        assert e.put_from(keys, [[value]] * pages) == [Status.HIT] * pages
+        assert len(used) == stripes
+        assert e.get_into(keys, [[bytearray(256 << 10)] for _ in keys]) == [Status.HIT] * pages
+        assert e.exists(keys) == [Status.HIT] * pages and e.delete(keys) == [Status.HIT] * pages
+        assert len(used) == 2 * stripes + 2             # keys alone: one connection
+        assert threading.get_ident() in used[:stripes] and (e._pool is None) == (stripes == 1)
+    finally:
+        e.close()
 
 
 def test_key_slot_matches_the_cluster(redis_cluster_url):    
@@ -247,6 +271,21 @@ def test_raw_throughput(engine):
     # redis-benchmark's keys are gone afterwards (its one GET key and the new keys it made,
     # in a cluster under the hash tag it gave each master)
     assert _keys_on_masters(engine) == before
+
+
+def test_raw_calls_are_bare_and_leave_nothing_behind(engine):
+    before = _keys_on_masters(engine)
+    raw = engine.raw_calls(300 << 10, 4)
+    try:
+        raw.set()
+        raw.get()
+        assert [bytes(t) for t in raw.targets] == [bytes(s) for s in raw.sources]
+        assert "bare pipelined SET / GET" in raw.how
+        assert _keys_on_masters(engine) == before + 4
+    finally:
+        raw.close()
+    assert _keys_on_masters(engine) == before
+    assert engine.stats["put.hit"] == 0        # not through the engine's calls
 
 
 def test_raw_throughput_without_redis_benchmark(engine, monkeypatch):

@@ -200,6 +200,57 @@ def test_cluster_master_killed_mid_loop(redis_servers, capsys):
     e.close()
 
 
+def _role_calls(port: int) -> int:
+    stats = call(port, "INFO", "commandstats").decode()
+    line = next((l for l in stats.splitlines() if l.startswith("cmdstat_role:")), "")
+    return int(line.split("calls=")[1].split(",")[0]) if line else 0
+
+
+def _replicas_of(port: int) -> int:
+    role = call(port, "ROLE")
+    return len(role[2]) if role[0] == b"master" else -1
+
+
+def test_writes_go_by_a_recent_role_and_see_replicas_come_and_go(redis_servers):
+    """A write asks its node's ROLE at most once per `ROLE_EVERY` (in its pipeline): a
+    replica that attaches is waited for from the first write after that; a replica that
+    stops acknowledging makes its writes TIMEOUT, and once it is gone the next writes are
+    HIT again without waiting (an unanswered WAIT makes the next write ask again)."""
+    from kvtier.store.redis import ROLE_EVERY
+    master = redis_servers.node()
+    e = open_store(f"redis://127.0.0.1:{master}", timeout_ms=int(T * 1000))
+    try:
+        before = _role_calls(master)
+        for _ in range(20):
+            assert e.put_from(fresh_keys(2), [[b"v"]] * 2) == [Status.HIT] * 2
+        assert 1 <= _role_calls(master) - before <= 3         # not one a call
+        assert e.get_into(fresh_keys(1), [[bytearray(1)]]) == [Status.MISS]     # reads ask none
+
+        replica = redis_servers.node("--replicaof", "127.0.0.1", str(master))
+        deadline = time.monotonic() + 10
+        while _replicas_of(master) < 1 or call(replica, "ROLE")[3] != b"connected":
+            assert time.monotonic() < deadline, "the replica did not connect"
+            time.sleep(0.05)
+        time.sleep(ROLE_EVERY * 1.5)
+        redis_servers.signal(replica, signal.SIGSTOP)       # listed, but it acknowledges nothing
+        try:
+            out, took = timed(e.put_from, fresh_keys(3), [[b"w"]] * 3)
+            assert out == [Status.TIMEOUT] * 3 and took <= 2 * T
+        finally:
+            redis_servers.signal(replica, signal.SIGCONT)
+        assert e.put_from(fresh_keys(3), [[b"x"]] * 3) == [Status.HIT] * 3     # it acknowledges again
+
+        redis_servers.kill(replica)
+        deadline = time.monotonic() + 10
+        while _replicas_of(master) != 0:
+            assert time.monotonic() < deadline, "the master still lists its replica"
+            time.sleep(0.05)
+        outs = [e.put_from(fresh_keys(2), [[b"y"]] * 2) for _ in range(3)]
+        assert outs[-1] == [Status.HIT] * 2 and set(outs[0]) <= {Status.HIT, Status.TIMEOUT}, outs
+    finally:
+        e.close()
+
+
 # ---------------------------------------------------------------------- a broken server
 class FakeServer:
     """A TCP server that answers PING (so an engine opens) and then misbehaves on any

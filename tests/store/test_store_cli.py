@@ -1,5 +1,6 @@
-"""`kvtier demo` through the store tier and `kvtier bench --store`: what they print, the
-JSON, and bad flags answered with one line and exit status 2."""
+"""`kvtier demo` through the store tier and `kvtier bench --store` (throughput and
+latency, `--latency` alone): what they print, the JSON, and bad flags answered with one
+line and exit status 2."""
 from __future__ import annotations
 
 import json
@@ -46,10 +47,13 @@ def test_bench_store_prints_and_writes_json(capsys, tmp_path, monkeypatch):
     monkeypatch.setattr(bench, "PAGE_BYTES", (64 << 10, 256 << 10))
     monkeypatch.setattr(bench, "TOTAL_BYTES", 1 << 20)
     monkeypatch.setattr(bench, "ROUNDS", 1)
+    monkeypatch.setattr(bench, "LATENCY_REPEATS", 3)
+    monkeypatch.setattr(bench, "LATENCY_WARMUP", 1)
     out_json = tmp_path / "store.json"
     assert main(["bench", "--store", f"file://{tmp_path}/s?threads=2", "--json", str(out_json)]) == 0
     out = capsys.readouterr().out
     assert "raw GET" in out and "goal (pages >= 256 KiB)" in out
+    assert "latency goal (1 page, p50)" in out          # the latency part follows
     assert out.count("raw on the engine's threads") == 4 and "again on 2 threads" in out
     result = json.loads(out_json.read_text())
     assert result["engine"] == "FileEngine" and result["checksum"] in ("xxh3_64", "crc32")
@@ -64,7 +68,59 @@ def test_bench_store_prints_and_writes_json(capsys, tmp_path, monkeypatch):
         assert 0 <= p["checksum_share"] < 1
         assert p["prefetch_vs_raw_get"] == pytest.approx(p["prefetch_gbps"] / p["raw_get_gbps"])
         assert p["raw_get_threads_gbps"] > 0 and p["raw_set_threads_gbps"] > 0
+    assert [(r["layout"], r["pages"]) for r in result["latency"]["rows"]] == LATENCY_ROWS
     assert os.listdir(tmp_path / "s" / "tmp") == []
+
+
+LATENCY_ROWS = [("page_first_direct", 1), ("page_first_direct", 4), ("page_first", 1), ("page_first", 4)]
+LATENCY_TIMES = [f"{call}_{at}_us" for call in ("backup", "prefetch", "raw_set", "raw_get") for at in ("p50", "p99")]
+
+
+def test_bench_store_latency_only(capsys, tmp_path, monkeypatch):
+    from kvtier.store import bench
+    monkeypatch.setattr(bench, "LATENCY_REPEATS", 4)
+    monkeypatch.setattr(bench, "LATENCY_WARMUP", 1)
+    timed = []
+    real = bench._timed
+    monkeypatch.setattr(bench, "_timed", lambda fn: timed.append(fn) or real(fn))
+    out_json = tmp_path / "latency.json"
+    store = tmp_path / "s"
+    assert main(["bench", "--store", f"file://{store}", "--latency", "--json", str(out_json)]) == 0
+    out = capsys.readouterr().out
+    assert "latency only" in out and "GB/s" not in out           # no throughput part
+    lines = out.splitlines()
+    head = next(i for i, l in enumerate(lines) if l.startswith("pages layout"))
+    rows = lines[head + 1:head + 5]
+    assert [(r.split()[1], int(r.split()[0])) for r in rows] == [(l, n) for l, n in LATENCY_ROWS]
+    assert all(r.split()[-1] in ("met", "below") for r in rows if r.split()[0] == "1")
+    assert "latency goal (1 page, p50): prefetch <= 1.5x raw GET, backup <= 2.0x raw SET" in out
+    assert "raw: plain writes then reads" in out
+    result = json.loads(out_json.read_text())
+    assert result["points"] == [] and result["engine"] == "FileEngine"
+    lat = result["latency"]
+    assert lat["goal"] == {"pages": 1, "at": "p50", "prefetch_vs_raw_get": 1.5, "backup_vs_raw_set": 2.0}
+    assert lat["repeats"] == 4 and lat["page_bytes"] == 256 << 10
+    assert lat["object_bytes"] > lat["page_bytes"]              # the header rides along
+    assert [(r["layout"], r["pages"]) for r in lat["rows"]] == LATENCY_ROWS
+    for r in lat["rows"]:
+        for k in LATENCY_TIMES:
+            assert isinstance(r[k], float) and r[k] > 0, (k, r)
+        assert r["backup_p99_us"] >= r["backup_p50_us"] and r["raw_get_p99_us"] >= r["raw_get_p50_us"]
+        for at in ("p50", "p99"):
+            assert r[f"prefetch_vs_raw_get_{at}"] == pytest.approx(r[f"prefetch_{at}_us"] / r[f"raw_get_{at}_us"])
+            assert r[f"backup_vs_raw_set_{at}"] == pytest.approx(r[f"backup_{at}_us"] / r[f"raw_set_{at}_us"])
+        assert r["moves"] == (["whole"] if r["layout"] == "page_first_direct" else ["staged"])
+    assert len(timed) == 4 * len(LATENCY_ROWS) * (4 + 1)       # backup, prefetch, SET, GET per repeat
+    # every key written is removed: no object, no temporary file, no raw file left
+    assert [f for d in os.listdir(store) if len(d) == 2 for f in os.listdir(store / d)] == []
+    assert os.listdir(store / "tmp") == [] and not [n for n in os.listdir(store) if n.startswith("raw.")]
+
+
+def test_percentile_is_the_nearest_rank():
+    from kvtier.store.bench import _percentile
+    xs = [float(i) for i in range(1, 101)]
+    assert _percentile(xs, 0.5) == 50.0 and _percentile(xs, 0.99) == 99.0 and _percentile(xs[:3], 0.99) == 3.0
+    assert _percentile([7.0], 0.5) == 7.0
 
 
 CASES = [
@@ -72,7 +128,12 @@ CASES = [
     (["bench", "--store", "file:///x", "--overhead"], "--overhead"),
     (["bench", "--store", "file:///x", "--interference"], "--interference"),
     (["bench", "--interference", "--store", "file:///x"], "--store"),
+    (["bench", "--latency"], "--latency"),
+    (["bench", "--latency", "--overhead"], "--latency"),
+    (["bench", "--store", "file:///x", "--latency", "--full"], "--full"),
+    (["bench", "--store", "file:///x", "--latency", "--iters", "3"], "--iters"),
     (["bench", "--store", "nonsense"], "--store"),
+    (["bench", "--store", "nonsense", "--latency"], "--store"),
     (["bench", "--store", "file://relative"], "--store"),
     (["bench", "--store", "file:///proc/kvtier-no"], "--store"),
     (["demo", "--store", "gopher://x"], "--store"),
@@ -88,11 +149,13 @@ def test_bad_store_flags_exit_2_with_one_line(argv, flag, capsys):
     assert len(lines) == 1 and flag in lines[0], lines
 
 
-def test_a_bad_store_url_as_a_user_runs_it():
+@pytest.mark.parametrize("argv,flag", [(["--store", "file:///proc/kvtier-no"], "--store"),
+                                       (["--latency"], "--latency")])
+def test_a_bad_store_flag_as_a_user_runs_it(argv, flag):
     """A fresh process: one line, exit 2, no traceback."""
     env = dict(os.environ, KVTIER_PLATFORM="cpu")
-    r = subprocess.run([sys.executable, "-m", "kvtier", "bench", "--store", "file:///proc/kvtier-no"],
+    r = subprocess.run([sys.executable, "-m", "kvtier", "bench", *argv],
                        capture_output=True, text=True, timeout=120, env=env)
     lines = [l for l in r.stderr.splitlines() if l.strip()]
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-800:]
-    assert len(lines) == 1 and "--store" in lines[0], lines
+    assert len(lines) == 1 and flag in lines[0], lines

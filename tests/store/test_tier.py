@@ -322,7 +322,16 @@ def test_unverifiable_pages_are_misses_with_one_warning(url, monkeypatch, caplog
 
 
 # ---------------------------------------------------------------------- bad arguments
-def test_bad_arguments_raise_before_anything_moves(url):
+@pytest.fixture(params=["python", "numpy"])
+def index_check(request, monkeypatch):
+    """Index lists checked as Python ints (short lists) or by numpy (long ones): both
+    accept and refuse the same lists."""
+    import kvtier.store.tier as tier_module
+    monkeypatch.setattr(tier_module, "SMALL_INDICES", 1 << 20 if request.param == "python" else 0)
+    return request.param
+
+
+def test_bad_arguments_raise_before_anything_moves(url, index_check):
     host = host_case("mha", "page_first").host
     tier = _tier(host, url)
     keys = _keys(2)
@@ -361,7 +370,7 @@ def test_bad_arguments_raise_before_anything_moves(url):
 
 
 @pytest.mark.parametrize("form", ["int32", "strided"])
-def test_host_indices_of_either_dtype_and_any_strides(url, form):
+def test_host_indices_of_either_dtype_and_any_strides(url, form, index_check):
     hc = host_case("mha", "page_first")
     host = hc.host
     tier = _tier(host, url)
@@ -399,6 +408,30 @@ def test_indices_rewritten_after_their_check_change_no_page(url, monkeypatch):
     monkeypatch.setattr(tier_module, "check_pages_in_range", then_rewritten)
     poison(host)
     idx = slots([3, 4])
+    assert tier.prefetch(keys, idx) == 2
+    _assert_pages(host, [3, 4], originals)
+    hc.check_margins()
+
+
+def test_indices_rewritten_after_the_short_check_change_no_page(url, monkeypatch):
+    """A short index list is checked as a copy of Python ints, and that copy is what the
+    call uses: the list rewritten right after (to page -1) changes no page moved."""
+    hc = host_case("mha", "page_first_direct")
+    host = hc.host
+    tier = _tier(host, url)
+    keys = _keys(2)
+    originals = [host.get_page(p * PAGE).clone() for p in (0, 1)]
+    assert tier.backup(keys, slots([0, 1])) == [True, True]
+    idx = slots([3, 4])
+    real = tier._whole_pages
+
+    def then_rewritten(copy, n):
+        pages = real(copy, n)
+        idx.copy_(slots([0, 1]) - 2 * PAGE)
+        return pages
+
+    monkeypatch.setattr(tier, "_whole_pages", then_rewritten)
+    poison(host)
     assert tier.prefetch(keys, idx) == 2
     _assert_pages(host, [3, 4], originals)
     hc.check_margins()
