@@ -299,14 +299,13 @@ class FileEngine(Engine):
 
     def __init__(self, url: str, timeout_ms: int = DEFAULT_TIMEOUT_MS, max_bytes=None):
         super().__init__(url, timeout_ms)
-        self.root, self.threads, url_max = parse_url(url)
+        self.root, self.threads, self.max_bytes = parse_url(url)
         if max_bytes is not None:
             if parse_bytes(max_bytes) is None:
                 raise fail("max_bytes", max_bytes, f"must be {_BYTES_FORM}")
-            if url_max is not None:
+            if self.max_bytes is not None:
                 raise fail("max_bytes", max_bytes, f"is given twice: the URL {url!r} gives one too")
-            url_max = parse_bytes(max_bytes)
-        self.max_bytes: Optional[int] = url_max
+            self.max_bytes = parse_bytes(max_bytes)
         self.tmp = os.path.join(self.root, _TMP)
         try:
             os.makedirs(self.tmp, exist_ok=True)
@@ -362,8 +361,7 @@ class FileEngine(Engine):
 
         def put(i: int, key: str, views: List[memoryview]) -> Status:
             if most is not None and sum(v.nbytes for v in views) > most:
-                self._refuse_too_large(sum(v.nbytes for v in views))
-                return Status.ERROR
+                return self._refuse_too_large(sum(v.nbytes for v in views))
             if fill(i) is False:
                 return Status.ERROR
             self._write(self._path(key), views)
@@ -413,11 +411,13 @@ class FileEngine(Engine):
                     self.threads - 1, thread_name_prefix="kvtier-file")
             return self._pool
 
-    def _refuse_too_large(self, nbytes: int) -> None:
+    def _refuse_too_large(self, nbytes: int) -> Status:
+        """An object larger than ``max_bytes``: not stored (ERROR), counted."""
         with self._stats_lock:
             self.stats["put.too_large"] += 1
         self.warn_once("put.too_large", "an object of %d B is larger than max_bytes=%d: not stored "
                        "(counted in stats['put.too_large'] from now on)", nbytes, self.max_bytes)
+        return Status.ERROR
 
     def _stat(self, key: str) -> Status:
         path = self._path(key)
