@@ -18,6 +18,19 @@ object. Temporary files of dead writers on this host are removed when an engine 
 the directory. No fsync: after a power loss a renamed object may hold fewer or other
 bytes than written, which the page format reads as a miss (length, checksum).
 
+Since names are digests, no key (``../../etc/passwd``, ``/abs``, NUL, any length) names
+a path outside the directory.
+
+``?max_bytes=N`` (or ``64MiB``, ``10GB``; `parse_bytes`) bounds the objects' bytes: a
+write that would pass it evicts the least recently read or written objects first, and an
+object larger than it is refused (ERROR, ``stats["put.too_large"]``); evictions are
+counted in ``stats["evictions"]`` and ``stats["evicted_bytes"]``. The index is in memory
+(`Capacity`), built at opening from the files' sizes and times; within one engine the
+bound holds after every put from any of its threads, and across engines on one directory
+each bounds the objects it knows of (docs/store.md). Eviction removes objects only,
+never a writer's temporary file, and a reader that has an evicted object open still
+reads it whole (POSIX).
+
 Local file calls cannot be abandoned safely mid-call (the kernel would still write the
 caller's buffers afterwards), so this engine does not apply the timeout.
 """
@@ -153,10 +166,11 @@ class Capacity:
     access and modification times), those this engine writes, and those it reads that
     another engine wrote. Recency is this engine's own reads (hits) and writes.
 
-    Recency lives here, in memory, rather than in the files' times (an `os.utime` per hit):
-    a hit moves one entry under a lock (well under a microsecond) where `os.utime` is a
-    system call and an inode write per page read, and finding the oldest file would need
-    a scan of the directory. The cost: an engine does not see another process's reads.
+    Recency lives here, in memory, rather than in the files' times (an `os.utime` per hit),
+    the cheaper on the hot path: a hit moves one entry under a lock (0.8 us on the 2-core
+    development VM) where `os.utime` is a system call (4.5 us there, ext4) and an inode
+    to write back per page read, and finding the oldest file would need a scan of the
+    directory. The cost: an engine does not see another process's reads.
 
     Every change runs under ``lock``: placing a new object (the eviction it needs, its
     `os.replace`, its entry), so that the objects on disk of which this engine knows never
