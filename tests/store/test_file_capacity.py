@@ -48,6 +48,38 @@ def _read(e, keys, sizes):
     return e.get_into(list(keys), [[t] for t in targets]), [bytes(t) for t in targets]
 
 
+def _write_while_reading(write, read_once, timeout: float = 300) -> None:
+    """``write()`` on one thread while another calls ``read_once()`` again and again
+    until the write returns (both start together); raises the first exception of either."""
+    errors, done, go = [], threading.Event(), threading.Barrier(2)
+
+    def writer():
+        try:
+            go.wait()
+            write()
+        except BaseException as ex:
+            errors.append(ex)
+        finally:
+            done.set()
+
+    def reader():
+        try:
+            go.wait()
+            while not done.is_set():
+                read_once()
+        except BaseException as ex:
+            errors.append(ex)
+
+    threads = [threading.Thread(target=writer), threading.Thread(target=reader)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    assert not any(t.is_alive() for t in threads)
+    if errors:
+        raise errors[0]
+
+
 # ---------------------------------------------------------------------- max_bytes values
 @pytest.mark.parametrize("text,n", [("4096", 4096), ("1", 1), ("64MiB", 64 << 20), ("10GB", 10 * 10**9),
                                     ("2kib", 2048), ("3KB", 3000), ("1TiB", 1 << 40), ("5B", 5)])
@@ -204,40 +236,23 @@ def test_threads_of_one_engine_putting_and_reading_hold_the_bound(tmp_path):
     e = open_store(f"file://{tmp_path}?max_bytes=60000&threads=3")
     keys = [f"k{i}" for i in range(400)]
     size = {k: 500 + (i * 37) % 1500 for i, k in enumerate(keys)}
-    errors, done = [], threading.Event()
+    rng, hits = random.Random(1), [0]
 
-    def writer():
-        try:
-            for a in range(0, len(keys), 8):
-                ks = keys[a:a + 8]
-                assert e.put_from(ks, [[_value(k, size[k])] for k in ks]) == [Status.HIT] * len(ks)
-        except BaseException as ex:
-            errors.append(ex)
-        finally:
-            done.set()
+    def write():
+        for a in range(0, len(keys), 8):
+            ks = keys[a:a + 8]
+            assert e.put_from(ks, [[_value(k, size[k])] for k in ks]) == [Status.HIT] * len(ks)
 
-    hits = [0]
+    def read_once():
+        ks = [rng.choice(keys) for _ in range(6)]
+        statuses, got = _read(e, ks, [size[k] for k in ks])
+        for k, s, g in zip(ks, statuses, got):
+            assert s in (Status.HIT, Status.MISS), s
+            if s == Status.HIT:
+                hits[0] += 1
+                assert g == _value(k, size[k]), k
 
-    def reader():
-        try:
-            rng = random.Random(1)
-            while not done.is_set():
-                ks = [rng.choice(keys) for _ in range(6)]
-                statuses, got = _read(e, ks, [size[k] for k in ks])
-                for k, s, g in zip(ks, statuses, got):
-                    assert s in (Status.HIT, Status.MISS), s
-                    if s == Status.HIT:
-                        hits[0] += 1
-                        assert g == _value(k, size[k]), k
-        except BaseException as ex:
-            errors.append(ex)
-
-    threads = [threading.Thread(target=writer), threading.Thread(target=reader)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not errors, errors[0]
+    _write_while_reading(write, read_once, 120)
     assert _disk_bytes(tmp_path) <= 60000 and e.stored_bytes == _disk_bytes(tmp_path)
     assert e.stats["evictions"] > 100 and hits[0] > 0
     assert os.listdir(e.tmp) == []
@@ -260,42 +275,22 @@ def test_a_backup_thread_and_a_prefetch_thread_on_a_full_store(tmp_path):
     tier = StoreTier(host, f"file://{tmp_path}/store?max_bytes={max_bytes}", model="m", tp=(0, 1), batch_pages=4)
     want = [canonical(host, p * PAGE) for p in range(12)]
     keys = [f"page{i}" for i in range(300)]                # page i from host page i % 12
-    written, errors, done = [0], [], threading.Event()
-    go = threading.Barrier(2)
+    written, read, rng = [0], [0], random.Random(3)
 
     def backups():
-        try:
-            go.wait()
-            for a in range(0, len(keys), 6):
-                assert tier.backup(keys[a:a + 6], slots([i % 12 for i in range(a, a + 6)])) == [True] * 6
-                written[0] = a + 6
-        except BaseException as ex:
-            errors.append(ex)
-        finally:
-            done.set()
+        for a in range(0, len(keys), 6):
+            assert tier.backup(keys[a:a + 6], slots([i % 12 for i in range(a, a + 6)])) == [True] * 6
+            written[0] = a + 6
 
-    read = [0]
+    def prefetch_once():
+        a = max(0, written[0] - rng.randrange(1, 60))
+        ks = keys[a:a + 4]
+        n = tier.prefetch(ks, slots(range(12, 12 + len(ks))))
+        read[0] += n
+        for j in range(n):
+            assert canonical(host, (12 + j) * PAGE) == want[(a + j) % 12], ks[j]
 
-    def prefetches():
-        try:
-            go.wait()
-            rng = random.Random(3)
-            while not done.is_set():
-                a = max(0, written[0] - rng.randrange(1, 60))
-                ks = keys[a:a + 4]
-                n = tier.prefetch(ks, slots(range(12, 12 + len(ks))))
-                read[0] += n
-                for j in range(n):
-                    assert canonical(host, (12 + j) * PAGE) == want[(a + j) % 12], ks[j]
-        except BaseException as ex:
-            errors.append(ex)
-
-    threads = [threading.Thread(target=backups), threading.Thread(target=prefetches)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(300)
-    assert not errors, errors[0]
+    _write_while_reading(backups, prefetch_once)
     root = tier.engine.root
     assert _disk_bytes(root) <= max_bytes and tier.engine.stored_bytes == _disk_bytes(root)
     assert len(_disk(root)) == 40 and tier.engine.stats["evictions"] == 260
