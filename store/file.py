@@ -252,7 +252,10 @@ class Capacity:
                     return          # evicted (by this engine too) while it was read
                 self.sizes[name] = size
                 self.total += size
-            self._make_room(0)
+            try:
+                self._make_room(0)
+            except OSError:
+                pass        # the read stands; the next put evicts again and reports the fault
 
     def gone(self, name: str) -> None:
         """A miss on ``name``: forgotten where it is no longer on disk (another engine
@@ -337,8 +340,13 @@ class FileEngine(Engine):
         self._pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
         self._pool_lock = threading.Lock()
         self._remove_dead_writers()
-        self._capacity = Capacity(self.root, self.max_bytes, self._count_evictions) \
-            if self.max_bytes is not None else None
+        self._capacity: Optional[Capacity] = None
+        if self.max_bytes is not None:
+            try:
+                self._capacity = Capacity(self.root, self.max_bytes, self._count_evictions)
+            except OSError as e:
+                raise fail("url", url, f"the store's objects cannot be evicted down to max_bytes: "
+                           f"{e.strerror or e}") from None
 
     @property
     def stored_bytes(self) -> Optional[int]:

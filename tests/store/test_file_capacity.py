@@ -443,3 +443,29 @@ def test_a_namespace_like_a_path_stays_inside_the_store(tmp_path):
     assert tier.prefetch(page_keys, slots([4, 5, 6])) == 3
     assert [canonical(host, q * PAGE) for q in (4, 5, 6)] == want
     tier.close()
+
+
+def test_an_eviction_that_fails_is_the_puts_error_and_the_bound_holds(tmp_path, monkeypatch):
+    """An object that cannot be removed stays counted: the put that needed the room is
+    ERROR (not stored), a hit that would evict stays a hit, and the bound holds."""
+    import errno
+    e = open_store(f"file://{tmp_path}?max_bytes=3000&threads=1")
+    _put(e, "a", 1000)
+    _put(e, "b", 1000)
+    b = FileEngine(f"file://{tmp_path}")
+    vc = _put(b, "c", 1500)                 # not in e's view until e reads it
+    real = os.unlink
+
+    def refuse(path, *args, **kw):
+        if path.endswith(object_name("a").split("/")[1]):
+            raise OSError(errno.EACCES, "Permission denied")
+        return real(path, *args, **kw)
+    monkeypatch.setattr(os, "unlink", refuse)
+    assert _read(e, ["c"], [1500]) == ([Status.HIT], [vc])      # 3500 known: a cannot go
+    assert e.stored_bytes == 3500 and e.stats["evictions"] == 0
+    assert e.put_from(["d"], [[b"d" * 1000]]) == [Status.ERROR]
+    assert e.exists(["a", "d"]) == [Status.HIT, Status.MISS] and os.listdir(e.tmp) == []
+    monkeypatch.setattr(os, "unlink", real)
+    _put(e, "d", 1000)
+    assert e.stats["evictions"] == 2 and _disk_bytes(tmp_path) <= 3000 == e.max_bytes
+    assert e.exists(["a", "b", "c", "d"]) == [Status.MISS, Status.MISS, Status.HIT, Status.HIT]
