@@ -113,14 +113,14 @@ def _throughput(engine, page_bytes, layouts, total_bytes: int, rounds: int, log)
             unchecked.format.checksum = Unchecked()
             P = host.page_size
             idx = torch.arange(pages * P, dtype=torch.int64)
-            payload = tier.plan.payload_bytes * pages
+            payload = tier.canonical.payload_bytes * pages
             best = {"backup": 1e9, "prefetch": 1e9, "raw_get": 0.0, "raw_set": 0.0, "raw_get_one": 0.0,
                     "raw_get_threads": 0.0, "raw_set_threads": 0.0}
             shares: List[float] = []
             raw_how = ""
             for r in range(rounds + 1):             # round 0 warms up (directories, caches)
                 keys = [f"bench-{uuid.uuid4().hex}" for _ in range(pages)]
-                raw = engine.raw_throughput(tier.plan.payload_bytes, pages)
+                raw = engine.raw_throughput(tier.canonical.payload_bytes, pages)
                 t_backup = _timed(lambda: tier.backup(keys, idx))
                 t_prefetch = None           # the round's first checked read: one a round, as raw's
                 for pair in range(PAIRS):
@@ -145,8 +145,8 @@ def _throughput(engine, page_bytes, layouts, total_bytes: int, rounds: int, log)
                 raw_how = raw.get("how", "")
             from .canonical import modes
             point = {
-                "page_bytes": tier.plan.payload_bytes, "layout": layout, "pages": pages,
-                "moves": sorted(set(modes(tier.plan).values())),
+                "page_bytes": tier.canonical.payload_bytes, "layout": layout, "pages": pages,
+                "moves": sorted(set(modes(tier.canonical).values())),
                 "prefetch_gbps": payload / best["prefetch"] / 1e9,
                 "backup_gbps": payload / best["backup"] / 1e9,
                 "raw_get_gbps": best["raw_get"], "raw_set_gbps": best["raw_set"],
@@ -174,7 +174,7 @@ def _latency(engine, layouts, repeats: int, log) -> Dict:
         host = bench_host(LATENCY_PAGE_BYTES, max(LATENCY_PAGES), layout)
         tier = StoreTier(host, engine, model="kvtier-bench")
         P = host.page_size
-        object_bytes = tier.plan.payload_bytes + tier.format.header_size(tier.key(_fresh()))
+        object_bytes = tier.canonical.payload_bytes + tier.format.header_size(tier.key(_fresh()))
         for n in LATENCY_PAGES:
             idx = torch.arange(n * P, dtype=torch.int64)
             raw = engine.raw_calls(object_bytes, n)
@@ -212,7 +212,7 @@ def _fresh() -> str:
 
 def _moves(tier) -> List[str]:
     from .canonical import modes
-    return sorted(set(modes(tier.plan).values()))
+    return sorted(set(modes(tier.canonical).values()))
 
 
 def _expect(got, want, call: str, tier) -> None:

@@ -129,7 +129,7 @@ class KvtierStorage(HiCacheStorage):
         self.host, self._tier = host, tier
         self._legacy, self._stages = threading.local(), []
         log.info("kvtier HiCache storage: %s %s pages (%s) as %s on %s", kind, host.layout,
-                 ", ".join(f"{n} {m}" for n, m in modes(tier.plan).items()), tier.namespace, self.url)
+                 ", ".join(f"{n} {m}" for n, m in modes(tier.canonical).items()), tier.namespace, self.url)
 
     def register_mem_host_pool_v2(self, host_pool, host_pool_name) -> None:
         """SGLang's batch v2 pools: the KV pool itself is accepted (it is the registered

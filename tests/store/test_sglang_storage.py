@@ -87,7 +87,7 @@ def test_pool_is_adopted_in_place(file_url):
         assert [buf.data_ptr() for _, _, buf in be.host.groups] == theirs, (kind, layout)
         if layout == "page_first_direct":
             from kvtier.store.canonical import modes
-            assert set(modes(be.tier.plan).values()) == {"whole"}
+            assert set(modes(be.tier.canonical).values()) == {"whole"}
 
 
 @pytest.mark.parametrize("layout", ["page_first_direct", "page_head"])
