@@ -128,7 +128,8 @@ class CanonicalPages:
         self.copy_groups: List[Tuple[Tuple[Staged, ...], RowMap]] = []
         off = 0
         for spec in part_specs:
-            comps = [_sliced(host, c, spec.heads) for c in whole.components]
+            comps = [_sliced(host, c, spec.heads) for c in whole.components
+                     if spec.components is None or c.name in spec.components]
             geometry = Geometry(P, tuple(c for c, _ in comps), f"{scope};part={spec.name}" if scope else "")
             hows = [_moves_in_place(P, c, m, layer_piece_min) for c, m in comps]
             room = 0
@@ -242,6 +243,7 @@ class CanonicalPages:
 @dataclass(frozen=True)
 class _WholeRows:
     name: str = ""
+    components: Optional[Tuple[str, ...]] = None
     heads: Optional[Tuple[int, int]] = None
 
 

@@ -31,20 +31,22 @@ from .page import HEAD_SPLIT, MAX_GROUPS, Identity
 
 @dataclass(frozen=True)
 class Part:
-    """One object of each page: the suffix of its key, and the heads ``(first, count)``
-    of each head-split component's local row it holds (None: whole rows)."""
+    """One object of each page: the suffix of its key, the components it holds (None:
+    all), the heads ``(first, count)`` of the head-split components' local rows it
+    holds (None: whole rows), and whether this rank writes it."""
 
     name: str
+    components: Optional[Tuple[str, ...]] = None
     heads: Optional[Tuple[int, int]] = None
+    writes: bool = True
 
 
 @dataclass(frozen=True)
 class Split:
-    """A rank's objects of each page (`parts`, in key order), whether it writes them,
-    and the identity its objects are named by."""
+    """A rank's objects of each page (`parts`, in key order) and the identity they are
+    named by."""
 
     parts: Tuple[Part, ...]
-    writes: bool
     identity: Identity
 
 
@@ -105,12 +107,14 @@ def split_of(host, *, model: str, tp=None, heads: Optional[int] = None, layers=N
             (heads * c.row_shape[0],) if n in split_names else tuple(c.row_shape))
         whole.append((n, str(c.dtype).replace("torch.", ""), shape))
     identity = Identity(model, host.page_size, total, tuple(whole), scales)
+    others = tuple(n for n in comps if n not in split_names)
+    shared = (Part(f"{span}:all", others if split_names else None, None, rank == 0),) if others else ()
     if not split_names:
-        return Split((Part(f"{span}:all"),), rank == 0, identity)
+        return Split(shared, identity)
     per = heads // groups
     if local % per or held % per:
         raise fail("tp", tp, f"a rank holding heads {held}..{held + local - 1} splits a group of "
                    f"{per} heads (objects hold gcd(heads, {MAX_GROUPS}) = {groups} groups)")
-    parts = tuple(Part(f"{span}:h{g}of{groups}", (g * per - held, per))
+    parts = tuple(Part(f"{span}:h{g}of{groups}", tuple(split_names), (g * per - held, per), replica == 0)
                   for g in range(held // per, (held + local) // per))
-    return Split(parts, replica == 0, identity)
+    return Split(parts + shared, identity)

@@ -88,14 +88,16 @@ class StoreTier:
         self.split = split_of(host, model=model if revision is None else f"{model}@{revision}",
                               tp=tp, heads=heads, layers=layers, scales=scales)
         self.namespace = namespace(self.split.identity)
-        self.canonical = CanonicalPages(host, layer_piece_min, self.split.parts, self.split.identity.text)
-        self.formats = [PageFormat(o.geometry) for o in self.canonical.objects]
-        self.objects = len(self.formats)        # objects per page
+        scope, parts = self.split.identity.text, self.split.parts
+        self.read = _Objects(CanonicalPages(host, layer_piece_min, parts, scope))
+        written = tuple(p for p in parts if p.writes)
+        self.write = (self.read if written == parts else
+                      _Objects(CanonicalPages(host, layer_piece_min, written, scope)) if written else None)
         if isinstance(store, Engine):
             self.engine, self._owns = store, False
         else:
             self.engine, self._owns = open_store(store, timeout_ms=timeout_ms), True
-        cp = self.canonical
+        cp = self.read.canonical
         staged = max(cp.slot_bytes - sum(o.header_room for o in cp.objects), 1)
         self.batch_pages = max(1, min(batch_pages, STAGING_BYTES // staged)) if cp.staged else batch_pages
         hint = getattr(self.engine, "batch_bytes", None)     # an engine's preferred call size
@@ -116,13 +118,18 @@ class StoreTier:
     @property
     def format(self) -> PageFormat:
         """The page format of a tier of one object per page."""
-        if self.objects != 1:
-            raise fail("format", self.objects, "this tier stores several objects per page (formats)")
-        return self.formats[0]
+        if self.read.m != 1:
+            raise fail("format", self.read.m, "this tier reads several objects per page (read.formats)")
+        return self.read.formats[0]
+
+    @property
+    def canonical(self) -> CanonicalPages:
+        """How this rank's pages become the objects it reads."""
+        return self.read.canonical
 
     def keys(self, page_key: str) -> List[str]:
-        """The keys of ``page_key``'s objects this rank reads (and writes, `writes`)."""
-        return [object_key(self.namespace, page_key, o.name) for o in self.canonical.objects]
+        """The keys of ``page_key``'s objects this rank reads (`read`)."""
+        return self._keys([page_key], self.read)
 
     def key(self, page_key: str) -> str:
         """The key of ``page_key``'s object, for a tier of one object per page."""
@@ -131,11 +138,10 @@ class StoreTier:
             raise fail("page_key", page_key, f"is stored as {len(keys)} objects here (keys)")
         return keys[0]
 
-    @property
-    def writes(self) -> bool:
-        """Whether this rank writes its objects (`kvtier.store.split`); a backup by a
-        rank that does not reports its pages stored, as the rank that writes them does."""
-        return self.split.writes
+    def written_keys(self, page_key: str) -> List[str]:
+        """The keys of ``page_key``'s objects this rank writes (`write`; none where
+        other ranks write every object it holds: `kvtier.store.split`)."""
+        return self._keys([page_key], self.write) if self.write is not None else []
 
     def close(self) -> None:
         """Close the engine where the tier opened it."""
@@ -149,22 +155,23 @@ class StoreTier:
     # ------------------------------------------------------------------ calls
     def backup(self, page_keys: Sequence[str], host_indices: torch.Tensor) -> List[bool]:
         """Store the pages at ``host_indices`` under ``page_keys``; True where stored."""
-        keys = self._keys(page_keys)
-        n = len(keys) // self.objects
+        side = self.write
+        keys = self._keys(page_keys, side)
+        n = len(page_keys)
         pages = self._pages(host_indices, n, distinct=False)
-        if not self.split.writes:
+        if side is None:        # ranks before this one write every object it holds
             self._count(left_to_writer=n)
             return [True] * n
         out: List[bool] = []
 
         def finish(batch: _Batch, statuses: List[Status]) -> bool:
-            stored = [all(s == Status.HIT for s in ss) for ss in self._per_page(statuses)]
+            stored = [all(s == Status.HIT for s in ss) for ss in _per_page(statuses, side.m)]
             self._count(stored=sum(stored), store_failed=len(stored) - sum(stored))
             out.extend(stored)
             return True
 
         try:
-            self._run(keys, pages, self._sealed, self._put, None, finish)
+            self._run(side, keys, pages, self._sealed, self._put, None, finish)
         except Exception as e:          # never into the caller's thread
             self._warn("backup.exception", "backup failed (%s: %s); pages reported not stored",
                        type(e).__name__, e)
@@ -175,8 +182,9 @@ class StoreTier:
         """Read the pages of ``page_keys`` into the host pages at ``host_indices``;
         returns how many leading pages were read and verified (the rest are misses and
         their host pages hold undefined bytes)."""
-        keys = self._keys(page_keys)
-        n = len(keys) // self.objects
+        side = self.read
+        keys = self._keys(page_keys, side)
+        n = len(page_keys)
         pages = self._pages(host_indices, n, distinct=True)
         done = [0]
 
@@ -186,13 +194,13 @@ class StoreTier:
             for was_placed, same in itertools.groupby(batch.placed[:run]):     # runs: one copy each
                 k = j + len(list(same))
                 if not was_placed:
-                    self.canonical.from_staging(batch.staging, batch.pages[j:k], j)
+                    side.canonical.from_staging(batch.staging, batch.pages[j:k], j)
                 j = k
             done[0] += run
             return run == len(batch.pages)
 
         try:
-            self._run(keys, pages, self._receivers, self._get, _all_hits, finish)
+            self._run(side, keys, pages, self._receivers, self._get, _all_hits, finish)
         except Exception as e:
             self._warn("prefetch.exception", "prefetch failed (%s: %s); pages reported missing",
                        type(e).__name__, e)
@@ -203,12 +211,13 @@ class StoreTier:
 
     def exists(self, page_keys: Sequence[str]) -> int:
         """How many leading keys of ``page_keys`` are stored."""
-        keys = self._keys(page_keys)
-        step, done = self.batch_pages * self.objects, 0
+        m = self.read.m
+        keys = self._keys(page_keys, self.read)
+        step, done = self.batch_pages * m, 0
         for a in range(0, len(keys), step):
             ks = keys[a:a + step]
             statuses = self.engine.exists(ks)       # a fault is a status, never an exception
-            hits = [all(s == Status.HIT for s in ss) for ss in self._per_page(statuses)]
+            hits = [all(s == Status.HIT for s in ss) for ss in _per_page(statuses, m)]
             run = next((j for j, hit in enumerate(hits) if not hit), len(hits))
             done += run
             self._count(exists_hits=run, exists_misses=int(run < len(hits)))
@@ -216,15 +225,10 @@ class StoreTier:
                 break
         return done
 
-    def _per_page(self, statuses: List[Status]) -> List[List[Status]]:
-        """Statuses of a batch's objects, page by page."""
-        m = self.objects
-        return [statuses[j:j + m] for j in range(0, len(statuses), m)]
-
     # ------------------------------------------------------------------ batches
-    def _run(self, keys: List[str], pages: List[int], prepare, move, go_on, finish) -> None:
-        """A call in batches of `batch_pages`, each through three steps: ``prepare(keys,
-        pages, staging)`` makes its `_Batch` (CPU: staging copy, checksums), ``move(batch)``
+    def _run(self, side: "_Objects", keys: List[str], pages: List[int], prepare, move, go_on, finish) -> None:
+        """A call in batches of `batch_pages` pages (``side.m`` objects each), each
+        through three steps: ``prepare(side, keys, pages, staging)`` makes its `_Batch` (CPU: staging copy, checksums), ``move(batch)``
         is its engine call, ``finish(batch, statuses)`` uses the result (CPU;
         False ends the call). While one batch's engine call runs on the tier's worker
         thread, this thread finishes the batch before it and prepares the one after: the
@@ -236,11 +240,11 @@ class StoreTier:
         (nothing to overlap: no hand-off to a worker)."""
         if not pages:
             return
-        cp, m = self.canonical, self.objects
+        cp, m = side.canonical, side.m
         if len(pages) <= self.batch_pages:
             staging = cp.take_staging(len(pages))
             try:
-                batch = prepare(keys, pages, staging)
+                batch = prepare(side, keys, pages, staging)
                 finish(batch, move(batch))
             finally:
                 cp.give_staging(staging)
@@ -253,7 +257,7 @@ class StoreTier:
             for a, b in spans:
                 staging = cp.take_staging(len(pages[a:b]))
                 try:
-                    held.append(prepare(keys[a * m:b * m], pages[a:b], staging))    # overlaps `flight`
+                    held.append(prepare(side, keys[a * m:b * m], pages[a:b], staging))    # overlaps `flight`
                 except BaseException:
                     cp.give_staging(staging)
                     if flight is not None:      # what was moved still counts
@@ -291,17 +295,18 @@ class StoreTier:
                 self._pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="kvtier-store")
             return self._pool
 
-    def _sealed(self, keys: List[str], pages: List[int], staging: Optional[Staging]) -> "_Batch":
+    def _sealed(self, side: "_Objects", keys: List[str], pages: List[int], staging: Optional[Staging]) -> "_Batch":
         """A backup batch: its pages are staged and sealed one by one by `_sealer`, as
         the engine sends them where it sends values one by one (`Engine.fills_as_sent`),
         else now (this thread, beside the engine call of the batch before)."""
-        m = self.objects
-        pieces = self._pieces(pages, staging)
-        headers, buffers = self._framed([self.formats[i % m].header(k) for i, k in enumerate(keys)], pieces, staging)
-        batch = _Batch(keys, pages, staging, headers, buffers, pieces, sealed=[None] * len(keys))
+        m = side.m
+        pieces = self._pieces(side, pages, staging)
+        headers, buffers = self._framed(side, [side.formats[i % m].header(k) for i, k in enumerate(keys)],
+                                        pieces, staging)
+        batch = _Batch(side, keys, pages, staging, headers, buffers, pieces, sealed=[None] * len(keys))
         if m > 1:       # a page's staging copy serves several objects: made here, once
             try:
-                self.canonical.to_staging(pages, staging)
+                side.canonical.to_staging(pages, staging)
             except Exception as e:
                 self._warn("backup.seal", "pages could not be staged (%s: %s); they are not "
                            "stored", type(e).__name__, e)
@@ -312,30 +317,30 @@ class StoreTier:
                 fill(j)
         return batch
 
-    def _receivers(self, keys: List[str], pages: List[int], staging: Optional[Staging]) -> "_Batch":
+    def _receivers(self, side: "_Objects", keys: List[str], pages: List[int], staging: Optional[Staging]) -> "_Batch":
         """A prefetch batch: a header buffer and the payload pieces (host memory or
         staging) per page, for the engine to read into."""
-        m = self.objects
-        pieces = self._pieces(pages, staging)
-        headers, buffers = self._framed([bytearray(self.formats[i % m].header_size(k)) for i, k in enumerate(keys)],
-                                        pieces, staging)
-        return _Batch(keys, pages, staging, headers, buffers, pieces, [_UNHEARD] * len(keys),
+        m = side.m
+        pieces = self._pieces(side, pages, staging)
+        headers, buffers = self._framed(side, [bytearray(side.formats[i % m].header_size(k))
+                                               for i, k in enumerate(keys)], pieces, staging)
+        return _Batch(side, keys, pages, staging, headers, buffers, pieces, [_UNHEARD] * len(keys),
                       placed=[staging is None] * len(pages))
 
-    def _pieces(self, pages: List[int], staging: Optional[Staging]) -> List[List[memoryview]]:
+    def _pieces(self, side: "_Objects", pages: List[int], staging: Optional[Staging]) -> List[List[memoryview]]:
         """Each object's payload pieces, page by page (`CanonicalPages.pieces`)."""
-        cp = self.canonical
-        return [cp.pieces(p, staging, j, o) for j, p in enumerate(pages) for o in range(self.objects)]
+        cp = side.canonical
+        return [cp.pieces(p, staging, j, o) for j, p in enumerate(pages) for o in range(side.m)]
 
-    def _framed(self, headers: List[bytearray], pieces: List[List[memoryview]],
+    def _framed(self, side: "_Objects", headers: List[bytearray], pieces: List[List[memoryview]],
                 staging: Optional[Staging]) -> Tuple[list, List[list]]:
         """Each page's header buffer, and the buffers the engine moves: the header then
         the payload pieces, or one buffer where the page's staging slot holds its header
         just before its payload (a page staged whole, `CanonicalPages.object_view`; the
         header is copied there)."""
-        out_headers, buffers, m = [], [], self.objects
+        out_headers, buffers, m = [], [], side.m
         for i, (h, ps) in enumerate(zip(headers, pieces)):
-            whole = self.canonical.object_view(staging, i // m, len(h), i % m)
+            whole = side.canonical.object_view(staging, i // m, len(h), i % m)
             if whole is None:
                 out_headers.append(h)
                 buffers.append([h, *ps])
@@ -356,7 +361,8 @@ class StoreTier:
         """``fill(j)`` for `Engine.put_from`: page j's staged components copied into its
         staging slot and its header sealed, once, just before the page is read (the
         checksum then reads the page from the CPU's cache); False where that failed."""
-        cp, formats, headers, pieces, m = self.canonical, self.formats, batch.headers, batch.pieces, self.objects
+        cp, formats, m = batch.side.canonical, batch.side.formats, batch.side.m
+        headers, pieces = batch.headers, batch.pieces
         pages, staging, sealed = batch.pages, batch.staging, batch.sealed
 
         def fill(j: int) -> bool:
@@ -381,7 +387,7 @@ class StoreTier:
         are verified and placed after the call (`_verified`, then ``finish``). A page
         placed in its host page that turns out to lie after a miss is outside the
         leading run: its host page holds undefined bytes, as `prefetch` says."""
-        cp, formats, m = self.canonical, self.formats, self.objects
+        cp, formats, m = batch.side.canonical, batch.side.formats, batch.side.m
         keys, headers, pieces, verdicts = batch.keys, batch.headers, batch.pieces, batch.verdicts
         pages, staging, placed = batch.pages, batch.staging, batch.placed
 
@@ -400,14 +406,14 @@ class StoreTier:
     def _verified(self, batch: "_Batch", statuses: List[Status]) -> int:
         """The leading run of ``batch``'s pages read whole and verified; the first page
         after it is counted as what it was (miss, timeout, corrupt, ...)."""
-        m, verdicts = self.objects, batch.verdicts
+        m, formats, verdicts = batch.side.m, batch.side.formats, batch.verdicts
         for j, (k, s) in enumerate(zip(batch.keys, statuses)):
             if s != Status.HIT:
                 self._count(**{_MISS_KIND[s]: 1})
                 break
             why = verdicts[j]
             if why is _UNHEARD:
-                why = self.formats[j % m].verify(k, batch.headers[j], batch.pieces[j])
+                why = formats[j % m].verify(k, batch.headers[j], batch.pieces[j])
             if why is not None:
                 self._failed_verification(k, why)
                 break
@@ -428,13 +434,17 @@ class StoreTier:
         self._count(corrupt=1)
 
     # ------------------------------------------------------------------ arguments
-    def _keys(self, page_keys) -> List[str]:
+    def _keys(self, page_keys, side: Optional["_Objects"]) -> List[str]:
+        """The keys of ``side``'s objects of each page key (none where ``side`` is None),
+        page by page; ``page_keys`` checked."""
         if isinstance(page_keys, (str, bytes)) or not isinstance(page_keys, (list, tuple)):
             raise fail("page_keys", type(page_keys).__name__, "must be a list of str keys")
         for i, k in enumerate(page_keys):
             if not isinstance(k, str) or not k:
                 raise fail(f"page_keys[{i}]", k, "must be a non-empty str")
-        return [object_key(self.namespace, k, o.name) for k in page_keys for o in self.canonical.objects]
+        if side is None:
+            return []
+        return [object_key(self.namespace, k, name) for k in page_keys for name in side.names]
 
     def _pages(self, host_indices, n: int, distinct: bool) -> List[int]:
         """Host page numbers of token-granular ``host_indices``: ``n`` whole pages in range.
@@ -501,12 +511,30 @@ _MISS_KIND = {Status.MISS: "misses", Status.TIMEOUT: "timeouts", Status.CORRUPT:
               Status.ERROR: "errors"}
 
 
+class _Objects:
+    """The objects of each page a call moves (the ones this rank reads, or the ones it
+    writes): how host pages become them (`CanonicalPages`), their formats, key
+    suffixes and count."""
+
+    def __init__(self, canonical: CanonicalPages):
+        self.canonical = canonical
+        self.formats = [PageFormat(o.geometry) for o in canonical.objects]
+        self.names = [o.name for o in canonical.objects]
+        self.m = len(self.names)
+
+
+def _per_page(statuses: List[Status], m: int) -> List[List[Status]]:
+    """Statuses of a batch's objects, page by page (``m`` objects each)."""
+    return [statuses[j:j + m] for j in range(0, len(statuses), m)]
+
+
 @dataclass
 class _Batch:
     """One engine call's pages: ``buffers`` per key are what the engine writes from or
     reads into (``headers``, then the payload ``pieces``: in one buffer where the
     staging slot holds both, `StoreTier._framed`), ``staging`` holds staged pieces."""
 
+    side: _Objects
     keys: List[str]
     pages: List[int]
     staging: Optional[Staging]

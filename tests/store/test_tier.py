@@ -160,7 +160,7 @@ def _damage_reads_as_miss(host, tier, keys, originals, caplog, counter, warning)
 def test_flipped_byte(url, caplog, layout, where):
     host, tier, keys, originals = _stored(url, layout)
     path = _path(tier, keys[2])
-    hlen = tier.formats[0].header_size(tier.keys(keys[2])[0])
+    hlen = tier.read.formats[0].header_size(tier.keys(keys[2])[0])
     size = os.path.getsize(path)
     offset = {"payload": hlen + 5, "payload end": size - 1, "header key": hlen - 20 - 1,
               "header checksum": 33}[where]
@@ -313,7 +313,7 @@ def test_a_failure_inside_the_tier_never_reaches_the_caller(url, monkeypatch, ca
 
 def test_unverifiable_pages_are_misses_with_one_warning(url, monkeypatch, caplog):
     host, tier, keys, _ = _stored(url)
-    monkeypatch.setattr(tier.formats[0].checksum, "_xxhash", None)
+    monkeypatch.setattr(tier.read.formats[0].checksum, "_xxhash", None)
     with caplog.at_level(logging.WARNING, logger="kvtier"):
         assert tier.prefetch(keys, slots([4, 5, 6, 7])) == 0
         assert tier.prefetch(keys, slots([4, 5, 6, 7])) == 0

@@ -126,7 +126,7 @@ def test_each_batch_is_checksummed_while_the_next_one_is_read(tmp_path, layout):
             checked.set()
             return super().matches(algorithm, pieces, stored)
 
-    tier.formats[0].checksum = Signalling()
+    tier.read.formats[0].checksum = Signalling()
     engine.gets.clear()
     engine.before_get = lambda i: i == 1 and seen_in_flight.append(checked.wait(WAIT))
     poison(host)
@@ -146,7 +146,7 @@ def test_backup_seals_the_next_batch_while_one_is_written(engine):
     sealed_while_writing = []
     first_put_running = threading.Event()
     release = threading.Event()
-    real_put, real_seal = engine._put_from, tier.formats[0].seal_into
+    real_put, real_seal = engine._put_from, tier.read.formats[0].seal_into
 
     def put(ks, sources, fill):
         if engine.puts:
@@ -167,7 +167,7 @@ def test_backup_seals_the_next_batch_while_one_is_written(engine):
             release.set()
         return real_seal(header, pieces, algorithm)
 
-    engine._put_from, tier.formats[0].seal_into = put, seal
+    engine._put_from, tier.read.formats[0].seal_into = put, seal
     want = [canonical(host, p * PAGE) for p in range(9)]
     assert tier.backup(keys, slots(range(9))) == [True] * 9
     assert sealed_while_writing == [tier.keys(keys[3])[0]]
@@ -283,7 +283,7 @@ def test_pages_are_verified_and_placed_as_they_land(tmp_path, reports, batch_pag
     tier.batch_pages = batch_pages
     caller = threading.get_ident()
     inside, placed_inside, threads = [], [], set()
-    real_verify, real_place = tier.formats[0].verify, tier.canonical.from_staging
+    real_verify, real_place = tier.read.formats[0].verify, tier.canonical.from_staging
     raised = []
 
     def verify(key, header, pieces):
@@ -298,7 +298,7 @@ def test_pages_are_verified_and_placed_as_they_land(tmp_path, reports, batch_pag
         placed_inside.extend([engine.running > 0] * len(host_pages))
         return real_place(staging, host_pages, first_slot)
 
-    tier.formats[0].verify, tier.canonical.from_staging = verify, place
+    tier.read.formats[0].verify, tier.canonical.from_staging = verify, place
     poison(host)
     assert tier.prefetch(keys, slots(range(9))) == 9
     assert [canonical(host, p * PAGE) for p in range(9)] == want
@@ -335,7 +335,7 @@ def test_backup_stages_and_seals_each_page_as_the_engine_sends_it(tmp_path, layo
     tier = _tier(host, engine)
     keys = _keys(9)
     sealed_inside, written_sealed = [], []
-    real_seal, real_write = tier.formats[0].seal_into, engine.inner._write
+    real_seal, real_write = tier.read.formats[0].seal_into, engine.inner._write
 
     def seal_into(header, pieces, algorithm=None):
         sealed_inside.append(engine.running > 0)
@@ -345,8 +345,8 @@ def test_backup_stages_and_seals_each_page_as_the_engine_sends_it(tmp_path, layo
         written_sealed.append(bytes(views[0][10:12]) != b"\0\0")     # the algorithm: 0 until sealed
         return real_write(path, views)
 
-    tier.formats[0].seal_into, engine.inner._write = seal_into, write
-    tier.formats[0].seal = lambda *a, **k: pytest.fail("sealed ahead of the engine call")
+    tier.read.formats[0].seal_into, engine.inner._write = seal_into, write
+    tier.read.formats[0].seal = lambda *a, **k: pytest.fail("sealed ahead of the engine call")
     want = [canonical(host, p * PAGE) for p in range(9)]
     assert tier.backup(keys, slots(range(9))) == [True] * 9
     assert sealed_inside == [True] * 9 and written_sealed == [True] * 9
@@ -388,7 +388,7 @@ def test_a_page_staged_whole_moves_as_one_buffer(tmp_path, layout, fills_as_sent
     payload in the staging slot; a key whose header does not fit the slot's room, and
     pages in place, as the header then the payload pieces. All read back byte-exact."""
     engine = Recording(f"file://{tmp_path}/store", fills_as_sent=fills_as_sent)
-    host = host_case("mha_v_indexer", layout, pages=12).host
+    host = host_case("mha", layout, pages=12).host
     tier = _tier(host, engine, batch_pages=9)
     keys = _keys(8) + ["long-" + "x" * 600]
     staged = layout != "page_first_direct"
@@ -403,7 +403,7 @@ def test_a_page_staged_whole_moves_as_one_buffer(tmp_path, layout, fills_as_sent
     for k in keys:
         with open(engine.inner._path(tier.keys(k)[0]), "rb") as f:
             obj = f.read()
-        assert tier.formats[0].verify(tier.keys(k)[0], obj[:-tier.canonical.payload_bytes],
+        assert tier.read.formats[0].verify(tier.keys(k)[0], obj[:-tier.canonical.payload_bytes],
                                   [memoryview(obj)[-tier.canonical.payload_bytes:]]) is None
 
 
