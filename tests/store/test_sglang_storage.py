@@ -565,8 +565,8 @@ class _Controller:
             self._scope.__exit__(None, None, None)
             raise
 
-    def backup(self, pages):
-        tokens = [random.randrange(1 << 20) for _ in range(len(pages) * P)]
+    def backup(self, pages, tokens=None):
+        tokens = tokens or [random.randrange(1 << 20) for _ in range(len(pages) * P)]
         self.ctl.write_storage(slots(pages), tokens, hash_value=get_storage_hash_str(tokens, None, page_size=P))
         op = self.ctl.ack_backup_queue.get(timeout=30)
         return tokens, op.completed_tokens
@@ -656,6 +656,31 @@ def test_controller_mla_writer_and_readers(file_url, controllers, controller):
     poison(host1)
     got, pages = rank1.prefetch(tokens)
     assert got == 2 * P and [page(host1, p) for p in pages] == want
+
+
+@pytest.mark.parametrize("controller", ["hybrid", "hicache"])
+def test_controller_heterogeneous_tp(file_url, controllers, controller):
+    """A 4-KV-head model: two TP-2 ranks back pages up through SGLang's controllers and
+    host pools; four TP-4 ranks' controllers prefetch them, each its own head."""
+    extra = storage_config(file_url, kv_heads=4).extra_config
+    hybrid = controller == "hybrid"
+    tokens, want = None, {}
+    for r in range(2):
+        dev, host = build("mha", "page_first", seed=20 + r, heads=2)
+        c = controllers(dev, host, extra, tp=(r, 2), hybrid=hybrid)
+        src = [int(s) // P for s in host.alloc(3 * P)[::P]]
+        tokens, done = c.backup(src, tokens)
+        assert done == 3 * P
+        for q, p in enumerate(src):
+            for h, b in enumerate(head_pages(host, p, 2)):
+                want[q, 2 * r + h] = b
+    for r in range(4):
+        dev, host = build("mha", "layer_first", seed=60 + r, heads=1)
+        poison(host)
+        c = controllers(dev, host, extra, tp=(r, 4), hybrid=hybrid)
+        got, pages = c.prefetch(tokens)
+        assert got == 3 * P, f"rank {r} of 4"
+        assert [head_pages(host, p, 1)[0] for p in pages] == [want[q, r] for q in range(3)]
 
 
 @pytest.mark.parametrize("controller", ["hybrid", "hicache"])
