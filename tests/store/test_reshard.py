@@ -7,10 +7,12 @@ identity is a miss."""
 from __future__ import annotations
 
 import os
+import uuid
 
 import pytest
 
 from reshard_support import Model, held_heads, ranks
+from redis_support import redis_cluster_url, redis_url  # noqa: F401  (fixtures: the shared servers)
 from store_support import LAYOUTS, slots
 from kvtier.errors import KvtierError
 from kvtier.store.file import object_name
@@ -27,23 +29,23 @@ def url(tmp_path):
 
 
 def _keys(n=N):
-    return [f"page{i}" for i in range(n)]
+    tag = uuid.uuid4().hex[:12]         # the Redis servers are shared by every test
+    return [f"page{i}-{tag}" for i in range(n)]
 
 
-def _write(model, size, layout, url, **kw):
+def _write(model, size, layout, url, keys, **kw):
     writers = ranks(model, size, layout, url, pages=6, **kw)
     for r, (hc, tier) in enumerate(writers):
         model.fill(hc, r, size, WRITE_PAGES)
-        assert tier.backup(_keys(), slots(WRITE_PAGES)) == [True] * N
+        assert tier.backup(keys, slots(WRITE_PAGES)) == [True] * N
     return writers
 
 
-def _read_all(model, size, layout, url, want=N, **kw):
+def _read_all(model, size, layout, url, keys, **kw):
     readers = ranks(model, size, layout, url, pages=6, **kw)
     for r, (hc, tier) in enumerate(readers):
-        assert tier.prefetch(_keys(), slots(READ_PAGES)) == want, f"rank {r} of {size}"
-        if want == N:
-            model.check(hc, r, size, READ_PAGES)
+        assert tier.prefetch(keys, slots(READ_PAGES)) == N, f"rank {r} of {size}"
+        model.check(hc, r, size, READ_PAGES)
     return readers
 
 
@@ -51,19 +53,29 @@ def _read_all(model, size, layout, url, want=N, **kw):
 @pytest.mark.parametrize("writer", TPS)
 @pytest.mark.parametrize("heads", [8, 2, 16])
 def test_every_tp_pair_reads_the_same_objects(url, writer, reader, heads):
-    model = Model("mha", heads, N)
-    _write(model, writer, "page_first", url)
-    _read_all(model, reader, "layer_first", url)
+    model, keys = Model("mha", heads, N), _keys()
+    _write(model, writer, "page_first", url, keys)
+    _read_all(model, reader, "layer_first", url, keys)
 
 
 @pytest.mark.parametrize("read_layout", LAYOUTS)
 @pytest.mark.parametrize("write_layout", LAYOUTS)
 @pytest.mark.parametrize("kind", ["mha", "mha_v_indexer", "mla", "mla_split_indexer"])
 def test_layouts_and_kinds_across_tp(url, kind, write_layout, read_layout):
-    model = Model(kind, 8, N, seed=hash((kind, write_layout, read_layout)) % 1000)
-    _write(model, 8, write_layout, url)
-    _read_all(model, 2, read_layout, url)
-    _read_all(model, 1, write_layout, url)
+    model, keys = Model(kind, 8, N, seed=hash((kind, write_layout, read_layout)) % 1000), _keys()
+    _write(model, 8, write_layout, url, keys)
+    _read_all(model, 2, read_layout, url, keys)
+    _read_all(model, 1, write_layout, url, keys)
+
+
+@pytest.mark.parametrize("store", ["redis", "redis_cluster"])
+@pytest.mark.parametrize("kind", ["mha", "mha_v_indexer", "mla"])
+@pytest.mark.parametrize("writer,reader", [(8, 2), (2, 8), (4, 1)])
+def test_across_tp_on_redis(request, store, kind, writer, reader):
+    url = request.getfixturevalue(f"{store}_url")
+    model, keys = Model(kind, 8, N), _keys()
+    _write(model, writer, "page_first", url, keys)
+    _read_all(model, reader, "page_head", url, keys)
 
 
 def _objects(url):
@@ -78,16 +90,16 @@ def _objects(url):
 def test_each_rank_writes_only_its_own_objects(tmp_path, kind, size, heads):
     """Each rank's backup writes exactly the objects it is first to hold, of their
     size; together the ranks write each of a page's objects once."""
-    model = Model(kind, heads, N)
+    model, keys = Model(kind, heads, N), _keys()
     seen = {}
     for r in range(size):
         store = f"file://{tmp_path}/s{r}"
         (hc, tier), = ranks(model, size, "page_first", store, pages=6)[r:r + 1]
         model.fill(hc, r, size, WRITE_PAGES)
-        assert tier.backup(_keys(), slots(WRITE_PAGES)) == [True] * N
+        assert tier.backup(keys, slots(WRITE_PAGES)) == [True] * N
         mine = _objects(store) if os.path.isdir(store[len("file://"):]) else {}
         want = {}
-        for p in _keys():
+        for p in keys:
             for k, o, fmt in zip(tier.written_keys(p), *((tier.write.canonical.objects, tier.write.formats)
                                                         if tier.write else ((), ()))):
                 want[object_name(k)] = fmt.header_size(k) + o.payload_bytes
@@ -106,18 +118,18 @@ def test_each_rank_writes_only_its_own_objects(tmp_path, kind, size, heads):
 
 
 def test_a_missing_group_is_a_miss_for_the_readers_that_need_it(url):
-    model = Model("mha", 8, N)
-    writers = _write(model, 8, "page_first", url)
-    gone = writers[3][1].written_keys("page1")       # group 3 of page 1
+    model, keys = Model("mha", 8, N), _keys()
+    writers = _write(model, 8, "page_first", url, keys)
+    gone = writers[3][1].written_keys(keys[1])       # group 3 of page 1
     assert len(gone) == 1 and gone[0].endswith(":h3of8")
     writers[3][1].engine.delete(gone)
     for size in TPS:
         for r, (hc, tier) in enumerate(ranks(model, size, "page_head", url, pages=6)):
             first, n = held_heads(8, r, size)
             needs = first <= 3 < first + n
-            got = tier.prefetch(_keys(), slots(READ_PAGES))
+            got = tier.prefetch(keys, slots(READ_PAGES))
             assert got == (1 if needs else N), f"rank {r} of {size}"
-            assert tier.exists(_keys()) == got
+            assert tier.exists(keys) == got
             if not needs:
                 model.check(hc, r, size, READ_PAGES)
 
@@ -125,10 +137,10 @@ def test_a_missing_group_is_a_miss_for_the_readers_that_need_it(url):
 @pytest.mark.parametrize("change", ["revision", "scales", "dtype", "heads", "layers", "model", "page"])
 def test_any_difference_of_identity_is_a_miss(url, change):
     import torch
-    model = Model("mha", 8, N)
-    _write(model, 2, "page_first", url, revision="r1")
+    model, keys = Model("mha", 8, N), _keys()
+    _write(model, 2, "page_first", url, keys, revision="r1")
     same = ranks(model, 4, "page_first", url, pages=6, revision="r1")
-    assert all(t.exists(_keys()) == N for _, t in same)
+    assert all(t.exists(keys) == N for _, t in same)
     kw = {"revision": "r1"}
     other = model
     if change == "revision":
@@ -152,7 +164,7 @@ def test_any_difference_of_identity_is_a_miss(url, change):
                          model="org/model", tp=(0, 4), heads=8, **kw)
     else:
         tier = StoreTier(hc.host, url, model="org/model", tp=(0, 4), heads=8, **kw)
-    assert tier.exists(_keys()) == 0
+    assert tier.exists(keys) == 0
     assert tier.namespace != same[0][1].namespace
 
 
