@@ -177,20 +177,23 @@ MAX_GROUPS = 8              # a page's head-split components are stored in gcd(h
 class Identity:
     """What makes a page's bytes meaningful, independent of how the writer was split:
     the model (name, revision or a caller-given id), the page size, the model's layer
-    count, each component's dtype and whole-model row shape (every KV head), and the
-    quantisation scale layout. Two pools share objects only where every field is equal
-    (`fingerprint`); readers also compare the whole `text` in each object's header."""
+    count, each component's dtype and whole-model row shape (every KV head), the
+    quantisation scale layout, and the KV cache dtype's name where the rows' dtype does
+    not tell it (fp8 kept as uint8). Two pools share objects only where every field is
+    equal (`fingerprint`); readers also compare the whole `text` in each object's header."""
 
     model: str
     page_size: int
     layers: int
     components: Tuple[Tuple[str, str, Tuple[int, ...]], ...]    # (name, dtype, whole row shape)
     scales: str = "none"
+    kv_dtype: str = ""
 
     @property
     def text(self) -> str:
         comps = ";".join(f"{n}={d}[{','.join(map(str, r))}]" for n, d, r in self.components)
-        return f"model={self.model};page={self.page_size};layers={self.layers};{comps};scales={self.scales}"
+        kv = f";kv={self.kv_dtype}" if self.kv_dtype else ""
+        return f"model={self.model};page={self.page_size};layers={self.layers};{comps};scales={self.scales}{kv}"
 
     @property
     def fingerprint(self) -> str:

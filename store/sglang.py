@@ -75,7 +75,7 @@ from .tier import StoreTier
 
 log = logging.getLogger("kvtier")
 
-OWN_KEYS = ("url", "timeout_ms", "model", "revision", "kv_heads", "num_layers", "kv_scales")
+OWN_KEYS = ("url", "timeout_ms", "model", "revision", "kv_heads", "num_layers", "kv_scales", "kv_cache_dtype")
 # Keys of the extra config SGLang reads itself (the dynamic loader's, the controller's).
 SGLANG_KEYS = ("backend_name", "module_path", "class_name", "interface_v1", "tp_lcm_size",
                "prefetch_threshold", "prefetch_timeout_base", "prefetch_timeout_per_ki_token",
@@ -96,7 +96,7 @@ class KvtierStorage(HiCacheStorage):
         self.model: str = cfg["model"]
         self.tp = (storage_config.tp_rank, storage_config.tp_size)
         self.pp_size = storage_config.pp_size
-        self.identity = {k: cfg[k] for k in ("revision", "kv_heads", "num_layers", "kv_scales")}
+        self.identity = {k: cfg[k] for k in ("revision", "kv_heads", "num_layers", "kv_scales", "kv_cache_dtype")}
         self._tier_args: Optional[dict] = None
         self.is_mla = bool(storage_config.is_mla_model)
         self.interface_v1 = cfg["interface_v1"]
@@ -137,7 +137,12 @@ class KvtierStorage(HiCacheStorage):
                        "parallelism (a stage's objects are named by its layers of the model's)")
         args = dict(model=self.model, revision=self.identity["revision"], tp=self.tp,
                     heads=self.identity["kv_heads"], scales=self.identity["kv_scales"],
+                    kv_dtype=self.identity["kv_cache_dtype"],
                     layers=(first, total) if total is not None else None, timeout_ms=self.timeout_ms)
+        if self.identity["kv_cache_dtype"] is None and any(c.dtype == torch.uint8 for c in host.components.values()):
+            self._warn("fp8", "the host pool keeps KV as uint8 (fp8), which does not say which fp8 format; "
+                       "set \"kv_cache_dtype\" in the extra config (e.g. \"fp8_e4m3\") so that servers of "
+                       "another fp8 format share no page")
         tier = StoreTier(host, self.engine, **args)
         super().register_mem_pool_host(mem_pool_host)
         self.host, self._tier, self._tier_args = host, tier, args
@@ -409,7 +414,8 @@ def _config(storage_config) -> dict:
     for key, kind, default, what in (("revision", str, None, "the model's revision (a non-empty str)"),
                                      ("kv_heads", int, None, "the model's KV heads (a positive int)"),
                                      ("num_layers", int, None, "the model's layer count (a positive int)"),
-                                     ("kv_scales", str, "none", "the KV quantisation scale layout (a non-empty str)")):
+                                     ("kv_scales", str, "none", "the KV quantisation scale layout (a non-empty str)"),
+                                     ("kv_cache_dtype", str, None, "SGLang's --kv-cache-dtype (a non-empty str)")):
         value = extra.get(key, default)
         if value is not default and (isinstance(value, bool) or not isinstance(value, kind) or not value
                                      or (kind is int and value < 1)):

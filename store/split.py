@@ -60,13 +60,14 @@ def _pair(arg: str, value, default):
 
 
 def split_of(host, *, model: str, tp=None, heads: Optional[int] = None, layers=None,
-             scales: str = "none") -> Split:
+             scales: str = "none", kv_dtype: Optional[str] = None) -> Split:
     """The split of `HostPool` ``host``'s pages for this rank.
 
     tp: (rank, size), None for (0, 1). heads: the model's KV heads (default: the host
     rows' heads times the TP size, which holds unless heads are replicated). layers:
     (first, total): the pool holds layers [first, first + L) of ``total`` (default: all
-    of them, first 0). scales: the quantisation scale layout, part of the identity."""
+    of them, first 0). scales: the quantisation scale layout; kv_dtype: the KV cache
+    dtype's name where the rows' dtype does not tell it; both part of the identity."""
     rank, size = _pair("tp", tp, (0, 1))
     if not 0 <= rank < size:
         raise fail("tp", tp, "must be (rank, size) with 0 <= rank < size")
@@ -78,6 +79,8 @@ def split_of(host, *, model: str, tp=None, heads: Optional[int] = None, layers=N
                    "(the pool's layers) <= total")
     if not isinstance(scales, str) or not scales:
         raise fail("scales", scales, "must be a non-empty str naming the scale layout")
+    if kv_dtype is not None and (not isinstance(kv_dtype, str) or not kv_dtype):
+        raise fail("kv_dtype", kv_dtype, "must be a non-empty str naming the KV cache dtype, or None")
     span = f"L{first}-{first + n_layers}"
     split_names = [n for n in HEAD_SPLIT if n in comps]
     local = None
@@ -106,7 +109,7 @@ def split_of(host, *, model: str, tp=None, heads: Optional[int] = None, layers=N
         shape = (heads, *c.row_shape[1:]) if n in split_names and len(c.row_shape) > 1 else (
             (heads * c.row_shape[0],) if n in split_names else tuple(c.row_shape))
         whole.append((n, str(c.dtype).replace("torch.", ""), shape))
-    identity = Identity(model, host.page_size, total, tuple(whole), scales)
+    identity = Identity(model, host.page_size, total, tuple(whole), scales, kv_dtype or "")
     others = tuple(n for n in comps if n not in split_names)
     shared = (Part(f"{span}:all", others if split_names else None, None, rank == 0),) if others else ()
     if not split_names:

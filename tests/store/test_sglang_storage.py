@@ -194,6 +194,24 @@ def test_mla_written_by_rank_0_read_by_every_rank(file_url):
     assert backend(file_url, mla3, tp=(0, 1)).batch_exists(keys) == 3      # any TP size
 
 
+def test_servers_differing_only_in_kv_cache_dtype_share_nothing(file_url, caplog):
+    """fp8 e4m3 and e5m2 pages are both uint8 in SGLang's host pool: told apart by the
+    extra config's kv_cache_dtype (without it, one WARNING says so)."""
+    keys = _keys(2)
+    e4m3 = host_pool("mha", "page_first", dtype=torch.float8_e4m3fn)
+    assert backend(file_url, e4m3, kv_cache_dtype="fp8_e4m3").batch_set_v1(keys, slots([0, 1])) == [True] * 2
+    e5m2 = host_pool("mha", "page_first", dtype=torch.float8_e5m2)
+    poison(e5m2)
+    be = backend(file_url, e5m2, kv_cache_dtype="fp8_e5m2")
+    assert be.batch_exists(keys) == 0 and be.batch_get_v1(keys, slots([0, 1])) == [False, False]
+    assert all(p == bytes([POISON]) * len(p) for p in all_pages(e5m2))
+    assert backend(file_url, host_pool("mha", "page_first", dtype=torch.float8_e4m3fn),
+                   kv_cache_dtype="fp8_e4m3").batch_exists(keys) == 2
+    with caplog.at_level(logging.WARNING, logger="kvtier"):
+        backend(file_url, host_pool("mha", "page_first", dtype=torch.float8_e4m3fn))
+    assert any("kv_cache_dtype" in r.getMessage() for r in caplog.records)
+
+
 def test_identity_options_from_the_extra_config(file_url):
     keys = _keys(2)
     pool = host_pool("mha", "page_first")
