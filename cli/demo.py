@@ -120,7 +120,7 @@ def _run(args, store, torch, device, platform) -> int:
     print(f"kvtier demo: {platform} ({runner})")
     print(f"  device KV: {L} layers x K,V x {N} slots x {H} heads x {D} bf16 (one tensor per layer)")
     print(f"  host KV:   {args.layout} {tuple(host.shape)}{' pinned' if pin else ''}")
-    print(f"  store:     {store.url} ({type(store).__name__}), objects {tier.namespace}:<key>")
+    print(f"  store:     {store.url} ({type(store).__name__}), objects {tier.namespace}:<key>:<part>, {tier.read.m} per page")
     print(f"  moved {args.moved_pages} random pages of {P} tokens = {moved / 1e6:.2f} MB each way")
     if not store_ok:
         print(f"  store: {sum(stored)} of {len(stored)} pages stored, {read} read back ({dict(tier.stats)})")

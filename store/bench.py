@@ -27,6 +27,12 @@ of one and of four pages of `LATENCY_PAGE_BYTES`, in both layouts, the p50 and p
   size (header and payload), one per page, fresh keys for every SET: the store's own
   client call where the engine has one (`Engine.raw_calls`).
 
+Reshard (pages written at one TP size and read at another): for pages of 256 KiB and
+more, in both layouts, rank 0 of TP 2 of an 8-KV-head model reads pages that ranks 0-3
+of TP 8 wrote (four head-group objects per page), against a read of the same bytes
+stored as one object per page, interleaved, best of the rounds. Goal, printed, never
+asserted: the reshard read >= 0.8x the one-object read.
+
 Every key written is removed after its repeat (outside the timed calls). Latency goal,
 printed, never asserted: a one-page prefetch <= 1.5x a raw GET and a one-page backup <=
 2x a raw SET, at the p50.
@@ -46,16 +52,26 @@ GOAL = {"min_page_bytes": 256 << 10, "prefetch_vs_raw_get": 0.8, "backup_vs_raw_
         "checksum_share": 0.10}
 
 
-def bench_host(page_bytes: int, pages: int, layout: str):
+def bench_host(page_bytes: int, pages: int, layout: str, heads: int = HEADS, page_size: Optional[int] = None):
+    """A host pool of ``pages`` pages of about ``page_bytes`` (``page_size`` tokens,
+    where given) of bf16 K and V rows of ``heads`` heads, random bytes."""
     import torch
     from kvtier.pool import HostPool, MHADevicePool
-    token = 2 * LAYERS * HEADS * HEAD_DIM * 2
-    P = max(1, page_bytes // token)
-    dev = MHADevicePool(P, P, LAYERS, HEADS, HEAD_DIM, dtype=torch.bfloat16)
+    token = 2 * LAYERS * heads * HEAD_DIM * 2
+    P = page_size or max(1, page_bytes // token)
+    dev = MHADevicePool(P, P, LAYERS, heads, HEAD_DIM, dtype=torch.bfloat16)
     host = HostPool(dev, layout=layout, size_tokens=pages * P, pin_memory=False)
     for b in host.buffers.values():
         b.view(-1).view(torch.int16).random_(-32768, 32767)
     return host
+
+
+def one_object_tier(host, engine, **kw):
+    """A tier over a bench host that stores each page as one object: the host's rows
+    as rank 0 of TP 8 holds them (one head group per rank), so its figures compare
+    with the store's own for values of one page."""
+    from .tier import StoreTier
+    return StoreTier(host, engine, model="kvtier-bench", tp=(0, 8), **kw)
 
 
 def _timed(fn) -> float:
@@ -74,6 +90,7 @@ LATENCY_PAGES = (1, 4)
 LATENCY_REPEATS = 1000     # timed calls of each kind per row
 LATENCY_WARMUP = 20        # calls of each kind first, not timed
 LATENCY_GOAL = {"pages": 1, "at": "p50", "prefetch_vs_raw_get": 1.5, "backup_vs_raw_set": 2.0}
+RESHARD = {"model_heads": 8, "writer_tp": 8, "reader_tp": 2, "goal": 0.8}
 
 
 def measure(url: str, page_bytes=None, layouts=None, total_bytes: Optional[int] = None,
@@ -90,6 +107,7 @@ def measure(url: str, page_bytes=None, layouts=None, total_bytes: Optional[int] 
     try:
         points = _throughput(engine, page_bytes, layouts, total_bytes, rounds, log) if throughput else []
         lat = _latency(engine, layouts, repeats or LATENCY_REPEATS, log) if latency else None
+        reshard = _reshard(engine, page_bytes, layouts, total_bytes, rounds, log) if throughput else []
     finally:
         engine.close()
     from .page import ALGORITHMS
@@ -97,6 +115,8 @@ def measure(url: str, page_bytes=None, layouts=None, total_bytes: Optional[int] 
            "rounds": rounds, "goal": GOAL, "points": points}
     if lat is not None:
         out["latency"] = lat
+    if reshard:
+        out["reshard"] = reshard
     return out
 
 
@@ -108,19 +128,19 @@ def _throughput(engine, page_bytes, layouts, total_bytes: int, rounds: int, log)
         pages = max(16, min(1024, total_bytes // size))
         for layout in layouts:
             host = bench_host(size, pages, layout)
-            tier = StoreTier(host, engine, model="kvtier-bench")
-            unchecked = StoreTier(host, engine, model="kvtier-bench")
+            tier = one_object_tier(host, engine)
+            unchecked = one_object_tier(host, engine)
             unchecked.format.checksum = Unchecked()
             P = host.page_size
             idx = torch.arange(pages * P, dtype=torch.int64)
-            payload = tier.plan.payload_bytes * pages
+            payload = tier.canonical.payload_bytes * pages
             best = {"backup": 1e9, "prefetch": 1e9, "raw_get": 0.0, "raw_set": 0.0, "raw_get_one": 0.0,
                     "raw_get_threads": 0.0, "raw_set_threads": 0.0}
             shares: List[float] = []
             raw_how = ""
             for r in range(rounds + 1):             # round 0 warms up (directories, caches)
                 keys = [f"bench-{uuid.uuid4().hex}" for _ in range(pages)]
-                raw = engine.raw_throughput(tier.plan.payload_bytes, pages)
+                raw = engine.raw_throughput(tier.canonical.payload_bytes, pages)
                 t_backup = _timed(lambda: tier.backup(keys, idx))
                 t_prefetch = None           # the round's first checked read: one a round, as raw's
                 for pair in range(PAIRS):
@@ -145,8 +165,8 @@ def _throughput(engine, page_bytes, layouts, total_bytes: int, rounds: int, log)
                 raw_how = raw.get("how", "")
             from .canonical import modes
             point = {
-                "page_bytes": tier.plan.payload_bytes, "layout": layout, "pages": pages,
-                "moves": sorted(set(modes(tier.plan).values())),
+                "page_bytes": tier.canonical.payload_bytes, "layout": layout, "pages": pages,
+                "moves": sorted(set(modes(tier.canonical).values())),
                 "prefetch_gbps": payload / best["prefetch"] / 1e9,
                 "backup_gbps": payload / best["backup"] / 1e9,
                 "raw_get_gbps": best["raw_get"], "raw_set_gbps": best["raw_set"],
@@ -164,6 +184,63 @@ def _throughput(engine, page_bytes, layouts, total_bytes: int, rounds: int, log)
     return points
 
 
+def _reshard(engine, page_bytes, layouts, total_bytes: int, rounds: int, log) -> List[Dict]:
+    """The reshard rows (module doc): a TP 8 -> TP 2 read beside a read of the same
+    bytes as one object per page."""
+    import torch
+    from .tier import StoreTier
+    heads, wtp, rtp = RESHARD["model_heads"], RESHARD["writer_tp"], RESHARD["reader_tp"]
+    rows: List[Dict] = []
+    for size in (s for s in page_bytes if s >= GOAL["min_page_bytes"]):
+        pages = max(16, min(1024, total_bytes // size))
+        for layout in layouts:
+            host = bench_host(size, pages, layout, heads=heads // rtp)
+            P = host.page_size
+            reader = StoreTier(host, engine, model="kvtier-bench-reshard", tp=(0, rtp), heads=heads)
+            writers = [StoreTier(bench_host(size, pages, layout, heads=heads // wtp, page_size=P), engine,
+                                 model="kvtier-bench-reshard", tp=(r, wtp), heads=heads)
+                       for r in range(wtp // rtp)]         # the ranks holding reader rank 0's heads
+            one = one_object_tier(host, engine)
+            idx = torch.arange(pages * P, dtype=torch.int64)
+            best = {"reshard": 1e9, "one": 1e9}
+            for r in range(rounds + 1):                 # round 0 warms up
+                keys = [_fresh() for _ in range(pages)]
+                for t in writers + [one]:
+                    _expect(t.backup(keys, idx), [True] * pages, "backup", t)
+                t = {}
+                for name, tier in (("reshard", reader), ("one", one))[::1 if r % 2 else -1]:
+                    t[name] = _timed(lambda: _expect(tier.prefetch(keys, idx), pages, "prefetch", tier))
+                engine.delete([k for w in writers + [one] for p in keys for k in w.written_keys(p)])
+                if r:
+                    best = {k: min(best[k], t[k]) for k in best}
+            payload = reader.canonical.payload_bytes * pages
+            row = {"page_bytes": reader.canonical.payload_bytes, "layout": layout, "pages": pages,
+                   "objects_per_page": reader.read.m, "moves": _moves(reader),
+                   "reshard_gbps": payload / best["reshard"] / 1e9, "one_object_gbps": payload / best["one"] / 1e9}
+            row["reshard_vs_one_object"] = row["reshard_gbps"] / row["one_object_gbps"]
+            rows.append(row)
+            for tier in writers + [reader, one]:
+                tier.close()
+            if log:
+                log(_reshard_row(row))
+    return rows
+
+
+def _reshard_row(r: Dict) -> str:
+    return (f"{r['page_bytes'] >> 10:>5} KiB {r['layout']:18} {r['objects_per_page']:>7} {r['reshard_gbps']:>8.2f} GB/s "
+            f"{r['one_object_gbps']:>8.2f} GB/s {r['reshard_vs_one_object']:>6.2f}  "
+            f"{'met' if r['reshard_vs_one_object'] >= RESHARD['goal'] else 'below'}")
+
+
+def format_reshard(rows: List[Dict]) -> List[str]:
+    g = RESHARD
+    return [f"reshard: TP {g['writer_tp']} -> TP {g['reader_tp']} read of a {g['model_heads']}-KV-head model "
+            "beside the same bytes as one object per page (GB/s of page payload, best of the rounds)",
+            f"{'page':>8} {'layout':18} {'objects':>7} {'reshard':>13} {'one object':>13} {'ratio':>6}  goal",
+            *[_reshard_row(r) for r in rows],
+            f"reshard goal: >= {g['goal']}x the one-object read"]
+
+
 def _latency(engine, layouts, repeats: int, log) -> Dict:
     """The latency rows (module doc), one per layout and page count."""
     import torch
@@ -172,9 +249,9 @@ def _latency(engine, layouts, repeats: int, log) -> Dict:
     how = ""
     for layout in layouts:
         host = bench_host(LATENCY_PAGE_BYTES, max(LATENCY_PAGES), layout)
-        tier = StoreTier(host, engine, model="kvtier-bench")
+        tier = one_object_tier(host, engine)
         P = host.page_size
-        object_bytes = tier.plan.payload_bytes + tier.format.header_size(tier.key(_fresh()))
+        object_bytes = tier.canonical.payload_bytes + tier.format.header_size(tier.key(_fresh()))
         for n in LATENCY_PAGES:
             idx = torch.arange(n * P, dtype=torch.int64)
             raw = engine.raw_calls(object_bytes, n)
@@ -212,7 +289,7 @@ def _fresh() -> str:
 
 def _moves(tier) -> List[str]:
     from .canonical import modes
-    return sorted(set(modes(tier.plan).values()))
+    return sorted(set(modes(tier.canonical).values()))
 
 
 def _expect(got, want, call: str, tier) -> None:
@@ -304,6 +381,8 @@ def format_text(result: Dict) -> str:
     lines.append(f"goal (pages >= {g['min_page_bytes'] >> 10} KiB): prefetch >= {g['prefetch_vs_raw_get']}x raw GET, "
                  f"backup >= {g['backup_vs_raw_set']}x raw SET, checksum <= {100 * g['checksum_share']:.0f}% "
                  "of the hit path")
+    if "reshard" in result:
+        lines += format_reshard(result["reshard"])
     if "latency" in result:
         lines += format_latency(result["latency"])
     return "\n".join(lines)

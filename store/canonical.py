@@ -31,9 +31,10 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from kvtier.errors import fail
 from kvtier.kernels import RowMap
 
-from .page import Geometry, as_bytes_view, header_len
+from .page import HEAD_SPLIT, ComponentShape, Geometry, as_bytes_view, header_len
 
 LAYER_PIECE_MIN = 16 * 1024     # smaller per-layer pieces are staged (docs/store.md)
 HEADER_KEY_ROOM = 512           # key bytes a staging slot's header room holds (`object_view`)
@@ -64,6 +65,24 @@ class Staged:
     length: int
 
 
+@dataclass(frozen=True)
+class PageObject:
+    """One stored object of each page: its key suffix (`kvtier.store.split.Part`), its
+    geometry (the header's), and its payload's parts (Direct or Staged) in order.
+    ``header_room``: bytes of its staging slot region before its payload that hold its
+    header, where every part is staged (`CanonicalPages.object_view`), else 0."""
+
+    name: str
+    geometry: Geometry
+    parts: Tuple[object, ...]
+    header_room: int
+    start: int              # the first byte of its staged region in a slot
+
+    @property
+    def payload_bytes(self) -> int:
+        return self.geometry.payload_bytes
+
+
 class Staging:
     """A staging buffer for ``capacity`` pages, one slot of `CanonicalPages.slot_bytes`
     each, with its row maps (one per copy group) and a flat byte view; reused across
@@ -75,93 +94,79 @@ class Staging:
         self.view = as_bytes_view(self.tensor)
         P, stride = plan.page_size, plan.slot_bytes
         maps = {}
-        for s in plan.staged:
-            c = plan.component(s.name)
-            maps[s.name] = RowMap.from_strides(
+        for s, (c, _) in plan.staged.items():
+            maps[s] = RowMap.from_strides(
                 self.tensor, num_layers=c.num_layers, num_rows=capacity * P, page_size=P,
                 row_bytes=c.row_bytes, token_stride=c.row_bytes, page_stride=stride,
                 layer_stride=P * c.row_bytes, offset=s.offset)
-        # One map per copy group (the host group's components stacked where they can be),
+        # One map per copy group (a host group's components stacked where they can be),
         # and the page views `copy_pages` moves between.
         self.maps, self.views = [], []
-        for names, host_map in plan.copy_groups:
-            smap = maps[names[0]] if len(names) == 1 else RowMap.stack([maps[n] for n in names])
+        for parts, host_map in plan.copy_groups:
+            smap = maps[parts[0]] if len(parts) == 1 else RowMap.stack([maps[p] for p in parts])
             self.maps.append(smap)
             self.views.append(tuple(_as_chunks(v.numpy()) for v in page_views(host_map, smap)))
 
 
 class CanonicalPages:
-    """How one `HostPool`'s pages become payloads and back (module doc)."""
+    """How one `HostPool`'s pages become stored objects' payloads and back (module doc).
 
-    def __init__(self, host, layer_piece_min: int = LAYER_PIECE_MIN):
+    parts: the objects of each page (`kvtier.store.split.Part`: a key suffix and the
+    heads of the head-split components' rows it holds); default one object of whole
+    rows. scope: the text each object's geometry starts with (the identity)."""
+
+    def __init__(self, host, layer_piece_min: int = LAYER_PIECE_MIN, parts: Sequence = (),
+                 scope: str = ""):
         self.host = host
-        self.geometry = Geometry.of(host)
-        self.page_size = host.page_size
-        self.payload_bytes = self.geometry.payload_bytes
-        group_of = {}
-        for names, gmap, buf in host.groups:
-            view = as_bytes_view(buf)
-            for n in names:
-                group_of[n] = (names, gmap, buf, view)
-        self.parts: List[object] = []         # Direct or Staged, in payload order
-        self.staged: List[Staged] = []
-        # A page staged whole has room for its header just before its payload in its
-        # slot, so that header and payload are one buffer for the engine (`object_view`).
-        self.header_room = 0
-        P = self.page_size
-        hows = [self._moves_in_place(c, host.maps[c.name], layer_piece_min) for c in self.geometry.components]
-        if not any(hows):
-            text_bytes = len(self.geometry.text.encode())
-            self.header_room = -(-header_len(text_bytes, HEADER_KEY_ROOM) // 64) * 64
-        staged_off = self.header_room
-        for c, how in zip(self.geometry.components, hows):
-            m = host.maps[c.name]
-            _, _, buf, view = group_of[c.name]
-            offset = m.base - buf.data_ptr()
-            rows = P * c.row_bytes
-            if how == "whole":
-                part = Direct(c.name, view, offset, m.page_stride, 0, 1, c.num_layers * rows)
-            elif how == "layers":
-                part = Direct(c.name, view, offset, m.page_stride, m.layer_stride, c.num_layers, rows)
-            else:
-                part = Staged(c.name, staged_off, c.num_layers * rows)
-                staged_off += part.length
-                self.staged.append(part)
-            self.parts.append(part)
-        self.slot_bytes = staged_off if self.staged else 0
-        # Copy groups: a host group's staged components, stacked in one map where the
-        # staging buffer holds them at equal steps (K then V), else one per component.
-        staged_names = {s.name for s in self.staged}
-        self.copy_groups: List[Tuple[Tuple[str, ...], RowMap]] = []
-        for names, gmap, _ in host.groups:
-            mine = tuple(n for n in names if n in staged_names)
-            if not mine:
-                continue
-            if mine == names and len(names) > 1 and self._stackable(names):
-                self.copy_groups.append((names, gmap))
-            else:
-                self.copy_groups.extend(((n,), host.maps[n]) for n in mine)
+        self.page_size = P = host.page_size
+        whole = Geometry.of(host)
+        part_specs = list(parts) or [_WholeRows()]
+        group_of = {n: (names, buf) for names, _, buf in host.groups for n in names}
+        views = {id(buf): as_bytes_view(buf) for _, _, buf in host.groups}
+        self.objects: List[PageObject] = []
+        self.staged: Dict[Staged, Tuple[ComponentShape, RowMap]] = {}
+        self.copy_groups: List[Tuple[Tuple[Staged, ...], RowMap]] = []
+        off = 0
+        for spec in part_specs:
+            comps = [_sliced(host, c, spec.heads) for c in whole.components
+                     if spec.components is None or c.name in spec.components]
+            geometry = Geometry(P, tuple(c for c, _ in comps), f"{scope};part={spec.name}" if scope else "")
+            hows = [_moves_in_place(P, c, m, layer_piece_min) for c, m in comps]
+            room = 0
+            if not any(hows):
+                text_bytes = len(geometry.text.encode())
+                room = -(-header_len(text_bytes, HEADER_KEY_ROOM) // 64) * 64
+            start, off = off, off + room
+            obj_parts = []
+            for (c, m), how in zip(comps, hows):
+                names, buf = group_of[c.name]
+                offset = m.base - buf.data_ptr()
+                rows = P * c.row_bytes
+                if how == "whole":
+                    part = Direct(c.name, views[id(buf)], offset, m.page_stride, 0, 1, c.num_layers * rows)
+                elif how == "layers":
+                    part = Direct(c.name, views[id(buf)], offset, m.page_stride, m.layer_stride, c.num_layers, rows)
+                else:
+                    part = Staged(f"{spec.name}/{c.name}" if spec.name else c.name, off, c.num_layers * rows)
+                    off += part.length
+                    self.staged[part] = (c, m)
+                obj_parts.append(part)
+            self.objects.append(PageObject(spec.name, geometry, tuple(obj_parts), room, start))
+            # Copy groups: a host group's staged components of this object, stacked in
+            # one map where the staging slot holds them at equal steps (K then V), else
+            # one per component.
+            for names, _, _ in host.groups:
+                mine = [(p, self.staged[p][1]) for p, (c, _) in zip(obj_parts, comps)
+                        if c.name in names and type(p) is Staged]
+                stacked = RowMap.stack([m for _, m in mine]) if len(mine) > 1 and _even([p for p, _ in mine]) else None
+                if stacked is not None:
+                    self.copy_groups.append((tuple(p for p, _ in mine), stacked))
+                else:
+                    self.copy_groups.extend(((p,), m) for p, m in mine)
+        self.slot_bytes = off if self.staged else 0
+        self.payload_bytes = sum(o.payload_bytes for o in self.objects)
         self._free: List[Staging] = []
         self._lock = threading.Lock()
-
-    def component(self, name: str):
-        return next(c for c in self.geometry.components if c.name == name)
-
-    def _moves_in_place(self, c, m: RowMap, layer_piece_min: int) -> Optional[str]:
-        """"whole" or "layers" where component ``c`` (host map ``m``) moves in place
-        (module doc), None where it is staged."""
-        rows = self.page_size * c.row_bytes
-        if m.page_contiguous and (c.num_layers == 1 or m.layer_stride == rows):
-            return "whole"
-        if m.page_contiguous and rows >= layer_piece_min:
-            return "layers"
-        return None
-
-    def _stackable(self, names: Sequence[str]) -> bool:
-        """Whether the staging buffer holds ``names`` at one step apart, in host order."""
-        offs = {s.name: s.offset for s in self.staged}
-        steps = {offs[b] - offs[a] for a, b in zip(names, names[1:])}
-        return len(steps) == 1 and steps.pop() > 0
 
     @property
     def in_place(self) -> bool:
@@ -188,12 +193,12 @@ class CanonicalPages:
                 del self._free[4:]      # a backup and a prefetch thread keep two at most in use
 
     # ------------------------------------------------------------------ pieces
-    def pieces(self, page: int, staging: Optional[Staging], slot: int) -> List[memoryview]:
-        """The payload of host page number ``page`` (slot // page_size) as pieces in
-        canonical order: host memory for direct components, staging slot ``slot`` for
-        staged ones."""
+    def pieces(self, page: int, staging: Optional[Staging], slot: int, obj: int = 0) -> List[memoryview]:
+        """The payload of object ``obj`` of host page number ``page`` (slot // page_size)
+        as pieces in canonical order: host memory for direct components, staging slot
+        ``slot`` for staged ones."""
         out = []
-        for part in self.parts:
+        for part in self.objects[obj].parts:
             if type(part) is Direct:
                 base = part.offset + page * part.page_stride
                 for i in range(part.count):
@@ -204,15 +209,18 @@ class CanonicalPages:
                 out.append(staging.view[a:a + part.length])
         return out
 
-    def object_view(self, staging: Optional[Staging], slot: int, header_bytes: int) -> Optional[memoryview]:
-        """Staging slot ``slot`` as one buffer of a header of ``header_bytes`` followed by
-        the page's payload, where the page is staged whole and its header fits the
-        slot's room; else None. Engines move a value in one buffer faster than in two
-        (Mooncake sends each buffer as a transfer of its own, so it would gather them)."""
-        if staging is None or header_bytes > self.header_room:
+    def object_view(self, staging: Optional[Staging], slot: int, header_bytes: int,
+                    obj: int = 0) -> Optional[memoryview]:
+        """Object ``obj`` of staging slot ``slot`` as one buffer of a header of
+        ``header_bytes`` followed by its payload, where the object is staged whole and
+        its header fits its room; else None. Engines move a value in one buffer faster
+        than in two (Mooncake sends each buffer as a transfer of its own, so it would
+        gather them)."""
+        o = self.objects[obj]
+        if staging is None or header_bytes > o.header_room:
             return None
-        a = slot * self.slot_bytes + self.header_room
-        return staging.view[a - header_bytes:a + self.payload_bytes]
+        a = slot * self.slot_bytes + o.start + o.header_room
+        return staging.view[a - header_bytes:a + o.payload_bytes]
 
     # ------------------------------------------------------------------ staged copies
     def to_staging(self, host_pages: Sequence[int], staging: Staging, first_slot: int = 0) -> None:
@@ -230,6 +238,58 @@ class CanonicalPages:
             slots = range(first_slot, first_slot + len(host_pages))
             for host_v, staging_v in staging.views:
                 copy_pages(staging_v, slots, host_v, host_pages)
+
+
+@dataclass(frozen=True)
+class _WholeRows:
+    name: str = ""
+    components: Optional[Tuple[str, ...]] = None
+    heads: Optional[Tuple[int, int]] = None
+
+
+def _sliced(host, c: ComponentShape, heads: Optional[Tuple[int, int]]) -> Tuple[ComponentShape, RowMap]:
+    """Component ``c`` of ``host`` as an object holds it: its rows' heads ``heads``
+    (first, count) of a head-split component, else whole rows; with its host map."""
+    m = host.maps[c.name]
+    if heads is None or c.name not in HEAD_SPLIT:
+        return c, m
+    first, count = heads
+    local = c.row_shape[0] if len(c.row_shape) > 1 else 1
+    head_bytes = c.row_bytes // local
+    buf = host.buffers[c.name]
+    offset = m.base - buf.data_ptr()
+    if m.n_chunks == local and local > 1:          # page_head: one chunk per head
+        sub = RowMap.from_strides(buf, num_layers=m.num_layers, num_rows=m.num_rows, page_size=m.page_size,
+                                  row_bytes=count * head_bytes, token_stride=m.token_stride,
+                                  page_stride=m.page_stride, layer_stride=m.layer_stride,
+                                  offset=offset + first * m.chunk_stride, n_chunks=count,
+                                  chunk_stride=m.chunk_stride)
+    elif m.n_chunks == 1:
+        sub = RowMap.from_strides(buf, num_layers=m.num_layers, num_rows=m.num_rows, page_size=m.page_size,
+                                  row_bytes=count * head_bytes, token_stride=m.token_stride,
+                                  page_stride=m.page_stride, layer_stride=m.layer_stride,
+                                  offset=offset + first * head_bytes)
+    else:
+        raise fail("host", c.name, f"rows of {m.n_chunks} chunks cannot be split into {local} heads")
+    shape = (count, *c.row_shape[1:]) if len(c.row_shape) > 1 else c.row_shape
+    return ComponentShape(c.name, c.num_layers, tuple(shape), c.dtype, count * head_bytes), sub
+
+
+def _moves_in_place(P: int, c: ComponentShape, m: RowMap, layer_piece_min: int) -> Optional[str]:
+    """"whole" or "layers" where component ``c`` (host map ``m``) moves in place
+    (module doc), None where it is staged."""
+    rows = P * c.row_bytes
+    if m.page_contiguous and (c.num_layers == 1 or m.layer_stride == rows):
+        return "whole"
+    if m.page_contiguous and rows >= layer_piece_min:
+        return "layers"
+    return None
+
+
+def _even(parts: Sequence[Staged]) -> bool:
+    """Whether the staging slot holds ``parts`` one step apart, in order."""
+    steps = {b.offset - a.offset for a, b in zip(parts, parts[1:])}
+    return len(steps) == 1 and steps.pop() > 0
 
 
 # ---------------------------------------------------------------------- the page copy
@@ -286,6 +346,7 @@ def copy_pages(src, src_pages: Sequence[int], dst, dst_pages: Sequence[int]) -> 
 
 
 def modes(plan: CanonicalPages) -> Dict[str, str]:
-    """How each component moves: "whole", "layers" or "staged" (for docs and tests)."""
-    return {p.name: ("staged" if isinstance(p, Staged) else "whole" if p.count == 1 else "layers")
-            for p in plan.parts}
+    """How each component of a page's first object moves: "whole", "layers" or "staged"
+    (for docs and tests)."""
+    return {c.name: ("staged" if isinstance(p, Staged) else "whole" if p.count == 1 else "layers")
+            for c, p in zip(plan.objects[0].geometry.components, plan.objects[0].parts)}

@@ -45,7 +45,7 @@ from kvtier.warn_once import warn_once as warn_once_any
 log = logging.getLogger("kvtier")
 
 MAGIC = b"KVTIERPG"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 _FIXED = struct.Struct("<8sHHIQIIQ")        # magic .. checksum: 40 bytes
 assert _FIXED.size == 40
 _ALGO_AT, _CHECKSUM_AT = 10, 32
@@ -135,6 +135,7 @@ class Geometry:
 
     page_size: int
     components: Tuple[ComponentShape, ...]
+    scope: str = ""         # what the rows are a part of: the identity and the object's layers and heads
 
     @classmethod
     def of(cls, host) -> "Geometry":
@@ -147,8 +148,9 @@ class Geometry:
 
     @property
     def text(self) -> str:
-        """The geometry as the header holds it, e.g. ``page=16;k=bfloat16[8,128]x32;v=...``."""
-        return f"page={self.page_size};" + ";".join(c.text() for c in self.components)
+        """The geometry as the header holds it, e.g. ``<scope>|page=16;k=bfloat16[2,128]x32;v=...``."""
+        rows = f"page={self.page_size};" + ";".join(c.text() for c in self.components)
+        return f"{self.scope}|{rows}" if self.scope else rows
 
     def component_bytes(self, c: ComponentShape) -> int:
         return c.num_layers * self.page_size * c.row_bytes
@@ -165,44 +167,54 @@ class Geometry:
             off += self.component_bytes(c)
         return out
 
+
+# ---------------------------------------------------------------------- identity, namespaces, keys
+HEAD_SPLIT = ("k", "v")     # components whose rows are a rank's KV heads (MHA); the rest are whole on every rank
+MAX_GROUPS = 8              # a page's head-split components are stored in gcd(heads, 8) head groups
+
+
+@dataclass(frozen=True)
+class Identity:
+    """What makes a page's bytes meaningful, independent of how the writer was split:
+    the model (name, revision or a caller-given id), the page size, the model's layer
+    count, each component's dtype and whole-model row shape (every KV head), the
+    quantisation scale layout, and the KV cache dtype's name where the rows' dtype does
+    not tell it (fp8 kept as uint8). Two pools share objects only where every field is
+    equal (`fingerprint`); readers also compare the whole `text` in each object's header."""
+
+    model: str
+    page_size: int
+    layers: int
+    components: Tuple[Tuple[str, str, Tuple[int, ...]], ...]    # (name, dtype, whole row shape)
+    scales: str = "none"
+    kv_dtype: str = ""
+
     @property
-    def id(self) -> str:
-        """A short name of the geometry for namespaces: page size, dtypes, and 12 hex
-        digits of BLAKE2b of `text` (e.g. ``p16-bfloat16-3f9a0c...``)."""
-        dtypes = "+".join(dict.fromkeys(c.dtype for c in self.components))
-        digest = hashlib.blake2b(self.text.encode(), digest_size=6).hexdigest()
-        return f"p{self.page_size}-{dtypes}-{digest}"
+    def text(self) -> str:
+        comps = ";".join(f"{n}={d}[{','.join(map(str, r))}]" for n, d, r in self.components)
+        kv = f";kv={self.kv_dtype}" if self.kv_dtype else ""
+        return f"model={self.model};page={self.page_size};layers={self.layers};{comps};scales={self.scales}{kv}"
+
+    @property
+    def fingerprint(self) -> str:
+        """16 hex digits of BLAKE2b of `text`."""
+        return hashlib.blake2b(self.text.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
 
 
-# ---------------------------------------------------------------------- namespaces and keys
-def namespace(model: str, geometry: Geometry, tp: Optional[Tuple[int, int]] = None,
-              pp: Optional[Tuple[int, int]] = None) -> str:
-    """The namespace of a pool's objects::
+def namespace(identity: Identity) -> str:
+    """The namespace of an identity's objects: ``kvtier2:<model>:<fingerprint>``.
 
-        kvtier1:<model>:<geometry id>[:tp<rank>of<size>][:pp<rank>of<size>]
-
-    ``model`` is percent-encoded outside ``[A-Za-z0-9._~/-]`` (so ``:`` only separates,
-    and no ``{`` makes a Redis Cluster hash tag). ``tp``: (rank, size) for pools whose
-    pages differ per tensor-parallel rank (MHA: each rank holds its heads); None for one
-    copy shared by every rank (MLA). ``pp``: (rank, size) of a pipeline stage (its
-    layers), None without pipeline parallelism."""
-    if not isinstance(model, str) or not model:
-        raise fail("model", model, "must be a non-empty str naming the model")
-    parts = ["kvtier1", quote(model, safe="/-._~"), geometry.id]
-    for tag, shard in (("tp", tp), ("pp", pp)):
-        if shard is None:
-            continue
-        ok = (isinstance(shard, tuple) and len(shard) == 2 and all(type(x) is int for x in shard)
-              and 0 <= shard[0] < shard[1])
-        if not ok:
-            raise fail(tag, shard, "must be (rank, size) with 0 <= rank < size, or None")
-        parts.append(f"{tag}{shard[0]}of{shard[1]}")
-    return ":".join(parts)
+    The model is percent-encoded outside ``[A-Za-z0-9._~/@-]`` (so ``:`` only separates,
+    and no ``{`` makes a Redis Cluster hash tag)."""
+    if not isinstance(identity.model, str) or not identity.model:
+        raise fail("model", identity.model, "must be a non-empty str naming the model")
+    return f"kvtier2:{quote(identity.model, safe='/-._~@')}:{identity.fingerprint}"
 
 
-def store_key(ns: str, page_key: str) -> str:
-    """The key a page is stored under."""
-    return f"{ns}:{page_key}"
+def object_key(ns: str, page_key: str, part: str) -> str:
+    """The key of one object of a page: namespace, the engine's page key, and the part
+    of the page it holds (``L<first>-<end>:h<group>of<groups>`` or ``L<first>-<end>:all``)."""
+    return f"{ns}:{page_key}:{part}"
 
 
 # ---------------------------------------------------------------------- headers

@@ -33,18 +33,24 @@ The calls, with SGLang's semantics:
 - ``get_stats()``: SGLang's `StorageMetrics` (pages and GB/s per call, when SGLang
   collects storage metrics), with kvtier's counters as its ``kvtier`` attribute.
 
-Keys are namespaced by model, geometry (dtype, page size, rows, layers) and, for MHA, TP
-rank (`kvtier.store.page.namespace`): TP ranks of an MHA model write objects of their
-own, every rank of an MLA model reads one copy (SGLang's controller lets only the
-storage writer, TP rank 0, back MLA pages up), and a bf16 and an fp8 server of one
-model never share an object. A store fault (missing, timed out, refused, corrupt,
-another geometry) is a miss or a page not stored, never an exception in SGLang's
+Pages are stored as topology-free objects (`kvtier.store.split`, docs/store.md): one
+per layer range and KV head group of an MHA model, one per layer range of an MLA model,
+named by the model (``model`` or SGLang's model name, and ``revision``), the KV dtype,
+layer count, whole-model head geometry and scale layout (``kv_scales``). A server at any
+TP size (1, 2, 4, 8, either dividing the other) reads the pages of one at another;
+each rank writes only its own head groups (the first rank of a replica set where
+``tp_size`` exceeds the KV heads, then ``kv_heads`` must be given), MLA pages are
+written by TP rank 0 (as SGLang's controller also lets only rank 0 back them up). A
+pipeline stage names its objects by its layers (SGLang's ``start_layer``) of
+``num_layers``, which must then be given. ``tp_lcm_size`` is accepted and changes
+nothing: no TP size needs it. A store fault (missing, timed out, refused, corrupt,
+another identity) is a miss or a page not stored, never an exception in SGLang's
 thread; each failure mode logs one WARNING and is counted. The controller's backup,
 prefetch and prefetch-I/O threads may call one instance at once.
 
 Not supported, refused at construction or registration with the reason: decode
 context parallelism (SGLang refuses third-party L3 backends with it anyway), attention
-context parallelism, heterogeneous-TP head splitting (``tp_lcm_size``), SGLang's batch
+context parallelism, SGLang's batch
 v2 side pools (Mamba, SWA, indexer, draft pools of hybrid models), and host pools other
 than `kvtier.store.sglang_pools.LAYOUTS`'s.
 """
@@ -69,7 +75,7 @@ from .tier import StoreTier
 
 log = logging.getLogger("kvtier")
 
-OWN_KEYS = ("url", "timeout_ms", "model")
+OWN_KEYS = ("url", "timeout_ms", "model", "revision", "kv_heads", "num_layers", "kv_scales", "kv_cache_dtype")
 # Keys of the extra config SGLang reads itself (the dynamic loader's, the controller's).
 SGLANG_KEYS = ("backend_name", "module_path", "class_name", "interface_v1", "tp_lcm_size",
                "prefetch_threshold", "prefetch_timeout_base", "prefetch_timeout_per_ki_token",
@@ -89,7 +95,9 @@ class KvtierStorage(HiCacheStorage):
         self.timeout_ms = cfg["timeout_ms"]
         self.model: str = cfg["model"]
         self.tp = (storage_config.tp_rank, storage_config.tp_size)
-        self.pp = (storage_config.pp_rank, storage_config.pp_size) if storage_config.pp_size > 1 else None
+        self.pp_size = storage_config.pp_size
+        self.identity = {k: cfg[k] for k in ("revision", "kv_heads", "num_layers", "kv_scales", "kv_cache_dtype")}
+        self._tier_args: Optional[dict] = None
         self.is_mla = bool(storage_config.is_mla_model)
         self.interface_v1 = cfg["interface_v1"]
         self._metrics = bool(getattr(storage_config, "enable_storage_metrics", False))
@@ -123,13 +131,24 @@ class KvtierStorage(HiCacheStorage):
             raise fail("mem_pool_host", kind, f"storage_config.is_mla_model is {self.is_mla}; "
                        "the host pool must be of the same kind")
         host = sglang_pools.adopt(mem_pool_host)
-        tier = StoreTier(host, self.engine, model=self.model, tp=self.tp, pp=self.pp,
-                         timeout_ms=self.timeout_ms)
+        first, total = getattr(mem_pool_host, "start_layer", 0) or 0, self.identity["num_layers"]
+        if self.pp_size > 1 and total is None:
+            raise fail("extra_config['num_layers']", None, "must be the model's layer count with pipeline "
+                       "parallelism (a stage's objects are named by its layers of the model's)")
+        args = dict(model=self.model, revision=self.identity["revision"], tp=self.tp,
+                    heads=self.identity["kv_heads"], scales=self.identity["kv_scales"],
+                    kv_dtype=self.identity["kv_cache_dtype"],
+                    layers=(first, total) if total is not None else None, timeout_ms=self.timeout_ms)
+        if self.identity["kv_cache_dtype"] is None and any(c.dtype == torch.uint8 for c in host.components.values()):
+            self._warn("fp8", "the host pool keeps KV as uint8 (fp8), which does not say which fp8 format; "
+                       "set \"kv_cache_dtype\" in the extra config (e.g. \"fp8_e4m3\") so that servers of "
+                       "another fp8 format share no page")
+        tier = StoreTier(host, self.engine, **args)
         super().register_mem_pool_host(mem_pool_host)
-        self.host, self._tier = host, tier
+        self.host, self._tier, self._tier_args = host, tier, args
         self._legacy, self._stages = threading.local(), []
         log.info("kvtier HiCache storage: %s %s pages (%s) as %s on %s", kind, host.layout,
-                 ", ".join(f"{n} {m}" for n, m in modes(tier.plan).items()), tier.namespace, self.url)
+                 ", ".join(f"{n} {m}" for n, m in modes(tier.canonical).items()), tier.namespace, self.url)
 
     def register_mem_host_pool_v2(self, host_pool, host_pool_name) -> None:
         """SGLang's batch v2 pools: the KV pool itself is accepted (it is the registered
@@ -259,9 +278,9 @@ class KvtierStorage(HiCacheStorage):
         """The store tier over the registered host pool."""
         return self._need_tier()
 
-    def store_key(self, page_key: str) -> str:
-        """The key ``page_key``'s object is stored under (namespace and page key)."""
-        return self._need_tier().key(page_key)
+    def store_keys(self, page_key: str) -> List[str]:
+        """The keys of the objects of ``page_key`` this rank reads (`StoreTier.keys`)."""
+        return self._need_tier().keys(page_key)
 
     def close(self) -> None:
         """Close the store's connections (later calls read as misses)."""
@@ -324,7 +343,7 @@ class _LegacyStage:
             raise fail("mem_pool_host", "AsymmetricMHATokenToKVPoolHost",
                        "has no flat page (SGLang's get_data_page refuses it); use \"interface_v1\": 1")
         self.host = sglang_pools.scratch(pool, LEGACY_PAGES)
-        self.tier = StoreTier(self.host, storage.engine, model=storage.model, tp=storage.tp, pp=storage.pp)
+        self.tier = StoreTier(self.host, storage.engine, **storage._tier_args)
         assert self.tier.namespace == tier.namespace
         self._slots = torch.arange(LEGACY_PAGES * self.host.page_size, dtype=torch.int64)
 
@@ -369,9 +388,6 @@ def _config(storage_config) -> dict:
     if getattr(storage_config, "attn_cp_size", 1) != 1:
         raise fail("storage_config.attn_cp_size", storage_config.attn_cp_size,
                    "attention context parallelism is not supported (each CP rank holds a slice of every page)")
-    if getattr(storage_config, "should_split_heads", False):
-        raise fail("storage_config.tp_lcm_size", getattr(storage_config, "tp_lcm_size", None),
-                   "splitting pages by heads across TP sizes is not supported; remove tp_lcm_size")
     extra = storage_config.extra_config
     if not isinstance(extra, dict):
         raise fail("extra_config", extra, "must be a dict with at least \"url\" "
@@ -394,7 +410,18 @@ def _config(storage_config) -> dict:
         where = "extra_config['model']" if "model" in extra else "storage_config.model_name"
         raise fail(where, model, "must name the model (a non-empty str): pages are keyed by it; "
                    "set \"model\" in the extra config")
-    return {"url": url, "timeout_ms": timeout, "model": model, "interface_v1": bool(v1)}
+    out = {"url": url, "timeout_ms": timeout, "model": model, "interface_v1": bool(v1)}
+    for key, kind, default, what in (("revision", str, None, "the model's revision (a non-empty str)"),
+                                     ("kv_heads", int, None, "the model's KV heads (a positive int)"),
+                                     ("num_layers", int, None, "the model's layer count (a positive int)"),
+                                     ("kv_scales", str, "none", "the KV quantisation scale layout (a non-empty str)"),
+                                     ("kv_cache_dtype", str, None, "SGLang's --kv-cache-dtype (a non-empty str)")):
+        value = extra.get(key, default)
+        if value is not default and (isinstance(value, bool) or not isinstance(value, kind) or not value
+                                     or (kind is int and value < 1)):
+            raise fail(f"extra_config['{key}']", value, f"must be {what}")
+        out[key] = value
+    return out
 
 
 __all__ = ["KvtierStorage"]

@@ -43,7 +43,8 @@ from kvtier.kernels.validate import check_index, check_pages_in_range, index_ok
 
 from .canonical import LAYER_PIECE_MIN, CanonicalPages, Staging
 from .engine import DEFAULT_TIMEOUT_MS, Engine, Status, open_store
-from .page import PageFormat, namespace, store_key
+from .page import PageFormat, namespace, object_key
+from .split import split_of
 
 log = logging.getLogger("kvtier")
 
@@ -57,17 +58,23 @@ class StoreTier:
     """Backup and prefetch of ``host``'s pages through ``store`` (a URL for
     `open_store`, or an open `Engine`, which the tier then does not close).
 
-    model: names the model in the namespace (e.g. its path or hub name).
-    tp: (rank, size) of this tensor-parallel rank; kept in the namespace for pools
-        whose pages differ per rank (MHA: a "k" component), dropped for MLA pools (one
-        copy shared by every rank).
-    pp: (rank, size) of this pipeline stage, or None.
+    model: names the model (its path or hub name, or an id of the caller's);
+        ``revision``, where given, is appended as ``model@revision``.
+    tp: (rank, size) of this tensor-parallel rank, None for (0, 1). heads: the model's
+        KV heads (default: the host rows' heads times the TP size). layers: (first,
+        total) where the pool holds a pipeline stage's layers. scales: the quantisation
+        scale layout. kv_dtype: the KV cache dtype's name where the rows' dtype does not
+        tell it (SGLang keeps fp8 e4m3 and e5m2 alike as uint8). These make the objects' identity (`kvtier.store.split`): a page
+        is stored as objects by layer range and KV head group that a rank of any TP
+        size reads, each rank writing only the objects no rank before it holds.
     batch_pages: pages per engine call at most (fewer where staging memory would pass
         `STAGING_BYTES`, or where the engine prefers calls of ``engine.batch_bytes``).
     """
 
-    def __init__(self, host, store: Union[str, Engine], *, model: str,
-                 tp: Optional[Tuple[int, int]] = None, pp: Optional[Tuple[int, int]] = None,
+    def __init__(self, host, store: Union[str, Engine], *, model: str, revision: Optional[str] = None,
+                 tp: Optional[Tuple[int, int]] = None, heads: Optional[int] = None,
+                 layers: Optional[Tuple[int, int]] = None, scales: str = "none",
+                 kv_dtype: Optional[str] = None,
                  timeout_ms: int = DEFAULT_TIMEOUT_MS, batch_pages: int = BATCH_PAGES,
                  layer_piece_min: int = LAYER_PIECE_MIN):
         from kvtier.pool import HostPool
@@ -75,20 +82,29 @@ class StoreTier:
             raise fail("host", type(host).__name__, "must be a kvtier.pool.HostPool")
         if isinstance(batch_pages, bool) or not isinstance(batch_pages, int) or batch_pages < 1:
             raise fail("batch_pages", batch_pages, "must be a positive int")
+        if revision is not None and (not isinstance(revision, str) or not revision):
+            raise fail("revision", revision, "must be a non-empty str, or None")
+        if not isinstance(model, str) or not model:
+            raise fail("model", model, "must be a non-empty str naming the model")
         self.host = host
-        self.plan = CanonicalPages(host, layer_piece_min)
-        self.format = PageFormat(self.plan.geometry)
-        per_rank = "k" in host.components
-        self.namespace = namespace(model, self.plan.geometry, tp if per_rank else None, pp)
+        self.split = split_of(host, model=model if revision is None else f"{model}@{revision}",
+                              tp=tp, heads=heads, layers=layers, scales=scales, kv_dtype=kv_dtype)
+        self.namespace = namespace(self.split.identity)
+        scope, parts = self.split.identity.text, self.split.parts
+        self.read = _Objects(CanonicalPages(host, layer_piece_min, parts, scope))
+        written = tuple(p for p in parts if p.writes)
+        self.write = (self.read if written == parts else
+                      _Objects(CanonicalPages(host, layer_piece_min, written, scope)) if written else None)
         if isinstance(store, Engine):
             self.engine, self._owns = store, False
         else:
             self.engine, self._owns = open_store(store, timeout_ms=timeout_ms), True
-        staged = max(self.plan.slot_bytes - self.plan.header_room, 1)
-        self.batch_pages = max(1, min(batch_pages, STAGING_BYTES // staged)) if self.plan.staged else batch_pages
+        cp = self.read.canonical
+        staged = max(cp.slot_bytes - sum(o.header_room for o in cp.objects), 1)
+        self.batch_pages = max(1, min(batch_pages, STAGING_BYTES // staged)) if cp.staged else batch_pages
         hint = getattr(self.engine, "batch_bytes", None)     # an engine's preferred call size
         if hint:
-            self.batch_pages = max(1, min(self.batch_pages, hint // self.plan.payload_bytes))
+            self.batch_pages = max(1, min(self.batch_pages, hint // cp.payload_bytes))
         self.stats: Counter = Counter()
         self._lock = threading.Lock()
         self._warned: set = set()
@@ -101,9 +117,33 @@ class StoreTier:
     def page_size(self) -> int:
         return self.host.page_size
 
+    @property
+    def format(self) -> PageFormat:
+        """The page format of a tier of one object per page."""
+        if self.read.m != 1:
+            raise fail("format", self.read.m, "this tier reads several objects per page (read.formats)")
+        return self.read.formats[0]
+
+    @property
+    def canonical(self) -> CanonicalPages:
+        """How this rank's pages become the objects it reads."""
+        return self.read.canonical
+
+    def keys(self, page_key: str) -> List[str]:
+        """The keys of ``page_key``'s objects this rank reads (`read`)."""
+        return self._keys([page_key], self.read)
+
     def key(self, page_key: str) -> str:
-        """The key ``page_key``'s object is stored under."""
-        return store_key(self.namespace, page_key)
+        """The key of ``page_key``'s object, for a tier of one object per page."""
+        keys = self.keys(page_key)
+        if len(keys) != 1:
+            raise fail("page_key", page_key, f"is stored as {len(keys)} objects here (keys)")
+        return keys[0]
+
+    def written_keys(self, page_key: str) -> List[str]:
+        """The keys of ``page_key``'s objects this rank writes (`write`; none where
+        other ranks write every object it holds: `kvtier.store.split`)."""
+        return self._keys([page_key], self.write) if self.write is not None else []
 
     def close(self) -> None:
         """Close the engine where the tier opened it."""
@@ -117,30 +157,37 @@ class StoreTier:
     # ------------------------------------------------------------------ calls
     def backup(self, page_keys: Sequence[str], host_indices: torch.Tensor) -> List[bool]:
         """Store the pages at ``host_indices`` under ``page_keys``; True where stored."""
-        keys = self._keys(page_keys)
-        pages = self._pages(host_indices, len(keys), distinct=False)
+        side = self.write
+        keys = self._keys(page_keys, side)
+        n = len(page_keys)
+        pages = self._pages(host_indices, n, distinct=False)
+        if side is None:        # ranks before this one write every object it holds
+            self._count(left_to_writer=n)
+            return [True] * n
         out: List[bool] = []
 
         def finish(batch: _Batch, statuses: List[Status]) -> bool:
-            stored = [s == Status.HIT for s in statuses]
+            stored = [all(s == Status.HIT for s in ss) for ss in _per_page(statuses, side.m)]
             self._count(stored=sum(stored), store_failed=len(stored) - sum(stored))
             out.extend(stored)
             return True
 
         try:
-            self._run(keys, pages, self._sealed, self._put, None, finish)
+            self._run(side, keys, pages, self._sealed, self._put, None, finish)
         except Exception as e:          # never into the caller's thread
             self._warn("backup.exception", "backup failed (%s: %s); pages reported not stored",
                        type(e).__name__, e)
-            self._count(store_failed=len(keys) - len(out))
-        return out + [False] * (len(keys) - len(out))
+            self._count(store_failed=n - len(out))
+        return out + [False] * (n - len(out))
 
     def prefetch(self, page_keys: Sequence[str], host_indices: torch.Tensor) -> int:
         """Read the pages of ``page_keys`` into the host pages at ``host_indices``;
         returns how many leading pages were read and verified (the rest are misses and
         their host pages hold undefined bytes)."""
-        keys = self._keys(page_keys)
-        pages = self._pages(host_indices, len(keys), distinct=True)
+        side = self.read
+        keys = self._keys(page_keys, side)
+        n = len(page_keys)
+        pages = self._pages(host_indices, n, distinct=True)
         done = [0]
 
         def finish(batch: _Batch, statuses: List[Status]) -> bool:
@@ -149,39 +196,41 @@ class StoreTier:
             for was_placed, same in itertools.groupby(batch.placed[:run]):     # runs: one copy each
                 k = j + len(list(same))
                 if not was_placed:
-                    self.plan.from_staging(batch.staging, batch.pages[j:k], j)
+                    side.canonical.from_staging(batch.staging, batch.pages[j:k], j)
                 j = k
             done[0] += run
-            return run == len(batch.keys)
+            return run == len(batch.pages)
 
         try:
-            self._run(keys, pages, self._receivers, self._get, _all_hits, finish)
+            self._run(side, keys, pages, self._receivers, self._get, _all_hits, finish)
         except Exception as e:
             self._warn("prefetch.exception", "prefetch failed (%s: %s); pages reported missing",
                        type(e).__name__, e)
             self._count(errors=1)
-        missed = len(keys) - done[0]
+        missed = n - done[0]
         self._count(skipped=missed - 1 if missed else 0)     # after the first miss, counted as what it was
         return done[0]
 
     def exists(self, page_keys: Sequence[str]) -> int:
         """How many leading keys of ``page_keys`` are stored."""
-        keys = self._keys(page_keys)
-        done = 0
-        for a in range(0, len(keys), self.batch_pages):
-            ks = keys[a:a + self.batch_pages]
+        m = self.read.m
+        keys = self._keys(page_keys, self.read)
+        step, done = self.batch_pages * m, 0
+        for a in range(0, len(keys), step):
+            ks = keys[a:a + step]
             statuses = self.engine.exists(ks)       # a fault is a status, never an exception
-            run = next((j for j, s in enumerate(statuses) if s != Status.HIT), len(ks))
+            hits = [all(s == Status.HIT for s in ss) for ss in _per_page(statuses, m)]
+            run = next((j for j, hit in enumerate(hits) if not hit), len(hits))
             done += run
-            self._count(exists_hits=run, exists_misses=int(run < len(ks)))
-            if run < len(ks):
+            self._count(exists_hits=run, exists_misses=int(run < len(hits)))
+            if run < len(hits):
                 break
         return done
 
     # ------------------------------------------------------------------ batches
-    def _run(self, keys: List[str], pages: List[int], prepare, move, go_on, finish) -> None:
-        """A call in batches of `batch_pages`, each through three steps: ``prepare(keys,
-        pages, staging)`` makes its `_Batch` (CPU: staging copy, checksums), ``move(batch)``
+    def _run(self, side: "_Objects", keys: List[str], pages: List[int], prepare, move, go_on, finish) -> None:
+        """A call in batches of `batch_pages` pages (``side.m`` objects each), each
+        through three steps: ``prepare(side, keys, pages, staging)`` makes its `_Batch` (CPU: staging copy, checksums), ``move(batch)``
         is its engine call, ``finish(batch, statuses)`` uses the result (CPU;
         False ends the call). While one batch's engine call runs on the tier's worker
         thread, this thread finishes the batch before it and prepares the one after: the
@@ -191,27 +240,28 @@ class StoreTier:
         this returns or raises, no engine call of it is running and every staging
         buffer it took is given back. A call of one batch runs wholly on this thread
         (nothing to overlap: no hand-off to a worker)."""
-        if not keys:
+        if not pages:
             return
-        if len(keys) <= self.batch_pages:
-            staging = self.plan.take_staging(len(keys))
+        cp, m = side.canonical, side.m
+        if len(pages) <= self.batch_pages:
+            staging = cp.take_staging(len(pages))
             try:
-                batch = prepare(keys, pages, staging)
+                batch = prepare(side, keys, pages, staging)
                 finish(batch, move(batch))
             finally:
-                self.plan.give_staging(staging)
+                cp.give_staging(staging)
             return
-        spans = [(a, a + self.batch_pages) for a in range(0, len(keys), self.batch_pages)]
+        spans = [(a, a + self.batch_pages) for a in range(0, len(pages), self.batch_pages)]
         pool = self._workers()
         held: List[_Batch] = []     # prepared, not finished (staging out); held[0]'s engine call is `flight`
         flight = None
         try:
             for a, b in spans:
-                staging = self.plan.take_staging(b - a)
+                staging = cp.take_staging(len(pages[a:b]))
                 try:
-                    held.append(prepare(keys[a:b], pages[a:b], staging))    # overlaps `flight`
+                    held.append(prepare(side, keys[a * m:b * m], pages[a:b], staging))    # overlaps `flight`
                 except BaseException:
-                    self.plan.give_staging(staging)
+                    cp.give_staging(staging)
                     if flight is not None:      # what was moved still counts
                         statuses, flight = flight.result(), None
                         finish(held[0], statuses)
@@ -226,7 +276,7 @@ class StoreTier:
                     return
                 flight = pool.submit(move, held[1])
                 going = finish(held[0], statuses)                   # overlaps the new `flight`
-                self.plan.give_staging(held.pop(0).staging)
+                cp.give_staging(held.pop(0).staging)
                 if not going:
                     return
             if held:
@@ -237,7 +287,7 @@ class StoreTier:
             if flight is not None:          # ended early or raised: let its engine call end first
                 concurrent.futures.wait([flight])
             for batch in held:
-                self.plan.give_staging(batch.staging)
+                cp.give_staging(batch.staging)
 
     def _workers(self) -> concurrent.futures.ThreadPoolExecutor:
         """The threads that run engine calls (two: a backup and a prefetch thread each
@@ -247,37 +297,52 @@ class StoreTier:
                 self._pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="kvtier-store")
             return self._pool
 
-    def _sealed(self, keys: List[str], pages: List[int], staging: Optional[Staging]) -> "_Batch":
+    def _sealed(self, side: "_Objects", keys: List[str], pages: List[int], staging: Optional[Staging]) -> "_Batch":
         """A backup batch: its pages are staged and sealed one by one by `_sealer`, as
         the engine sends them where it sends values one by one (`Engine.fills_as_sent`),
         else now (this thread, beside the engine call of the batch before)."""
-        pieces = [self.plan.pieces(p, staging, j) for j, p in enumerate(pages)]
-        headers, buffers = self._framed([self.format.header(k) for k in keys], pieces, staging)
-        batch = _Batch(keys, pages, staging, headers, buffers, pieces, sealed=[None] * len(keys))
+        m = side.m
+        pieces = self._pieces(side, pages, staging)
+        headers, buffers = self._framed(side, [side.formats[i % m].header(k) for i, k in enumerate(keys)],
+                                        pieces, staging)
+        batch = _Batch(side, keys, pages, staging, headers, buffers, pieces, sealed=[None] * len(keys))
+        if m > 1:       # a page's staging copy serves several objects: made here, once
+            try:
+                side.canonical.to_staging(pages, staging)
+            except Exception as e:
+                self._warn("backup.seal", "pages could not be staged (%s: %s); they are not "
+                           "stored", type(e).__name__, e)
+                batch.sealed[:] = [False] * len(keys)
         if not self.engine.fills_as_sent:
             fill = self._sealer(batch)
             for j in range(len(keys)):
                 fill(j)
         return batch
 
-    def _receivers(self, keys: List[str], pages: List[int], staging: Optional[Staging]) -> "_Batch":
+    def _receivers(self, side: "_Objects", keys: List[str], pages: List[int], staging: Optional[Staging]) -> "_Batch":
         """A prefetch batch: a header buffer and the payload pieces (host memory or
         staging) per page, for the engine to read into."""
-        plan, fmt = self.plan, self.format
-        pieces = [plan.pieces(p, staging, j) for j, p in enumerate(pages)]
-        headers, buffers = self._framed([bytearray(fmt.header_size(k)) for k in keys], pieces, staging)
-        return _Batch(keys, pages, staging, headers, buffers, pieces, [_UNHEARD] * len(keys),
-                      placed=[staging is None] * len(keys))
+        m = side.m
+        pieces = self._pieces(side, pages, staging)
+        headers, buffers = self._framed(side, [bytearray(side.formats[i % m].header_size(k))
+                                               for i, k in enumerate(keys)], pieces, staging)
+        return _Batch(side, keys, pages, staging, headers, buffers, pieces, [_UNHEARD] * len(keys),
+                      placed=[staging is None] * len(pages))
 
-    def _framed(self, headers: List[bytearray], pieces: List[List[memoryview]],
+    def _pieces(self, side: "_Objects", pages: List[int], staging: Optional[Staging]) -> List[List[memoryview]]:
+        """Each object's payload pieces, page by page (`CanonicalPages.pieces`)."""
+        cp = side.canonical
+        return [cp.pieces(p, staging, j, o) for j, p in enumerate(pages) for o in range(side.m)]
+
+    def _framed(self, side: "_Objects", headers: List[bytearray], pieces: List[List[memoryview]],
                 staging: Optional[Staging]) -> Tuple[list, List[list]]:
         """Each page's header buffer, and the buffers the engine moves: the header then
         the payload pieces, or one buffer where the page's staging slot holds its header
         just before its payload (a page staged whole, `CanonicalPages.object_view`; the
         header is copied there)."""
-        out_headers, buffers = [], []
-        for j, (h, ps) in enumerate(zip(headers, pieces)):
-            whole = self.plan.object_view(staging, j, len(h))
+        out_headers, buffers, m = [], [], side.m
+        for i, (h, ps) in enumerate(zip(headers, pieces)):
+            whole = side.canonical.object_view(staging, i // m, len(h), i % m)
             if whole is None:
                 out_headers.append(h)
                 buffers.append([h, *ps])
@@ -298,14 +363,16 @@ class StoreTier:
         """``fill(j)`` for `Engine.put_from`: page j's staged components copied into its
         staging slot and its header sealed, once, just before the page is read (the
         checksum then reads the page from the CPU's cache); False where that failed."""
-        plan, fmt, headers, pieces = self.plan, self.format, batch.headers, batch.pieces
+        cp, formats, m = batch.side.canonical, batch.side.formats, batch.side.m
+        headers, pieces = batch.headers, batch.pieces
         pages, staging, sealed = batch.pages, batch.staging, batch.sealed
 
         def fill(j: int) -> bool:
             if sealed[j] is None:
                 try:
-                    plan.to_staging(pages[j:j + 1], staging, j)
-                    fmt.seal_into(headers[j], pieces[j])
+                    if m == 1:
+                        cp.to_staging(pages[j:j + 1], staging, j)
+                    formats[j % m].seal_into(headers[j], pieces[j])
                     sealed[j] = True
                 except Exception as e:
                     self._warn("backup.seal", "a page could not be sealed (%s: %s); it is not "
@@ -322,15 +389,16 @@ class StoreTier:
         are verified and placed after the call (`_verified`, then ``finish``). A page
         placed in its host page that turns out to lie after a miss is outside the
         leading run: its host page holds undefined bytes, as `prefetch` says."""
-        plan, fmt = self.plan, self.format
+        cp, formats, m = batch.side.canonical, batch.side.formats, batch.side.m
         keys, headers, pieces, verdicts = batch.keys, batch.headers, batch.pieces, batch.verdicts
         pages, staging, placed = batch.pages, batch.staging, batch.placed
 
         def landed(j: int) -> None:
             try:
-                verdicts[j] = why = fmt.verify(keys[j], headers[j], pieces[j])
-                if why is None and not placed[j]:
-                    plan.from_staging(staging, pages[j:j + 1], j)
+                verdicts[j] = why = formats[j % m].verify(keys[j], headers[j], pieces[j])
+                # a page of several objects is placed after the call, once all are verified
+                if why is None and m == 1 and not placed[j]:
+                    cp.from_staging(staging, pages[j:j + 1], j)
                     placed[j] = True
             except Exception:       # verified and placed again after the call
                 verdicts[j] = _UNHEARD
@@ -340,18 +408,20 @@ class StoreTier:
     def _verified(self, batch: "_Batch", statuses: List[Status]) -> int:
         """The leading run of ``batch``'s pages read whole and verified; the first page
         after it is counted as what it was (miss, timeout, corrupt, ...)."""
-        run = 0
+        m, formats, verdicts = batch.side.m, batch.side.formats, batch.verdicts
         for j, (k, s) in enumerate(zip(batch.keys, statuses)):
             if s != Status.HIT:
                 self._count(**{_MISS_KIND[s]: 1})
                 break
-            why = batch.verdicts[j]
+            why = verdicts[j]
             if why is _UNHEARD:
-                why = self.format.verify(k, batch.headers[j], batch.pieces[j])
+                why = formats[j % m].verify(k, batch.headers[j], batch.pieces[j])
             if why is not None:
                 self._failed_verification(k, why)
                 break
-            run += 1
+        else:
+            j = len(batch.keys)
+        run = j // m            # pages whose every object was read and verified
         self._count(hits=run)
         return run
 
@@ -366,13 +436,17 @@ class StoreTier:
         self._count(corrupt=1)
 
     # ------------------------------------------------------------------ arguments
-    def _keys(self, page_keys) -> List[str]:
+    def _keys(self, page_keys, side: Optional["_Objects"]) -> List[str]:
+        """The keys of ``side``'s objects of each page key (none where ``side`` is None),
+        page by page; ``page_keys`` checked."""
         if isinstance(page_keys, (str, bytes)) or not isinstance(page_keys, (list, tuple)):
             raise fail("page_keys", type(page_keys).__name__, "must be a list of str keys")
         for i, k in enumerate(page_keys):
             if not isinstance(k, str) or not k:
                 raise fail(f"page_keys[{i}]", k, "must be a non-empty str")
-        return [self.key(k) for k in page_keys]
+        if side is None:
+            return []
+        return [object_key(self.namespace, k, name) for k in page_keys for name in side.names]
 
     def _pages(self, host_indices, n: int, distinct: bool) -> List[int]:
         """Host page numbers of token-granular ``host_indices``: ``n`` whole pages in range.
@@ -439,12 +513,30 @@ _MISS_KIND = {Status.MISS: "misses", Status.TIMEOUT: "timeouts", Status.CORRUPT:
               Status.ERROR: "errors"}
 
 
+class _Objects:
+    """The objects of each page a call moves (the ones this rank reads, or the ones it
+    writes): how host pages become them (`CanonicalPages`), their formats, key
+    suffixes and count."""
+
+    def __init__(self, canonical: CanonicalPages):
+        self.canonical = canonical
+        self.formats = [PageFormat(o.geometry) for o in canonical.objects]
+        self.names = [o.name for o in canonical.objects]
+        self.m = len(self.names)
+
+
+def _per_page(statuses: List[Status], m: int) -> List[List[Status]]:
+    """Statuses of a batch's objects, page by page (``m`` objects each)."""
+    return [statuses[j:j + m] for j in range(0, len(statuses), m)]
+
+
 @dataclass
 class _Batch:
     """One engine call's pages: ``buffers`` per key are what the engine writes from or
     reads into (``headers``, then the payload ``pieces``: in one buffer where the
     staging slot holds both, `StoreTier._framed`), ``staging`` holds staged pieces."""
 
+    side: _Objects
     keys: List[str]
     pages: List[int]
     staging: Optional[Staging]

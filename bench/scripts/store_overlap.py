@@ -75,11 +75,11 @@ class _Unreported(_WholeBatches):
 
 
 def _tiers(host, engine):
-    shipped = StoreTier(host, engine, model="overlap-bench")
-    in_order = StoreTier(host, _WholeBatches(engine), model="overlap-bench")
+    shipped = StoreTier(host, engine, model="overlap-bench", tp=(0, 8))
+    in_order = StoreTier(host, _WholeBatches(engine), model="overlap-bench", tp=(0, 8))
     in_order._workers = _InOrder
-    after = StoreTier(host, _Unreported(engine), model="overlap-bench")
-    unchecked = StoreTier(host, engine, model="overlap-bench")
+    after = StoreTier(host, _Unreported(engine), model="overlap-bench", tp=(0, 8))
+    unchecked = StoreTier(host, engine, model="overlap-bench", tp=(0, 8))
     unchecked.format.checksum = Unchecked()
     return {"in order": in_order, "as shipped": shipped, "checked after each call": after,
             "as shipped, no checksum": unchecked}

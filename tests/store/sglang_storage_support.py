@@ -46,7 +46,8 @@ def _mods():
     return mods
 
 
-def build(kind: str, layout: str, dtype=torch.bfloat16, device_tokens: int = 64, seed: int = 0):
+def build(kind: str, layout: str, dtype=torch.bfloat16, device_tokens: int = 64, seed: int = 0,
+          heads: int = HEADS):
     """(device pool, host pool): SGLang's own pools of ``kind`` ("mha", "mha_asym",
     "mla") on the CPU, the host pool in ``layout`` (SGLang's sizing: twice the device
     pool plus its padding page) holding random bytes."""
@@ -59,7 +60,7 @@ def build(kind: str, layout: str, dtype=torch.bfloat16, device_tokens: int = 64,
         info = dev.get_device_pool_infos()[0].buffer_info
         pool = m["mla"].MLATokenToKVPoolHost(info, 2.0, 0, P, layout, target_layer_num=LAYERS, **common)
     else:
-        dev = mp.MHATokenToKVPool(device_tokens, P, dtype, HEADS, HEAD_DIM, LAYERS, "cpu", False,
+        dev = mp.MHATokenToKVPool(device_tokens, P, dtype, heads, HEAD_DIM, LAYERS, "cpu", False,
                                   v_head_dim=V_HEAD_DIM if kind == "mha_asym" else None)
         info = dev.get_device_pool_infos()[0].buffer_info
         pool = m["mha"].get_mha_host_pool_cls(info)(info, 2.0, 0, P, layout, **common)
@@ -127,6 +128,14 @@ def all_pages(pool) -> List[bytes]:
     rows = token_rows(pool)
     return [b"".join(r[:, :, q * P:(q + 1) * P].contiguous().numpy().tobytes() for r in rows)
             for q in range(pool.size // P)]
+
+
+def head_pages(pool, page_no: int, heads: int) -> List[bytes]:
+    """`page` of an MHA pool split by KV head: for each of the rows' ``heads`` heads,
+    every byte of that head in host page ``page_no`` (K then V, layers, tokens)."""
+    rows = [r[:, :, page_no * P:(page_no + 1) * P] for r in token_rows(pool)]
+    return [b"".join(r.unflatten(-1, (heads, -1))[..., h, :].contiguous().numpy().tobytes() for r in rows)
+            for h in range(heads)]
 
 
 def slots(pages) -> torch.Tensor:

@@ -113,7 +113,7 @@ def test_page_copy_matches_the_row_copy_reference(layout):
     dst = torch.arange(len(pages) * PAGE)
     for (_, host_map), smap in zip(plan.copy_groups, theirs.maps):
         copy_rows_reference(host_map, slots(pages), smap, dst, by_page=True)
-    room = plan.header_room
+    room = plan.objects[0].header_room
     assert room > 0
     assert torch.equal(ours.tensor[:len(pages), room:], theirs.tensor[:len(pages), room:])
     assert (ours.tensor[:, :room] == 1).all() and (theirs.tensor[:, :room] == 2).all()
@@ -129,18 +129,18 @@ def test_a_page_staged_whole_has_its_header_room_before_its_payload(kind, layout
     pages = [6, 2]
     staging = plan.take_staging(len(pages))
     whole_staged = set(modes(plan).values()) == {"staged"}
-    assert (plan.header_room > 0) == whole_staged
+    assert (plan.objects[0].header_room > 0) == whole_staged
     if not whole_staged:
         assert plan.object_view(staging, 0, 8) is None
         return
     plan.to_staging(pages, staging)
     for j, p in enumerate(pages):
-        for n in (8, 64, plan.header_room):
+        for n in (8, 64, plan.objects[0].header_room):
             view = plan.object_view(staging, j, n)
             assert view.nbytes == n + plan.payload_bytes
             assert bytes(view[n:]) == canonical(host, p * PAGE) == _joined(plan.pieces(p, staging, j))
             assert _address(view) + n == _address(plan.pieces(p, staging, j)[0])
-        assert plan.object_view(staging, j, plan.header_room + 8) is None     # a longer key's header
+        assert plan.object_view(staging, j, plan.objects[0].header_room + 8) is None     # a longer key's header
 
 
 def test_staging_buffers_are_reused():

@@ -12,8 +12,8 @@ import kvtier.warn_once
 from store_support import host_case
 from kvtier.errors import KvtierError
 from kvtier.store import page as page_mod
-from kvtier.store.page import (CRC32, FORMAT_VERSION, MAGIC, XXH3_64, Checksum, Geometry, PageFormat,
-                               namespace, store_key)
+from kvtier.store.page import (CRC32, FORMAT_VERSION, MAGIC, XXH3_64, Checksum, Geometry, Identity,
+                               PageFormat, namespace, object_key)
 
 
 @pytest.fixture
@@ -112,27 +112,22 @@ def test_checksum_of_pieces_equals_checksum_of_the_whole():
         c.of(99, [mv])
 
 
-def test_namespace_format():
-    g = Geometry.of(host_case("mha", "page_first").host)
-    ns = namespace("org/Model {v2}:x", g, tp=(1, 4), pp=(0, 2))
-    assert ns == f"kvtier1:org/Model%20%7Bv2%7D%3Ax:{g.id}:tp1of4:pp0of2"
-    assert g.id.startswith("p4-float16-") and len(g.id.rsplit("-", 1)[1]) == 12
-    assert namespace("m", g) == f"kvtier1:m:{g.id}"
-    assert store_key(ns, "abc") == ns + ":abc"
-    for bad in [(4, 4), (-1, 2), (0,), [0, 1], (0.0, 1), (True, 2)]:
-        with pytest.raises(KvtierError, match="tp"):
-            namespace("m", g, tp=bad)
+def test_namespace_and_key_format():
+    ident = Identity("org/Model {v2}:x@rev1", 4, 32, (("k", "float16", (8, 128)),))
+    ns = namespace(ident)
+    assert ns == f"kvtier2:org/Model%20%7Bv2%7D%3Ax@rev1:{ident.fingerprint}"
+    assert len(ident.fingerprint) == 16 and int(ident.fingerprint, 16) >= 0
+    assert ident.text == "model=org/Model {v2}:x@rev1;page=4;layers=32;k=float16[8,128];scales=none"
+    assert object_key(ns, "abc", "L0-32:h1of8") == ns + ":abc:L0-32:h1of8"
     with pytest.raises(KvtierError, match="model"):
-        namespace("", g)
+        namespace(Identity("", 4, 32, ()))
 
 
-def test_geometry_ids_differ_by_dtype_and_shape():
-    from pool_support import DeviceCase, HostCase
-    import torch
-    ids = set()
-    for over in ({}, {"k": ((2, 8), torch.bfloat16), "v": ((2, 8), torch.bfloat16)},
-                 {"k": ((2, 8), torch.float8_e4m3fn), "v": ((2, 8), torch.float8_e4m3fn)},
-                 {"k": ((4, 4), torch.float16), "v": ((4, 4), torch.float16)}):
-        dev = DeviceCase("mha", "layers", 4, layers=3, size=16, **over)
-        ids.add(Geometry.of(HostCase(dev.pool, "page_first", "auto", size_tokens=16).host).id)
-    assert len(ids) == 4
+def test_fingerprints_differ_by_every_field():
+    base = dict(model="m@r", page_size=4, layers=3, components=(("k", "float16", (8, 8)),), scales="none")
+    changes = [("model", "m@s"), ("page_size", 8), ("layers", 4), ("components", (("k", "bfloat16", (8, 8)),)),
+               ("components", (("k", "float16", (4, 8)),)), ("scales", "per-token")]
+    prints = {Identity(**base).fingerprint}
+    for field, value in changes:
+        prints.add(Identity(**{**base, field: value}).fingerprint)
+    assert len(prints) == len(changes) + 1

@@ -26,7 +26,7 @@ mods, why = load()
 if mods is None:
     pytest.skip(why, allow_module_level=True)
 
-from sglang_storage_support import (CASES, KIND_LAYOUTS, P, POISON, all_pages, backend, build,  # noqa: E402
+from sglang_storage_support import (CASES, KIND_LAYOUTS, P, POISON, all_pages, backend, build, head_pages,  # noqa: E402
                                     create, host_pool, page, poison, slots, snapshot, storage_config)
 from redis_support import flip_byte, redis_cluster_url, redis_url  # noqa: E402,F401  (fixtures: shared servers)
 from kvtier.errors import KvtierError  # noqa: E402
@@ -79,15 +79,16 @@ def test_round_trip(url, kind, layout):
 
 def test_pool_is_adopted_in_place(file_url):
     """kvtier's host pool is SGLang's memory (no copy of the pool), and a
-    page_first_direct page moves whole, in place."""
+    page_first_direct page moves whole, in place, where a rank's rows are one object
+    (MLA; MHA at TP 8, one head group per rank)."""
     for kind, layout in CASES:
         pool = host_pool(kind, layout)
-        be = backend(file_url, pool)
+        be = backend(file_url, pool, tp=(0, 8))
         theirs = [t.data_ptr() for t in (pool.kv_buffer if isinstance(pool.kv_buffer, tuple) else [pool.kv_buffer])]
         assert [buf.data_ptr() for _, _, buf in be.host.groups] == theirs, (kind, layout)
         if layout == "page_first_direct":
             from kvtier.store.canonical import modes
-            assert set(modes(be.tier.plan).values()) == {"whole"}
+            assert set(modes(be.tier.canonical).values()) == {"whole"}, kind
 
 
 @pytest.mark.parametrize("layout", ["page_first_direct", "page_head"])
@@ -149,17 +150,37 @@ def test_written_from_one_layout_read_into_another(file_url, kind):
         _assert_only(reader, dst, want)
 
 
-def test_tp_ranks_mha_apart_mla_shared(file_url):
-    keys = _keys(3)
-    src, dst = [1, 2, 3], [7, 8, 9]
-    # MHA: each TP rank holds its own heads; rank 1 never reads rank 0's objects.
-    mha0 = host_pool("mha", "page_first", seed=1)
-    assert backend(file_url, mha0, tp=(0, 2)).batch_set_v1(keys, slots(src)) == [True] * 3
-    mha1 = host_pool("mha", "page_first", seed=2)
-    assert backend(file_url, mha1, tp=(1, 2)).batch_exists(keys) == 0
-    assert backend(file_url, mha1, tp=(0, 1)).batch_exists(keys) == 0      # another TP size
-    assert backend(file_url, mha1, tp=(0, 2)).batch_exists(keys) == 3
-    # MLA: one copy, written by rank 0, read by every rank.
+@pytest.mark.parametrize("writer,reader", [(2, 4), (2, 1), (4, 2), (1, 4)])
+@pytest.mark.parametrize("layouts", [("page_first", "layer_first"), ("page_head", "page_first_direct")])
+def test_heterogeneous_tp_mha(file_url, writer, reader, layouts):
+    """A 4-KV-head model: the ranks of one TP size write through SGLang's own host pools,
+    the ranks of another read every head they hold, byte-exact; each rank writes only
+    its own head groups."""
+    heads, keys, src, dst = 4, _keys(3), [1, 2, 3], [7, 8, 9]
+    want = {}                       # (model page, head): bytes
+    for r in range(writer):
+        pool = host_pool("mha", layouts[0], seed=10 + r, heads=heads // writer)
+        be = backend(file_url, pool, tp=(r, writer), kv_heads=heads)
+        assert be.batch_set_v1(keys, slots(src)) == [True] * 3
+        assert len(be.tier.written_keys(keys[0])) == min(heads // writer, 4)
+        for q, p in enumerate(src):
+            for h, b in enumerate(head_pages(pool, p, heads // writer)):
+                want[q, r * (heads // writer) + h] = b
+    for r in range(reader):
+        pool = host_pool("mha", layouts[1], seed=50 + r, heads=heads // reader)
+        poison(pool)
+        be = backend(file_url, pool, tp=(r, reader), kv_heads=heads)
+        assert be.batch_exists(keys) == 3
+        assert be.batch_get_v1(keys, slots(dst)) == [True] * 3
+        for q, p in enumerate(dst):
+            got = head_pages(pool, p, heads // reader)
+            assert got == [want[q, r * (heads // reader) + h] for h in range(heads // reader)], (r, q)
+        others = [b for p, b in enumerate(all_pages(pool)) if p not in dst]
+        assert all(b == bytes([POISON]) * len(b) for b in others)
+
+
+def test_mla_written_by_rank_0_read_by_every_rank(file_url):
+    keys, src, dst = _keys(3), [1, 2, 3], [7, 8, 9]
     mla0 = host_pool("mla", "page_first", seed=1)
     want = [page(mla0, p) for p in src]
     be0 = backend(file_url, mla0, tp=(0, 4))
@@ -167,9 +188,41 @@ def test_tp_ranks_mha_apart_mla_shared(file_url):
     mla3 = host_pool("mla", "layer_first", seed=2)
     poison(mla3)
     be3 = backend(file_url, mla3, tp=(3, 4))
-    assert be3.store_key(keys[0]) == be0.store_key(keys[0])
+    assert be3.store_keys(keys[0]) == be0.store_keys(keys[0]) and be3.tier.written_keys(keys[0]) == []
     assert be3.batch_get_v1(keys, slots(dst)) == [True] * 3
     _assert_only(mla3, dst, want)
+    assert backend(file_url, mla3, tp=(0, 1)).batch_exists(keys) == 3      # any TP size
+
+
+def test_servers_differing_only_in_kv_cache_dtype_share_nothing(file_url, caplog):
+    """fp8 e4m3 and e5m2 pages are both uint8 in SGLang's host pool: told apart by the
+    extra config's kv_cache_dtype (without it, one WARNING says so)."""
+    keys = _keys(2)
+    e4m3 = host_pool("mha", "page_first", dtype=torch.float8_e4m3fn)
+    assert backend(file_url, e4m3, kv_cache_dtype="fp8_e4m3").batch_set_v1(keys, slots([0, 1])) == [True] * 2
+    e5m2 = host_pool("mha", "page_first", dtype=torch.float8_e5m2)
+    poison(e5m2)
+    be = backend(file_url, e5m2, kv_cache_dtype="fp8_e5m2")
+    assert be.batch_exists(keys) == 0 and be.batch_get_v1(keys, slots([0, 1])) == [False, False]
+    assert all(p == bytes([POISON]) * len(p) for p in all_pages(e5m2))
+    assert backend(file_url, host_pool("mha", "page_first", dtype=torch.float8_e4m3fn),
+                   kv_cache_dtype="fp8_e4m3").batch_exists(keys) == 2
+    with caplog.at_level(logging.WARNING, logger="kvtier"):
+        backend(file_url, host_pool("mha", "page_first", dtype=torch.float8_e4m3fn))
+    assert any("kv_cache_dtype" in r.getMessage() for r in caplog.records)
+
+
+def test_identity_options_from_the_extra_config(file_url):
+    keys = _keys(2)
+    pool = host_pool("mha", "page_first")
+    assert backend(file_url, pool, revision="abc").batch_set_v1(keys, slots([0, 1])) == [True] * 2
+    assert backend(file_url, host_pool("mha", "page_first"), revision="abc").batch_exists(keys) == 2
+    for other in ({"revision": "abd"}, {}, {"revision": "abc", "kv_scales": "per-token"},
+                  {"revision": "abc", "kv_heads": 4, "tp": (0, 2)}):
+        assert backend(file_url, host_pool("mha", "page_first"), **other).batch_exists(keys) == 0, other
+    for key, bad in (("revision", ""), ("kv_heads", 0), ("kv_heads", "8"), ("num_layers", True), ("kv_scales", 3)):
+        with pytest.raises(KvtierError, match=f"extra_config\\['{key}'\\]"):
+            backend(file_url, host_pool("mha", "page_first"), **{key: bad})
 
 
 def test_dtypes_and_models_apart(file_url):
@@ -194,7 +247,7 @@ def test_dtypes_and_models_apart(file_url):
 
 # ---------------------------------------------------------------------- faults
 def _damage(url, be, key, how):
-    stored = be.store_key(key)
+    stored = be.store_keys(key)[0]
     if url.startswith("file://"):
         path = os.path.join(be.engine.root, object_name(stored))
         if how == "flip":
@@ -354,11 +407,22 @@ def test_refused_parallelism_at_construction(file_url):
     base = storage_config(file_url, mla=True, tp=(0, 2))
     dcp = hs.HiCacheStorageConfig(**{**vars(base), "dcp_size": 2, "dcp_rank": 0, "logical_page_size": 2 * P})
     cp = hs.HiCacheStorageConfig(**{**vars(base), "attn_cp_size": 2, "attn_cp_rank": 1})
-    split = hs.HiCacheStorageConfig(**{**vars(base), "is_mla_model": False, "tp_lcm_size": 4,
-                                       "should_split_heads": True})
-    for cfg, named in ((dcp, "dcp_size"), (cp, "attn_cp_size"), (split, "tp_lcm_size")):
+    for cfg, named in ((dcp, "dcp_size"), (cp, "attn_cp_size")):
         with pytest.raises(KvtierError, match=named):
             create(cfg, host_pool("mla", "page_first"), register=False)
+
+
+def test_tp_lcm_size_changes_nothing(file_url):
+    """SGLang's heterogeneous-TP head split (``tp_lcm_size``, page_head) is accepted: the
+    objects are split by head group whatever it says."""
+    hs = mods["hicache_storage"]
+    keys = _keys(2)
+    pool = host_pool("mha", "page_head")
+    base = storage_config(file_url, tp=(0, 1))
+    split = hs.HiCacheStorageConfig(**{**vars(base), "tp_lcm_size": 4, "should_split_heads": True})
+    be = create(split, pool)
+    assert be.batch_set_v1(keys, slots([0, 1])) == [True] * 2
+    assert backend(file_url, host_pool("mha", "page_first")).batch_exists(keys) == 2
 
 
 def test_sglang_refuses_dcp_for_third_party_backends():
@@ -519,8 +583,8 @@ class _Controller:
             self._scope.__exit__(None, None, None)
             raise
 
-    def backup(self, pages):
-        tokens = [random.randrange(1 << 20) for _ in range(len(pages) * P)]
+    def backup(self, pages, tokens=None):
+        tokens = tokens or [random.randrange(1 << 20) for _ in range(len(pages) * P)]
         self.ctl.write_storage(slots(pages), tokens, hash_value=get_storage_hash_str(tokens, None, page_size=P))
         op = self.ctl.ack_backup_queue.get(timeout=30)
         return tokens, op.completed_tokens
@@ -610,6 +674,31 @@ def test_controller_mla_writer_and_readers(file_url, controllers, controller):
     poison(host1)
     got, pages = rank1.prefetch(tokens)
     assert got == 2 * P and [page(host1, p) for p in pages] == want
+
+
+@pytest.mark.parametrize("controller", ["hybrid", "hicache"])
+def test_controller_heterogeneous_tp(file_url, controllers, controller):
+    """A 4-KV-head model: two TP-2 ranks back pages up through SGLang's controllers and
+    host pools; four TP-4 ranks' controllers prefetch them, each its own head."""
+    extra = storage_config(file_url, kv_heads=4).extra_config
+    hybrid = controller == "hybrid"
+    tokens, want = None, {}
+    for r in range(2):
+        dev, host = build("mha", "page_first", seed=20 + r, heads=2)
+        c = controllers(dev, host, extra, tp=(r, 2), hybrid=hybrid)
+        src = [int(s) // P for s in host.alloc(3 * P)[::P]]
+        tokens, done = c.backup(src, tokens)
+        assert done == 3 * P
+        for q, p in enumerate(src):
+            for h, b in enumerate(head_pages(host, p, 2)):
+                want[q, 2 * r + h] = b
+    for r in range(4):
+        dev, host = build("mha", "layer_first", seed=60 + r, heads=1)
+        poison(host)
+        c = controllers(dev, host, extra, tp=(r, 4), hybrid=hybrid)
+        got, pages = c.prefetch(tokens)
+        assert got == 3 * P, f"rank {r} of 4"
+        assert [head_pages(host, p, 1)[0] for p in pages] == [want[q, r] for q in range(3)]
 
 
 @pytest.mark.parametrize("controller", ["hybrid", "hicache"])

@@ -29,9 +29,10 @@ def test_demo_moves_pages_through_a_temporary_file_store(capsys, tmp_path, monke
 def test_demo_with_a_store_url_keeps_it(capsys, tmp_path):
     url = f"file://{tmp_path}/kept"
     assert main([*DEMO, "--store", url]) == 0
-    assert url in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert url in out and ", 2 per page" in out              # 2 KV heads: two head-group objects
     objects = [f for d in os.listdir(tmp_path / "kept") if len(d) == 2 for f in os.listdir(tmp_path / "kept" / d)]
-    assert len(objects) == 3
+    assert len(objects) == 3 * 2
 
 
 def test_demo_fails_when_the_store_loses_pages(capsys, monkeypatch):

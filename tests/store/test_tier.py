@@ -35,7 +35,7 @@ def _keys(n, tag="k"):
 
 
 def _path(tier, page_key):
-    return os.path.join(tier.engine.root, object_name(tier.key(page_key)))
+    return os.path.join(tier.engine.root, object_name(tier.keys(page_key)[0]))
 
 
 def _assert_pages(host, dst_pages, originals):
@@ -73,7 +73,7 @@ def test_layer_first_staged_round_trip(url):
     """layer_first with small per-layer pieces takes the staged path."""
     host = host_case("mha_v_indexer", "layer_first").host
     tier = _tier(host, url)
-    assert tier.plan.staged
+    assert tier.canonical.staged
     keys = _keys(3)
     originals = [host.get_page(p * PAGE).clone() for p in (0, 1, 2)]
     tier.backup(keys, slots([0, 1, 2]))
@@ -160,7 +160,7 @@ def _damage_reads_as_miss(host, tier, keys, originals, caplog, counter, warning)
 def test_flipped_byte(url, caplog, layout, where):
     host, tier, keys, originals = _stored(url, layout)
     path = _path(tier, keys[2])
-    hlen = tier.format.header_size(tier.key(keys[2]))
+    hlen = tier.read.formats[0].header_size(tier.keys(keys[2])[0])
     size = os.path.getsize(path)
     offset = {"payload": hlen + 5, "payload end": size - 1, "header key": hlen - 20 - 1,
               "header checksum": 33}[where]
@@ -198,7 +198,7 @@ def test_object_of_another_geometry(url, caplog):
     host, tier, keys, originals = _stored(url)
     other = PageFormat(Geometry.of(host_case("mha", "page_first").host))
     payload = bytearray(os.urandom(other.payload_bytes))
-    k = tier.key(keys[2])
+    k = tier.keys(keys[2])[0]
     assert tier.engine.put_from([k], [[other.seal(k, [memoryview(payload)]), payload]]) == [Status.HIT]
     _damage_reads_as_miss(host, tier, keys, originals, caplog, "corrupt", "get: CORRUPT")
 
@@ -219,10 +219,10 @@ def half(fd, bufs, off):
     os.kill(os.getpid(), signal.SIGKILL)
 f.os.pwritev = half
 e = f.FileEngine({url!r})
-e.put_from([{tier.key(keys[2])!r}], [[os.urandom(4096)]])
+e.put_from([{tier.keys(keys[2])[0]!r}], [[os.urandom(4096)]])
 """
     for key in (keys[2], keys[1]):
-        proc = subprocess.run([sys.executable, "-c", script.replace(repr(tier.key(keys[2])), repr(tier.key(key)))],
+        proc = subprocess.run([sys.executable, "-c", script.replace(repr(tier.keys(keys[2])[0]), repr(tier.keys(key)[0]))],
                               capture_output=True, timeout=120)
         assert proc.returncode == -9, proc.stderr.decode()[-2000:]
     leftover = os.listdir(os.path.join(tier.engine.root, "tmp"))
@@ -302,7 +302,7 @@ def test_a_failure_inside_the_tier_never_reaches_the_caller(url, monkeypatch, ca
     host, tier, keys, _ = _stored(url)
     def broken(*a, **k):
         raise MemoryError("no staging memory")
-    monkeypatch.setattr(tier.plan, "take_staging", broken)
+    monkeypatch.setattr(tier.canonical, "take_staging", broken)
     with caplog.at_level(logging.WARNING, logger="kvtier"):
         assert tier.backup(keys, slots([0, 1, 2, 3])) == [False] * 4
         assert tier.backup(keys, slots([0, 1, 2, 3])) == [False] * 4
@@ -313,7 +313,7 @@ def test_a_failure_inside_the_tier_never_reaches_the_caller(url, monkeypatch, ca
 
 def test_unverifiable_pages_are_misses_with_one_warning(url, monkeypatch, caplog):
     host, tier, keys, _ = _stored(url)
-    monkeypatch.setattr(tier.format.checksum, "_xxhash", None)
+    monkeypatch.setattr(tier.read.formats[0].checksum, "_xxhash", None)
     with caplog.at_level(logging.WARNING, logger="kvtier"):
         assert tier.prefetch(keys, slots([4, 5, 6, 7])) == 0
         assert tier.prefetch(keys, slots([4, 5, 6, 7])) == 0

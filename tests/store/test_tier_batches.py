@@ -83,12 +83,12 @@ def _keys(n):
 
 
 def _tier(host, engine, batch_pages=3):
-    return StoreTier(host, engine, model="m", tp=(0, 1), batch_pages=batch_pages)
+    return StoreTier(host, engine, model="m", tp=(0, 8), batch_pages=batch_pages)    # one object per page
 
 
 def _batches(tier, keys, *spans):
     """The store keys of ``keys[a:b]`` for each span: the engine calls expected."""
-    return [[tier.key(k) for k in keys[a:b]] for a, b in spans]
+    return [[tier.keys(k)[0] for k in keys[a:b]] for a, b in spans]
 
 
 def _flip_last_byte(engine, key):
@@ -126,7 +126,7 @@ def test_each_batch_is_checksummed_while_the_next_one_is_read(tmp_path, layout):
             checked.set()
             return super().matches(algorithm, pieces, stored)
 
-    tier.format.checksum = Signalling()
+    tier.read.formats[0].checksum = Signalling()
     engine.gets.clear()
     engine.before_get = lambda i: i == 1 and seen_in_flight.append(checked.wait(WAIT))
     poison(host)
@@ -146,7 +146,7 @@ def test_backup_seals_the_next_batch_while_one_is_written(engine):
     sealed_while_writing = []
     first_put_running = threading.Event()
     release = threading.Event()
-    real_put, real_seal = engine._put_from, tier.format.seal_into
+    real_put, real_seal = engine._put_from, tier.read.formats[0].seal_into
 
     def put(ks, sources, fill):
         if engine.puts:
@@ -159,7 +159,7 @@ def test_backup_seals_the_next_batch_while_one_is_written(engine):
             first_put_running.clear()
 
     def seal(header, pieces, algorithm=None):
-        key = tier.key(keys[3])
+        key = tier.keys(keys[3])[0]
         # (the first put may not have started yet on a busy machine: wait for it; a tier
         # that sealed only after the first put returned finds it cleared and waits in vain)
         if key.encode() in bytes(header) and first_put_running.wait(WAIT):
@@ -167,10 +167,10 @@ def test_backup_seals_the_next_batch_while_one_is_written(engine):
             release.set()
         return real_seal(header, pieces, algorithm)
 
-    engine._put_from, tier.format.seal_into = put, seal
+    engine._put_from, tier.read.formats[0].seal_into = put, seal
     want = [canonical(host, p * PAGE) for p in range(9)]
     assert tier.backup(keys, slots(range(9))) == [True] * 9
-    assert sealed_while_writing == [tier.key(keys[3])]
+    assert sealed_while_writing == [tier.keys(keys[3])[0]]
     poison(host)
     assert tier.prefetch(keys, slots(range(9))) == 9
     assert [canonical(host, p * PAGE) for p in range(9)] == want
@@ -178,7 +178,7 @@ def test_backup_seals_the_next_batch_while_one_is_written(engine):
 
 def test_an_engine_miss_ends_the_prefetch_before_the_next_batch_is_read(engine):
     host, tier, keys, want = _stored(engine)
-    engine.inner.delete([tier.key(keys[4])])
+    engine.inner.delete([tier.keys(keys[4])[0]])
     engine.gets.clear()
     poison(host)
     assert tier.prefetch(keys, slots(range(9))) == 4
@@ -187,7 +187,7 @@ def test_an_engine_miss_ends_the_prefetch_before_the_next_batch_is_read(engine):
     for q in range(6, 12):          # staged: nothing of the batch never read reaches the host
         assert bool((host.get_page(q * PAGE) == POISON).all()), q
     assert tier.stats["misses"] == 1 and tier.stats["skipped"] == 4
-    assert engine.running == 0 and len(tier.plan._free) >= 1
+    assert engine.running == 0 and len(tier.canonical._free) >= 1
 
 
 @pytest.mark.parametrize("layout", ["page_first", "page_first_direct"])
@@ -196,7 +196,7 @@ def test_a_page_that_fails_verification_ends_the_call_with_nothing_running(engin
     that read, returns the leading run, and leaves no engine call running; with a staged
     layout neither the corrupt page nor any page never read reaches the host pages."""
     host, tier, keys, want = _stored(engine, layout)
-    _flip_last_byte(engine, tier.key(keys[1]))
+    _flip_last_byte(engine, tier.keys(keys[1])[0])
     engine.gets.clear()
     poison(host)
     assert tier.prefetch(keys, slots(range(9))) == 1
@@ -218,7 +218,7 @@ def test_a_failure_between_batches_leaves_nothing_running_and_every_staging_back
     staging copy, which runs there): the call ends with what was moved before it."""
     engine = Recording(f"file://{tmp_path}/store", reports=False)
     host, tier, keys, _ = _stored(engine)
-    plan = tier.plan
+    plan = tier.canonical
     taken = []
     real_take, real_give = plan.take_staging, plan.give_staging
     plan.take_staging = lambda n: taken.append(real_take(n)) or taken[-1]
@@ -263,11 +263,11 @@ def test_close_ends_the_worker_threads(engine):
 def test_status_counts_over_batches(engine):
     host, tier, keys, _ = _stored(engine)
     assert tier.stats["stored"] == 9
-    engine.inner.delete([tier.key(keys[7])])
+    engine.inner.delete([tier.keys(keys[7])[0]])
     assert tier.prefetch(keys, slots(range(9))) == 7
     assert tier.stats["hits"] == 7 and tier.stats["misses"] == 1 and tier.stats["skipped"] == 1
     assert tier.exists(keys) == 7
-    assert Status.HIT in engine.exists([tier.key(keys[0])])
+    assert Status.HIT in engine.exists([tier.keys(keys[0])[0]])
 
 
 @pytest.mark.parametrize("batch_pages", [9, 3])
@@ -283,7 +283,7 @@ def test_pages_are_verified_and_placed_as_they_land(tmp_path, reports, batch_pag
     tier.batch_pages = batch_pages
     caller = threading.get_ident()
     inside, placed_inside, threads = [], [], set()
-    real_verify, real_place = tier.format.verify, tier.plan.from_staging
+    real_verify, real_place = tier.read.formats[0].verify, tier.canonical.from_staging
     raised = []
 
     def verify(key, header, pieces):
@@ -298,7 +298,7 @@ def test_pages_are_verified_and_placed_as_they_land(tmp_path, reports, batch_pag
         placed_inside.extend([engine.running > 0] * len(host_pages))
         return real_place(staging, host_pages, first_slot)
 
-    tier.format.verify, tier.plan.from_staging = verify, place
+    tier.read.formats[0].verify, tier.canonical.from_staging = verify, place
     poison(host)
     assert tier.prefetch(keys, slots(range(9))) == 9
     assert [canonical(host, p * PAGE) for p in range(9)] == want
@@ -317,7 +317,7 @@ def test_a_page_placed_as_it_landed_after_a_corrupt_one_is_outside_the_run(tmp_p
     engine = Recording(f"file://{tmp_path}/store")
     host, tier, keys, want = _stored(engine)
     tier.batch_pages = 9
-    _flip_last_byte(engine, tier.key(keys[4]))
+    _flip_last_byte(engine, tier.keys(keys[4])[0])
     poison(host)
     assert tier.prefetch(keys, slots(range(9))) == 4
     assert [canonical(host, p * PAGE) for p in range(4)] == want[:4]
@@ -335,7 +335,7 @@ def test_backup_stages_and_seals_each_page_as_the_engine_sends_it(tmp_path, layo
     tier = _tier(host, engine)
     keys = _keys(9)
     sealed_inside, written_sealed = [], []
-    real_seal, real_write = tier.format.seal_into, engine.inner._write
+    real_seal, real_write = tier.read.formats[0].seal_into, engine.inner._write
 
     def seal_into(header, pieces, algorithm=None):
         sealed_inside.append(engine.running > 0)
@@ -345,8 +345,8 @@ def test_backup_stages_and_seals_each_page_as_the_engine_sends_it(tmp_path, layo
         written_sealed.append(bytes(views[0][10:12]) != b"\0\0")     # the algorithm: 0 until sealed
         return real_write(path, views)
 
-    tier.format.seal_into, engine.inner._write = seal_into, write
-    tier.format.seal = lambda *a, **k: pytest.fail("sealed ahead of the engine call")
+    tier.read.formats[0].seal_into, engine.inner._write = seal_into, write
+    tier.read.formats[0].seal = lambda *a, **k: pytest.fail("sealed ahead of the engine call")
     want = [canonical(host, p * PAGE) for p in range(9)]
     assert tier.backup(keys, slots(range(9))) == [True] * 9
     assert sealed_inside == [True] * 9 and written_sealed == [True] * 9
@@ -365,19 +365,19 @@ def test_a_page_that_cannot_be_staged_is_not_stored(tmp_path, caplog, fills_as_s
     tier = _tier(host, engine)
     keys = _keys(9)
     assert tier.backup(keys[4:5], slots([4])) == [True]
-    before = open(engine.inner._path(tier.key(keys[4])), "rb").read()
-    real = tier.plan.to_staging
+    before = open(engine.inner._path(tier.keys(keys[4])[0]), "rb").read()
+    real = tier.canonical.to_staging
 
     def to_staging(host_pages, staging, first_slot=0):
         if list(host_pages) == [4]:
             raise MemoryError("no memory")
         return real(host_pages, staging, first_slot)
 
-    tier.plan.to_staging = to_staging
+    tier.canonical.to_staging = to_staging
     with caplog.at_level(logging.WARNING, logger="kvtier"):
         assert tier.backup(keys, slots(range(9))) == [True] * 4 + [False] + [True] * 4
     assert "could not be sealed (MemoryError" in caplog.text
-    assert open(engine.inner._path(tier.key(keys[4])), "rb").read() == before
+    assert open(engine.inner._path(tier.keys(keys[4])[0]), "rb").read() == before
     assert tier.stats["store_failed"] == 1 and engine.running == 0
 
 
@@ -388,7 +388,7 @@ def test_a_page_staged_whole_moves_as_one_buffer(tmp_path, layout, fills_as_sent
     payload in the staging slot; a key whose header does not fit the slot's room, and
     pages in place, as the header then the payload pieces. All read back byte-exact."""
     engine = Recording(f"file://{tmp_path}/store", fills_as_sent=fills_as_sent)
-    host = host_case("mha_v_indexer", layout, pages=12).host
+    host = host_case("mha", layout, pages=12).host
     tier = _tier(host, engine, batch_pages=9)
     keys = _keys(8) + ["long-" + "x" * 600]
     staged = layout != "page_first_direct"
@@ -397,14 +397,14 @@ def test_a_page_staged_whole_moves_as_one_buffer(tmp_path, layout, fills_as_sent
     poison(host)
     assert tier.prefetch(keys, slots(range(9))) == 9
     assert [canonical(host, p * PAGE) for p in range(9)] == want
-    staging = tier.plan.take_staging(1)
-    separate = 1 + len(tier.plan.pieces(0, staging, 0))     # a header, then the payload pieces
+    staging = tier.canonical.take_staging(1)
+    separate = 1 + len(tier.canonical.pieces(0, staging, 0))     # a header, then the payload pieces
     assert engine.buffer_counts == [[1] * 8 + [separate] if staged else [separate] * 9] * 2
     for k in keys:
-        with open(engine.inner._path(tier.key(k)), "rb") as f:
+        with open(engine.inner._path(tier.keys(k)[0]), "rb") as f:
             obj = f.read()
-        assert tier.format.verify(tier.key(k), obj[:-tier.plan.payload_bytes],
-                                  [memoryview(obj)[-tier.plan.payload_bytes:]]) is None
+        assert tier.read.formats[0].verify(tier.keys(k)[0], obj[:-tier.canonical.payload_bytes],
+                                  [memoryview(obj)[-tier.canonical.payload_bytes:]]) is None
 
 
 def test_a_call_stages_at_most_staging_bytes_of_page_data(engine, monkeypatch):
@@ -414,6 +414,6 @@ def test_a_call_stages_at_most_staging_bytes_of_page_data(engine, monkeypatch):
     host = host_case("mha", "page_first", pages=12).host
     monkeypatch.setattr(tier_module, "STAGING_BYTES", 4 * host.page_bytes)
     tier = StoreTier(host, engine, model="m", batch_pages=128)
-    assert tier.plan.header_room > 0 and tier.batch_pages == 4
+    assert tier.canonical.objects[0].header_room > 0 and tier.batch_pages == 4
     monkeypatch.setattr(tier_module, "STAGING_BYTES", 4 * host.page_bytes - 1)
     assert StoreTier(host, engine, model="m", batch_pages=128).batch_pages == 3
