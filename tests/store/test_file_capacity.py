@@ -267,12 +267,12 @@ def test_a_backup_thread_and_a_prefetch_thread_on_a_full_store(tmp_path):
     from store_support import PAGE, canonical, host_case, slots
     from kvtier.store.tier import StoreTier
     host = host_case("mha", "page_first", pages=24).host
-    probe = StoreTier(host, f"file://{tmp_path}/probe?max_bytes=1GiB", model="m", tp=(0, 1))
+    probe = StoreTier(host, f"file://{tmp_path}/probe?max_bytes=1GiB", model="m", tp=(0, 8))    # one object per page
     probe.backup(["p"], slots([0]))
     page_bytes = probe.engine.stored_bytes
     probe.close()
     max_bytes = 40 * page_bytes + page_bytes // 2
-    tier = StoreTier(host, f"file://{tmp_path}/store?max_bytes={max_bytes}", model="m", tp=(0, 1), batch_pages=4)
+    tier = StoreTier(host, f"file://{tmp_path}/store?max_bytes={max_bytes}", model="m", tp=(0, 8), batch_pages=4)
     want = [canonical(host, p * PAGE) for p in range(12)]
     keys = [f"page{i}" for i in range(300)]                # page i from host page i % 12
     written, read, rng = [0], [0], random.Random(3)
