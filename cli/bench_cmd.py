@@ -5,7 +5,8 @@ call of the pools' and adapters' hot-path calls beside torch's index ops, and a 
 JSON and PNG of it all. `--interference` runs only a transfer's GB/s beside a concurrent
 GEMM's slowdown (CUDA; `--smoke` gives its structure on the CPU). `--store URL` runs
 only the store tier's prefetch and backup beside the store's own raw figures (throughput,
-then one- and four-page latency; `--latency`: the latency alone).
+a TP 8 -> TP 2 reshard read, then one- and four-page latency; `--latency`: the latency
+alone; `--reshard`: the reshard alone).
 
 On a machine without an accelerator it runs a small smoke sweep under Triton's
 interpreter and says that its figures are not hardware figures. `--overhead` runs only
@@ -58,6 +59,9 @@ def register(sub) -> None:
     p.add_argument("--latency", action="store_true",
                    help="with --store: only the latency part (one- and four-page backup and prefetch p50/p99 "
                         "beside a raw SET/GET of the same bytes), no throughput")
+    p.add_argument("--reshard", action="store_true",
+                   help="with --store: only the reshard part (a TP 8 -> TP 2 read beside the same bytes as "
+                        "one object per page)")
     p.add_argument("--no-overhead", action="store_true", help="skip the host-overhead benchmark")
     p.add_argument("--interference", action="store_true",
                    help="only a transfer's GB/s beside a concurrent GEMM's slowdown per program cap "
@@ -127,7 +131,7 @@ def _dimension(flag: str, text: str) -> tuple:
 # Flags --interference takes; every other flag is refused with it.
 INTERFERENCE_FLAGS = ("--interference", "--smoke", "--ops", "--caps", "--out", "--no-plot", "--quiet")
 _ALL_FLAGS = (*SWEEP_FLAGS, "--overhead", "--json", "--no-overhead", "--quiet")
-STORE_FLAGS = ("--store", "--json", "--latency", "--quiet")      # what --store takes
+STORE_FLAGS = ("--store", "--json", "--latency", "--reshard", "--quiet")      # what --store takes
 
 
 def _check_flags(args) -> dict:
@@ -138,8 +142,11 @@ def _check_flags(args) -> dict:
                  and _given(args, f) not in (None, False)]
         if given:
             raise UsageError(f"{given[0]}: --store takes only {' '.join(STORE_FLAGS[1:])}")
-    if args.latency and args.store is None:
-        raise UsageError("--latency: measures the store tier; give --store URL with it")
+    for flag in ("--latency", "--reshard"):
+        if _given(args, flag) and args.store is None:
+            raise UsageError(f"{flag}: measures the store tier; give --store URL with it")
+    if args.latency and args.reshard:
+        raise UsageError("--reshard: --latency already picks one part; give one of them")
     if args.interference:
         given = [f for f in (*_ALL_FLAGS, "--store") if f not in INTERFERENCE_FLAGS
                  and _given(args, f) not in (None, False)]
@@ -262,9 +269,12 @@ def _store(args) -> int:
     from kvtier.store import bench as store_bench
     if not args.quiet:
         print(f"kvtier bench --store: measuring {args.store} "
-              f"({'latency only, seconds' if args.latency else 'about a minute'})", flush=True)
+              f"({'latency only, seconds' if args.latency else 'reshard only' if args.reshard else 'about a minute'})",
+              flush=True)
+    only = args.latency or args.reshard
     try:
-        result = store_bench.measure(args.store, throughput=not args.latency)
+        result = store_bench.measure(args.store, throughput=not only, latency=not args.reshard,
+                                     reshard=not args.latency)
     except KvtierError as e:
         print(f"--store={args.store!r}: {e}", file=sys.stderr)
         return 2

@@ -95,9 +95,10 @@ RESHARD = {"model_heads": 8, "writer_tp": 8, "reader_tp": 2, "goal": 0.8}
 
 def measure(url: str, page_bytes=None, layouts=None, total_bytes: Optional[int] = None,
             rounds: Optional[int] = None, log: Optional[Callable[[str], None]] = None,
-            throughput: bool = True, latency: bool = True, repeats: Optional[int] = None) -> Dict:
+            throughput: bool = True, latency: bool = True, repeats: Optional[int] = None,
+            reshard: bool = True) -> Dict:
     """The figures as a dict (`format_text` prints them): ``points`` (throughput, where
-    ``throughput``) and ``latency`` (where ``latency``). Each argument left None takes the
+    ``throughput``), ``reshard`` (where ``reshard``) and ``latency`` (where ``latency``). Each argument left None takes the
     module's default (PAGE_BYTES, LAYOUTS, TOTAL_BYTES, ROUNDS, LATENCY_REPEATS). ``log``
     is given each row as it is measured."""
     page_bytes, layouts = page_bytes or PAGE_BYTES, layouts or LAYOUTS
@@ -107,7 +108,7 @@ def measure(url: str, page_bytes=None, layouts=None, total_bytes: Optional[int] 
     try:
         points = _throughput(engine, page_bytes, layouts, total_bytes, rounds, log) if throughput else []
         lat = _latency(engine, layouts, repeats or LATENCY_REPEATS, log) if latency else None
-        reshard = _reshard(engine, page_bytes, layouts, total_bytes, rounds, log) if throughput else []
+        rows = _reshard(engine, page_bytes, layouts, total_bytes, rounds, log) if reshard else []
     finally:
         engine.close()
     from .page import ALGORITHMS
@@ -115,8 +116,8 @@ def measure(url: str, page_bytes=None, layouts=None, total_bytes: Optional[int] 
            "rounds": rounds, "goal": GOAL, "points": points}
     if lat is not None:
         out["latency"] = lat
-    if reshard:
-        out["reshard"] = reshard
+    if rows:
+        out["reshard"] = rows
     return out
 
 
@@ -364,10 +365,18 @@ def format_latency(lat: Dict) -> List[str]:
 
 def format_text(result: Dict) -> str:
     lines = [f"kvtier store bench: {result['url']} ({result['engine']}, checksum {result['checksum']}"
-             + (f", best of {result['rounds']} rounds; GB/s of page payload)" if result["points"] else ")")]
-    if not result["points"]:
-        return "\n".join(lines + format_latency(result["latency"]))
-    lines.append(HEADER)
+             + (f", best of {result['rounds']} rounds; GB/s of page payload)" if result["points"] or "reshard" in result else ")")]
+    if result["points"]:
+        lines += _throughput_lines(result)
+    if "reshard" in result:
+        lines += format_reshard(result["reshard"])
+    if "latency" in result:
+        lines += format_latency(result["latency"])
+    return "\n".join(lines)
+
+
+def _throughput_lines(result: Dict) -> List[str]:
+    lines = [HEADER]
     lines += [_row(p) for p in result["points"]]
     how = {p["raw_how"] for p in result["points"] if p["raw_how"]}
     lines += [f"raw: {h}" for h in sorted(how)]
@@ -381,8 +390,4 @@ def format_text(result: Dict) -> str:
     lines.append(f"goal (pages >= {g['min_page_bytes'] >> 10} KiB): prefetch >= {g['prefetch_vs_raw_get']}x raw GET, "
                  f"backup >= {g['backup_vs_raw_set']}x raw SET, checksum <= {100 * g['checksum_share']:.0f}% "
                  "of the hit path")
-    if "reshard" in result:
-        lines += format_reshard(result["reshard"])
-    if "latency" in result:
-        lines += format_latency(result["latency"])
-    return "\n".join(lines)
+    return lines

@@ -70,7 +70,30 @@ def test_bench_store_prints_and_writes_json(capsys, tmp_path, monkeypatch):
         assert p["prefetch_vs_raw_get"] == pytest.approx(p["prefetch_gbps"] / p["raw_get_gbps"])
         assert p["raw_get_threads_gbps"] > 0 and p["raw_set_threads_gbps"] > 0
     assert [(r["layout"], r["pages"]) for r in result["latency"]["rows"]] == LATENCY_ROWS
+    assert "reshard goal: >= 0.8x the one-object read" in out
+    assert [(r["page_bytes"], r["layout"], r["objects_per_page"]) for r in result["reshard"]] == [
+        (256 << 10, "page_first_direct", 4), (256 << 10, "page_first", 4)]
     assert os.listdir(tmp_path / "s" / "tmp") == []
+
+
+def test_bench_store_reshard_only(capsys, tmp_path, monkeypatch):
+    from kvtier.store import bench
+    monkeypatch.setattr(bench, "TOTAL_BYTES", 1 << 20)
+    monkeypatch.setattr(bench, "ROUNDS", 1)
+    out_json, store = tmp_path / "reshard.json", tmp_path / "s"
+    assert main(["bench", "--store", f"file://{store}", "--reshard", "--json", str(out_json)]) == 0
+    out = capsys.readouterr().out
+    assert "reshard: TP 8 -> TP 2" in out and "raw GET" not in out and "latency goal" not in out
+    result = json.loads(out_json.read_text())
+    assert result["points"] == [] and "latency" not in result
+    rows = result["reshard"]
+    assert [(r["page_bytes"], r["layout"]) for r in rows] == [
+        (s, l) for s in (256 << 10, 1 << 20) for l in ("page_first_direct", "page_first")]
+    for r in rows:
+        assert r["objects_per_page"] == 4 and r["pages"] == 16
+        assert r["reshard_gbps"] > 0 and r["one_object_gbps"] > 0
+        assert r["reshard_vs_one_object"] == pytest.approx(r["reshard_gbps"] / r["one_object_gbps"])
+    assert [f for d in os.listdir(store) if len(d) == 2 for f in os.listdir(store / d)] == []
 
 
 LATENCY_ROWS = [("page_first_direct", 1), ("page_first_direct", 4), ("page_first", 1), ("page_first", 4)]
@@ -130,6 +153,8 @@ CASES = [
     (["bench", "--store", "file:///x", "--interference"], "--interference"),
     (["bench", "--interference", "--store", "file:///x"], "--store"),
     (["bench", "--latency"], "--latency"),
+    (["bench", "--reshard"], "--reshard"),
+    (["bench", "--store", "file:///x", "--reshard", "--latency"], "--reshard"),
     (["bench", "--latency", "--overhead"], "--latency"),
     (["bench", "--store", "file:///x", "--latency", "--full"], "--full"),
     (["bench", "--store", "file:///x", "--latency", "--iters", "3"], "--iters"),
