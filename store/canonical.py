@@ -1,6 +1,10 @@
-"""Host pages <-> the canonical payload (`kvtier.store.page`), for any host layout.
+"""Host pages <-> the canonical payloads of their stored objects (`kvtier.store.page`),
+for any host layout.
 
-Each component of a host pool is moved one of three ways, read off its row map:
+A page is one or more objects (`kvtier.store.split.Part`): each holds some of the
+components, and of the head-split ones (K, V) a slice of heads of every row. Each
+component of an object is read off a row map over the host memory it holds (the host
+pool's map, cut to the object's heads), and moved one of three ways:
 
 - "whole": the host holds all of a page's layers of the component in canonical order,
   contiguously (``page_first_direct``; ``page_first`` with one-token pages): the host
@@ -10,8 +14,9 @@ Each component of a host pool is moved one of three ways, read off its row map:
 - "staged": anything else (``page_first``, ``page_head``, small layer pieces): a row
   copy between the host pool's row maps and row maps over a staging buffer in
   canonical order, for a whole batch of pages per component group. Where every
-  component is staged, a slot also holds the page's header just before its payload,
-  so the engine moves the object as one buffer (`CanonicalPages.object_view`).
+  component of an object is staged, a slot also holds the object's header just before
+  its payload, so the engine moves the object as one buffer (`CanonicalPages.object_view`).
+  Rows cut to a head slice are staged (their pieces are one head group per token).
 
 Both sides of a staged copy are host memory, so it runs on the CPU: the bytes never
 cross a link. It runs as `copy_pages`, the row copy of whole pages read off the same
