@@ -1,12 +1,14 @@
-"""The page object: one object per page, a header and the page's payload.
+"""A stored object: a header and the payload of a part of a page (`kvtier.store.split`:
+a page is one object per KV head group and one for the components every rank holds).
 
-Payload (canonical order, independent of the host layout): for each component in
-`Geometry.components` order, for each of its layers, the page's token rows in order::
+Payload (canonical order, independent of the host layout): for each component of the
+object in `Geometry.components` order, for each of its layers, the page's token rows
+(cut to the object's heads) in order::
 
     payload = concat over components c, layers l < L_c, tokens t < P: row(c, l, t)
 
 so one component of one page is ``L_c * P * row_bytes_c`` bytes, and a
-``page_first_direct`` host page of one component is one contiguous piece already.
+``page_first_direct`` host page of one component of whole rows is one contiguous piece.
 
 Header (little-endian; every field but the checksum and its algorithm is a function of
 the reader's own geometry and key, so a reader builds the header it expects and compares)::
@@ -19,13 +21,14 @@ the reader's own geometry and key, so a reader builds the header it expects and 
     24  geometry_len   u32
     28  key_len        u32
     32  checksum       u64  of the payload (`Checksum`)
-    40  geometry       utf-8 `Geometry.text`
+    40  geometry       utf-8 `Geometry.text` (identity, part, rows)
         key            utf-8, the namespaced key the object is stored under
         padding        zero bytes to header_len
 
-Keys: SGLang's page keys hash token ids only, so the stored key is
-``namespace + ":" + page_key`` with a namespace naming the model, the geometry and
-the shard (`namespace`): a bf16 and an fp8 server of one model never share objects.
+Keys: SGLang's page keys hash token ids only, so an object's key is
+``namespace:page_key:part`` (`object_key`), the namespace naming the model and the
+fingerprint of its `Identity` (`namespace`): a bf16 and an fp8 server of one model, or
+two revisions, never share objects.
 """
 from __future__ import annotations
 
