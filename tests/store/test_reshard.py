@@ -181,3 +181,18 @@ def test_heads_that_do_not_fit_the_tp_size_are_refused(url):
         StoreTier(hc.host, url, model="m", tp=(0, 2), layers=(2, 3))
     with pytest.raises(KvtierError, match="revision="):
         StoreTier(hc.host, url, model="m", tp=(0, 2), revision="")
+
+
+def test_pipeline_stages_read_the_layers_they_own(url):
+    """Two stages of a 6-layer model (layers 0-2 and 3-5, 3 layers each) at different TP
+    sizes: each stage's readers read its own layers' objects, never the other stage's."""
+    keys = _keys()
+    stages = {first: Model("mha", 8, N, seed=first) for first in (0, 3)}
+    for first, model in stages.items():
+        _write(model, 4, "page_first", url, keys, layers=(first, 6))
+    for first, model in stages.items():
+        readers = _read_all(model, 2, "layer_first", url, keys, layers=(first, 6))
+        assert all(k.endswith(f":L{first}-{first + 3}:h{g}of8") for g, k in enumerate(readers[0][1].keys(keys[0])))
+    hc = stages[0].rank_host(0, 2, "page_first", 6)
+    alone = StoreTier(hc.host, url, model="org/model", tp=(0, 2), heads=8)     # a 3-layer model: another identity
+    assert alone.exists(keys) == 0
