@@ -73,13 +73,14 @@ class Staged:
 @dataclass(frozen=True)
 class PageObject:
     """One stored object of each page: its key suffix (`kvtier.store.split.Part`), its
-    geometry (the header's), and its payload's parts (Direct or Staged) in order.
+    geometry (the header's), and how each of its components moves (Direct or Staged),
+    in payload order.
     ``header_room``: bytes of its staging slot region before its payload that hold its
-    header, where every part is staged (`CanonicalPages.object_view`), else 0."""
+    header, where every component is staged (`CanonicalPages.object_view`), else 0."""
 
     name: str
     geometry: Geometry
-    parts: Tuple[object, ...]
+    components: Tuple[object, ...]
     header_room: int
     start: int              # the first byte of its staged region in a slot
 
@@ -142,7 +143,7 @@ class CanonicalPages:
                 text_bytes = len(geometry.text.encode())
                 room = -(-header_len(text_bytes, HEADER_KEY_ROOM) // 64) * 64
             start, off = off, off + room
-            obj_parts = []
+            moves = []
             for (c, m), how in zip(comps, hows):
                 names, buf = group_of[c.name]
                 offset = m.base - buf.data_ptr()
@@ -155,13 +156,13 @@ class CanonicalPages:
                     part = Staged(f"{spec.name}/{c.name}" if spec.name else c.name, off, c.num_layers * rows)
                     off += part.length
                     self.staged[part] = (c, m)
-                obj_parts.append(part)
-            self.objects.append(PageObject(spec.name, geometry, tuple(obj_parts), room, start))
+                moves.append(part)
+            self.objects.append(PageObject(spec.name, geometry, tuple(moves), room, start))
             # Copy groups: a host group's staged components of this object, stacked in
             # one map where the staging slot holds them at equal steps (K then V), else
             # one per component.
             for names, _, _ in host.groups:
-                mine = [(p, self.staged[p][1]) for p, (c, _) in zip(obj_parts, comps)
+                mine = [(p, self.staged[p][1]) for p, (c, _) in zip(moves, comps)
                         if c.name in names and type(p) is Staged]
                 stacked = RowMap.stack([m for _, m in mine]) if len(mine) > 1 and _even([p for p, _ in mine]) else None
                 if stacked is not None:
@@ -203,7 +204,7 @@ class CanonicalPages:
         as pieces in canonical order: host memory for direct components, staging slot
         ``slot`` for staged ones."""
         out = []
-        for part in self.objects[obj].parts:
+        for part in self.objects[obj].components:
             if type(part) is Direct:
                 base = part.offset + page * part.page_stride
                 for i in range(part.count):
@@ -354,4 +355,4 @@ def modes(plan: CanonicalPages) -> Dict[str, str]:
     """How each component of a page's first object moves: "whole", "layers" or "staged"
     (for docs and tests)."""
     return {c.name: ("staged" if isinstance(p, Staged) else "whole" if p.count == 1 else "layers")
-            for c, p in zip(plan.objects[0].geometry.components, plan.objects[0].parts)}
+            for c, p in zip(plan.objects[0].geometry.components, plan.objects[0].components)}
