@@ -2,6 +2,7 @@
 strategy and baseline (matplotlib, the `bench` extra, imported only to plot)."""
 from __future__ import annotations
 
+import datetime
 import json
 from collections import defaultdict
 from pathlib import Path
@@ -65,9 +66,22 @@ def format_summary(run: dict) -> str:
     lines.append(f"{len(run['points'])} points, {errors} errors, {run['elapsed_s']} s"
                  + (" (TRUNCATED by the time budget)" if run.get("truncated") else ""))
     if "overhead" in run:
-        o = run["overhead"]
-        lines.append(f"host overhead per call: {o['summary']}")
+        lines.append(f"host overhead per call: {run['overhead']['summary']}")
     return "\n".join(lines)
+
+
+def versions() -> dict:
+    """When a run was made and with which torch and Triton."""
+    import torch
+    from kvtier.kernels.launcher import interpreter_active, triton_available
+    env = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "torch": torch.__version__, "triton_available": triton_available(), "interpreter": interpreter_active()}
+    try:
+        import triton
+        env["triton"] = triton.__version__
+    except ImportError:
+        pass
+    return env
 
 
 def write_json(run: dict, path) -> Path:
