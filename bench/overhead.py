@@ -95,19 +95,26 @@ LISTS = 512             # new index lists per series before they come round (see
 
 
 # ------------------------------------------------------------------ the calls
+def overhead_pools(device: torch.device, shape: Optional[dict] = None):
+    """The `Pools` every call of the measurement moves (``SHAPE``, updated by ``shape``)."""
+    from kvtier.autotune.shape import PoolShape
+    from kvtier.bench.pools import Pools
+    s = dict(SHAPE, **(shape or {}))
+    ps = PoolShape.mha(s["layers"], s["heads"], s["head_dim"], s["dtype"], page_size=s["page_size"],
+                       host_layout=s["host_layout"])
+    return Pools(ps, s["tokens"], device, spare=2, strategy="kernel", check=None)
+
+
 def build_calls(device: torch.device, shape: Optional[dict] = None,
                 lists: int = LISTS) -> Tuple[Dict[str, Callable], dict]:
     """(name -> callable for every call of ``CALLS`` and ``TORCH_OPS``, what they move);
     ``lists``: the calls each series makes before its index lists come round again."""
     from kvtier.adapters import registry, transfer_kv_all_layer, transfer_kv_per_layer
-    from kvtier.autotune.shape import PoolShape
-    from kvtier.bench.pools import Pools
     from kvtier.pool.gather import group_shape
 
     s = dict(SHAPE, **(shape or {}))
-    ps = PoolShape.mha(s["layers"], s["heads"], s["head_dim"], s["dtype"], page_size=s["page_size"],
-                       host_layout=s["host_layout"])
-    pools = Pools(ps, s["tokens"], device, spare=2, strategy="kernel", check=None)
+    pools = overhead_pools(device, shape)
+    ps = pools.pool_shape
     hp, dp = pools.host_pool, pools.device_pool
     hi, di = pools.host_slots, pools.device_slots          # int64, on the device
     P, L = ps.page_size, ps.num_layers
