@@ -234,14 +234,11 @@ class EngineCall:
         transfer's launches, each checking the lists' values (``check``: None follows
         ``KVTIER_CHECK``, False skips the value checks)."""
         si, di, device = src_indices, dst_indices, self.device
-        if not (type(si) is _TENSOR and type(di) is _TENSOR and si.device == device and di.device == device
-                and si.dtype in INDEX_DTYPES and di.dtype in INDEX_DTYPES and si.dim() == 1 and di.dim() == 1
-                and si.layout is _STRIDED and di.layout is _STRIDED and si.numel() == di.numel()):
-            try:
-                si, di = indices(si, di, device)
-            except KvtierError as e:
-                raise _renamed(e, self.index_names) from None
         try:
+            if not (type(si) is _TENSOR and type(di) is _TENSOR and si.device == device and di.device == device
+                    and si.dtype in INDEX_DTYPES and di.dtype in INDEX_DTYPES and si.dim() == 1 and di.dim() == 1
+                    and si.layout is _STRIDED and di.layout is _STRIDED and si.numel() == di.numel()):
+                si, di = indices(si, di, device)
             self.transfer.launch(si, di, check=check)
         except KvtierError as e:
             raise _renamed(e, self.index_names) from None

@@ -6,7 +6,7 @@ time). Where those buffers belong to a registered buffer set (`register`; SGLang
 pools are registered as they are built, `kvtier.adapters.sglang_install.install`), a
 call's `EngineCall` is prepared on its first call and kept by the registration; later
 calls of that kind on those buffers find it by the call's kind, scalars and every
-tensor's address (`find`) and only launch. The registration holds the buffers, so an
+tensor's address (`call`) and only launch. The registration holds the buffers, so an
 address in a key stands for that memory while the entry lives, and every hit compares
 the call's tensors with the ones the call was prepared from (shape, strides, dtype) and
 those with where their maps were built (the storage watch): a view of other geometry,
@@ -122,11 +122,6 @@ def unregister(owner) -> None:
             _forget(reg)
 
 
-def registration(owner) -> Optional[Registration]:
-    """``owner``'s registration, or None."""
-    return _OWNERS.get(owner)
-
-
 def sizes() -> Dict[str, int]:
     """How many registrations, registered storages and prepared calls the index holds
     (for diagnostics: each falls back to 0 once its owners are gone)."""
@@ -137,8 +132,8 @@ def sizes() -> Dict[str, int]:
 def call(kind, scalars: tuple, tensors: Sequence[torch.Tensor], src_indices, dst_indices, check,
          build: Callable[[], EngineCall]) -> None:
     """One adapter call: ``kind`` and ``scalars`` (exact ints, None or configs: `plain`)
-    name what it does, ``tensors`` are its tensor arguments (flattened). Its kept
-    `EngineCall` launches where one matches (`find`), else ``build()``'s (`prepare`)."""
+    name what it does, ``tensors`` are its tensor arguments (flattened). The `EngineCall`
+    kept under that key launches where its tensors match these, else ``build()``'s (`prepare`)."""
     try:
         key = (kind, *scalars, *map(_DATA_PTR, tensors))
     except TypeError:                       # lists of tensors among them, or not tensors
@@ -157,18 +152,8 @@ def call(kind, scalars: tuple, tensors: Sequence[torch.Tensor], src_indices, dst
     prepare(key, tensors, build).launch(src_indices, dst_indices, check)
 
 
-def find(key: tuple, tensors: Sequence[torch.Tensor]) -> Optional[EngineCall]:
-    """The prepared call kept under ``key`` (the call's kind, its scalars and every
-    tensor's address) whose tensors match ``tensors``, else None."""
-    r = _CALLS.get(key)
-    if r is None:
-        return None
-    prepared = r()
-    return prepared.call if prepared is not None and prepared.matches(tensors) else None
-
-
 def prepare(key: tuple, tensors: Sequence[torch.Tensor], build: Callable[[], EngineCall]) -> EngineCall:
-    """The call for ``key`` that `find` did not find: ``build()``'s `EngineCall`, kept by
+    """The call for ``key`` that `call` did not find: ``build()``'s `EngineCall`, kept by
     the registration that holds every one of ``tensors`` (if one does, and the key can be
     kept), else kept nowhere."""
     call = build()

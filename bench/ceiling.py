@@ -51,7 +51,4 @@ def measure_ceilings(device: torch.device, nbytes: int, *, warmup: int = 2, iter
         t = time_calls(lambda: dst.copy_(src, non_blocking=True), device, warmup=warmup, iters=n)
         return gbps(nbytes, t.device_s)
 
-    h2d = rate(dev, host)
-    d2h = rate(host, dev)
-    d2d = rate(dev2, dev)
-    return Ceilings(h2d=h2d, d2h=d2h, d2d=d2d, nbytes=nbytes)
+    return Ceilings(h2d=rate(dev, host), d2h=rate(host, dev), d2d=rate(dev2, dev), nbytes=nbytes)

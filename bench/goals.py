@@ -3,8 +3,6 @@ figures, and a CPU run says so instead of grading itself). Every figure is the s
 run's: kvtier's best point per shape against the same-run ceiling or baseline."""
 from __future__ import annotations
 
-from collections import defaultdict
-
 LINK_OPS = ("backup", "load_layer", "load")
 KVTIER = ("pool", "copy_rows")
 BATCHED_DMA_GBPS = 7.0   # vLLM's batched-DMA rate for small pages on H100 (upper end of 5-7 GB/s)
@@ -88,11 +86,7 @@ def evaluate(run: dict) -> list:
 
 
 def _baseline(points, engine: str) -> dict:
-    rate = defaultdict(float)
-    for p in points:
-        if p["engine"] == engine and "gbps" in p:
-            rate[_key(p)] = p["gbps"]
-    return dict(rate)
+    return {_key(p): p["gbps"] for p in points if p["engine"] == engine and "gbps" in p}
 
 
 def _name(p) -> str:

@@ -35,7 +35,7 @@ from kvtier.autotune.timing import gbps, time_calls
 from kvtier.platforms.events import busy_keeper, can_sleep
 
 from . import pool_engine, torch_baseline
-from .report import CEILING_STYLE, colour
+from .report import CEILING_STYLE, colour, draw
 from .runner import WrongBytes, environment, timing_fields, verified_run
 from .sweep import Sweep
 from .workload import Shape, Workload
@@ -170,10 +170,8 @@ def measure(device, setup: Setup = Setup(), *, allow_cpu: bool = False,
             rec = {"op": op, "series": series, "cap": cap, "bytes": w.copy(op).nbytes}
             try:
                 rec.update(_measure_engine(w, op, prepare, streams, gemm, g_alone, setup))
-            except WrongBytes as e:
-                rec["error"] = str(e)
             except Exception as e:      # one failing engine must not end the run
-                rec["error"] = f"{type(e).__name__}: {e}"
+                rec["error"] = str(e) if isinstance(e, WrongBytes) else f"{type(e).__name__}: {e}"
             rows.append(rec)
             log(_line(rec))
     out = {"environment": environment(device, Sweep(grids=(), hardware=device.type != "cpu")),
@@ -267,27 +265,9 @@ def plot_spec(result: dict) -> dict:
 
 
 def plot(result: dict, path):
-    import matplotlib
-    matplotlib.use("Agg")
+    """`plot_spec` drawn as the benchmark draws its panels, against the program cap."""
     import matplotlib.pyplot as plt
-    spec = plot_spec(result)
-    n = max(len(spec["panels"]), 1)
-    fig, axes = plt.subplots(1, n, figsize=(4.2 * n, 3.8), squeeze=False)
-    for ax, panel in zip(axes[0], spec["panels"]):
-        for line in panel["lines"]:
-            ax.plot([x for x, _ in line["xy"]], [y for _, y in line["xy"]], marker="o",
-                    color=line["color"], label=line["label"])
-        for level in panel["levels"]:
-            ax.axhline(level["y"], color=level["color"], linestyle=":", label=level["label"])
-        if panel["goal"]:
-            g = panel["goal"]
-            ax.axhline(g["y"], color=g["color"], linestyle=g["linestyle"], label=g["label"])
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("programs (cap)")
-        ax.set_title(panel["title"])
-        ax.legend(fontsize=7)
-    fig.suptitle(spec["title"], fontsize=10)
-    fig.tight_layout()
+    fig = draw(plot_spec(result), size=(4.2, 3.8), xlabel="programs (cap)", ylabel=None, base=2)
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path

@@ -55,7 +55,6 @@ most 0.5x. Printed as "meets" / "misses", never asserted.
 """
 from __future__ import annotations
 
-import datetime
 import itertools
 import math
 import statistics
@@ -70,7 +69,7 @@ import kvtier.platforms as platforms
 from kvtier.platforms.events import busy_keeper
 
 from .probe import LaunchProbe
-from .report import write_json  # noqa: F401  (the overhead's JSON, as the sweep's)
+from .report import versions, write_json  # noqa: F401  (write_json: the overhead's JSON, as the sweep's)
 
 CPU_NOTE = "cpu: host time up to the launch; kernels not run"
 FULL_NOTE = ("full call wall time, launches included; on CUDA/ROCm the device is kept busy by a "
@@ -96,19 +95,26 @@ LISTS = 512             # new index lists per series before they come round (see
 
 
 # ------------------------------------------------------------------ the calls
+def overhead_pools(device: torch.device, shape: Optional[dict] = None):
+    """The `Pools` every call of the measurement moves (``SHAPE``, updated by ``shape``)."""
+    from kvtier.autotune.shape import PoolShape
+    from kvtier.bench.pools import Pools
+    s = dict(SHAPE, **(shape or {}))
+    ps = PoolShape.mha(s["layers"], s["heads"], s["head_dim"], s["dtype"], page_size=s["page_size"],
+                       host_layout=s["host_layout"])
+    return Pools(ps, s["tokens"], device, spare=2, strategy="kernel", check=None)
+
+
 def build_calls(device: torch.device, shape: Optional[dict] = None,
                 lists: int = LISTS) -> Tuple[Dict[str, Callable], dict]:
     """(name -> callable for every call of ``CALLS`` and ``TORCH_OPS``, what they move);
     ``lists``: the calls each series makes before its index lists come round again."""
     from kvtier.adapters import registry, transfer_kv_all_layer, transfer_kv_per_layer
-    from kvtier.autotune.shape import PoolShape
-    from kvtier.bench.pools import Pools
     from kvtier.pool.gather import group_shape
 
     s = dict(SHAPE, **(shape or {}))
-    ps = PoolShape.mha(s["layers"], s["heads"], s["head_dim"], s["dtype"], page_size=s["page_size"],
-                       host_layout=s["host_layout"])
-    pools = Pools(ps, s["tokens"], device, spare=2, strategy="kernel", check=None)
+    pools = overhead_pools(device, shape)
+    ps = pools.pool_shape
     hp, dp = pools.host_pool, pools.device_pool
     hi, di = pools.host_slots, pools.device_slots          # int64, on the device
     P, L = ps.page_size, ps.num_layers
@@ -220,9 +226,7 @@ def build_calls(device: torch.device, shape: Optional[dict] = None,
 
 def prelaunch_limit(call: str) -> float:
     """The most ``call`` may cost up to its launch, in ``torch.index_select``s."""
-    if call == PLAN_CALL:
-        return PLAN_RATIO
-    return PRELAUNCH_RATIO
+    return PLAN_RATIO if call == PLAN_CALL else PRELAUNCH_RATIO
 
 
 # ------------------------------------------------------------------ frames
@@ -388,7 +392,7 @@ def measure_overhead(device: Optional[torch.device] = None, *, calls: Optional[i
                                    else "not needed (kernels not run)" if prelaunch
                                    else "not needed (cpu)" if on_cpu else "no sleep op on this platform"),
                    "torch_threads": 1 if on_cpu else threads, "elapsed_s": round(elapsed, 2)},
-        "environment": _environment(),
+        "environment": versions(),
         "summary": (f"{met}/{len(results)} calls meet the goal ({mode}); load_to_device_per_layer "
                     f"{hot['median_us']:.1f} us, " + ", ".join(f"{r:.2f}x {t}" for t, r in hot["ratio"].items())
                     + (f" ({CPU_NOTE})" if on_cpu and prelaunch else "")),
@@ -396,19 +400,6 @@ def measure_overhead(device: Optional[torch.device] = None, *, calls: Optional[i
     if probe is not None:
         out["launches_recorded"] = {"copy": len(probe.grids), "check": len(probe.check_grids)}
     return out
-
-
-def _environment() -> dict:
-    from kvtier.kernels.launcher import interpreter_active, triton_available
-    env = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "torch": torch.__version__, "triton_available": triton_available(),
-           "interpreter": interpreter_active()}
-    try:
-        import triton
-        env["triton"] = triton.__version__
-    except ImportError:
-        pass
-    return env
 
 
 # ------------------------------------------------------------------ output

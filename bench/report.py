@@ -2,9 +2,11 @@
 strategy and baseline (matplotlib, the `bench` extra, imported only to plot)."""
 from __future__ import annotations
 
+import datetime
 import json
 from collections import defaultdict
 from pathlib import Path
+from typing import Optional
 
 from kvtier.kernels.ops import Op
 
@@ -65,9 +67,22 @@ def format_summary(run: dict) -> str:
     lines.append(f"{len(run['points'])} points, {errors} errors, {run['elapsed_s']} s"
                  + (" (TRUNCATED by the time budget)" if run.get("truncated") else ""))
     if "overhead" in run:
-        o = run["overhead"]
-        lines.append(f"host overhead per call: {o['summary']}")
+        lines.append(f"host overhead per call: {run['overhead']['summary']}")
     return "\n".join(lines)
+
+
+def versions() -> dict:
+    """When a run was made and with which torch and Triton."""
+    import torch
+    from kvtier.kernels.launcher import interpreter_active, triton_available
+    env = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "torch": torch.__version__, "triton_available": triton_available(), "interpreter": interpreter_active()}
+    try:
+        import triton
+        env["triton"] = triton.__version__
+    except ImportError:
+        pass
+    return env
 
 
 def write_json(run: dict, path) -> Path:
@@ -140,24 +155,30 @@ def plot_spec(run: dict) -> dict:
     return {"title": title, "panels": panels}
 
 
-def draw(spec: dict):
-    """A matplotlib figure of ``spec`` (`plot_spec`): GB/s against bytes per call."""
+def draw(spec: dict, size=(4.5, 4), xlabel: str = "bytes per call", ylabel: Optional[str] = "GB/s",
+         base: int = 10):
+    """A matplotlib figure of ``spec`` (`plot_spec`; the interference's too): per panel its
+    lines, its dotted ``levels`` and its ceiling or goal line, against a log x axis."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     n = max(len(spec["panels"]), 1)
-    fig, axes = plt.subplots(1, n, figsize=(4.5 * n, 4), squeeze=False)
+    fig, axes = plt.subplots(1, n, figsize=(size[0] * n, size[1]), squeeze=False)
     for ax, panel in zip(axes[0], spec["panels"]):
         for line in panel["lines"]:
             ax.plot([x for x, _ in line["xy"]], [y for _, y in line["xy"]], marker="o",
                     color=line["color"], label=line["label"])
-        c = panel["ceiling"]
-        ax.axhline(c["y"], linestyle=c["linestyle"], color=c["color"], label=c["label"])
-        ax.set_xscale("log")
+        for level in panel.get("levels", ()):
+            ax.axhline(level["y"], color=level["color"], linestyle=":", label=level["label"])
+        c = panel.get("ceiling") or panel.get("goal")
+        if c:
+            ax.axhline(c["y"], linestyle=c["linestyle"], color=c["color"], label=c["label"])
+        ax.set_xscale("log", base=base)
         ax.set_title(panel["title"])
-        ax.set_xlabel("bytes per call")
-        ax.set_ylabel("GB/s")
+        ax.set_xlabel(xlabel)
+        if ylabel:
+            ax.set_ylabel(ylabel)
         ax.legend(fontsize=7)
     fig.suptitle(spec["title"], fontsize=10)
     fig.tight_layout()

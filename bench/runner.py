@@ -2,7 +2,6 @@
 verified byte for byte before it is timed."""
 from __future__ import annotations
 
-import datetime
 import functools
 import time
 from typing import Callable, Optional
@@ -16,7 +15,7 @@ from kvtier.platforms import device_name, platform_of, synchronize
 
 from . import kvtier_engine, pool_engine, sgl_baseline, torch_baseline, vllm_baseline
 from .ceiling import measure_ceilings
-from .report import series
+from .report import series, versions
 from .sweep import Sweep
 from .workload import Prepared, Unsupported, Workload
 
@@ -26,17 +25,8 @@ POINT_BUDGET_S = 0.25
 
 def environment(device: torch.device, sweep: Sweep) -> dict:
     """Where and how the run was made; ``hardware_figures`` is False for CPU runs."""
-    from kvtier.kernels.launcher import interpreter_active, triton_available
-    env = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "device": device_name(device) or "cpu", "platform": platform_of(device),
-           "torch": torch.__version__, "triton_available": triton_available(),
-           "interpreter": interpreter_active(),
-           "hardware_figures": device.type != "cpu" and sweep.hardware}
-    try:
-        import triton
-        env["triton"] = triton.__version__
-    except ImportError:
-        pass
+    env = dict(versions(), device=device_name(device) or "cpu", platform=platform_of(device),
+               hardware_figures=device.type != "cpu" and sweep.hardware)
     if device.type == "cpu":
         env["note"] = ("CPU smoke run: kernels run under Triton's interpreter (or the torch "
                        "reference); these figures are NOT hardware figures")
@@ -126,10 +116,8 @@ def measure_point(w: Workload, op: str, prepare: Callable, sweep: Sweep, ceiling
     try:
         once = verified_run(w, op, p)
         tm = time_calls(p.fn, w.device, warmup=sweep.warmup, iters=point_iters(sweep, once))
-    except WrongBytes as e:
-        return {**rec, "error": str(e)}
     except Exception as e:
-        return {**rec, "error": f"{type(e).__name__}: {e}"}
+        return {**rec, "error": str(e) if isinstance(e, WrongBytes) else f"{type(e).__name__}: {e}"}
     rate = gbps(rec["bytes"], tm.device_s)
     return {**rec, "programs": p.programs, **timing_fields(tm), "gbps": rate,
             "pct_ceiling": 100.0 * rate / ceiling if ceiling > 0 else None}

@@ -63,25 +63,12 @@ def prepare(w: Workload, op: str, kvio=None) -> Prepared:
     dev = w.device_layers
     host = [[w.host[c, l] for l in range(L)] for c in range(s.components)]
     hi, di = w.host_slots.long(), w.device_slots.long()
-    mla = s.components == 1
-    if op == "load_layer":
-        l = L - 1
-        src, dst, si, ti = [h[l] for h in host], [d[l] for d in dev], hi, di
-        if mla:
-            return Prepared(lambda: kvio.transfer_kv_per_layer_mla(
-                src[0], dst[0], si, ti, R, block_quota=BLOCK_QUOTA), programs=BLOCK_QUOTA)
-        return Prepared(lambda: kvio.transfer_kv_per_layer(
-            src[0], dst[0], src[1], dst[1], si, ti, R, block_quota=BLOCK_QUOTA), programs=BLOCK_QUOTA)
-    if op == "backup":
-        src = [_pointers(d, w.device) for d in dev]
-        dst = [_pointers(h, w.device) for h in host]
-        si, ti = di, hi
-    else:  # load
-        src = [_pointers(h, w.device) for h in host]
-        dst = [_pointers(d, w.device) for d in dev]
-        si, ti = hi, di
-    if mla:
-        return Prepared(lambda: kvio.transfer_kv_all_layer_mla(
-            src[0], dst[0], si, ti, R, L, block_quota=BLOCK_QUOTA), programs=BLOCK_QUOTA)
-    return Prepared(lambda: kvio.transfer_kv_all_layer(
-        src[0], dst[0], src[1], dst[1], si, ti, R, L, block_quota=BLOCK_QUOTA), programs=BLOCK_QUOTA)
+    if op == "load_layer":      # the last layer's tensors
+        name, src, dst, si, ti, sizes = "per_layer", [h[L - 1] for h in host], [d[L - 1] for d in dev], hi, di, (R,)
+    else:                       # pointer tables, device -> host for a backup
+        src, dst, si, ti = (dev, host, di, hi) if op == "backup" else (host, dev, hi, di)
+        name, sizes = "all_layer", (R, L)
+        src, dst = [_pointers(x, w.device) for x in src], [_pointers(x, w.device) for x in dst]
+    fn = getattr(kvio, f"transfer_kv_{name}" + ("_mla" if s.components == 1 else ""))
+    tensors = [x for pair in zip(src, dst) for x in pair]       # (src_k, dst_k, src_v, dst_v)
+    return Prepared(lambda: fn(*tensors, si, ti, *sizes, block_quota=BLOCK_QUOTA), programs=BLOCK_QUOTA)

@@ -144,9 +144,7 @@ def prepare(w: Workload, op: str, swap=None) -> Prepared:
     swap = swap or load_swap()
     if not applies(op):
         raise Unsupported(f"vLLM runs its Triton swap kernel host -> device only, not for {op}")
-    if not platforms.on_cuda_runtime(w.device):
-        raise Unsupported(status(w.device))
-    if swap is None:
+    if swap is None or not platforms.on_cuda_runtime(w.device):
         raise Unsupported(status(w.device))
     src, dst, sizes = jobs(w.copy(op))
     if bool((sizes % 8).any()):

@@ -33,32 +33,31 @@ def name_list(text: str, flag: str, choices) -> tuple:
     return items
 
 
+def _usage(fn, *args):
+    """``fn(*args)``, its `KvtierError` raised as a `UsageError`."""
+    try:
+        return fn(*args)
+    except KvtierError as e:
+        raise UsageError(str(e)) from None
+
+
 def output_dir(text: str, flag: str):
     """The directory ``text`` names, made if missing and tried for writing."""
     from kvtier.writable import writable_dir
-    try:
-        return writable_dir(text, flag)
-    except KvtierError as e:
-        raise UsageError(str(e)) from None
+    return _usage(writable_dir, text, flag)
 
 
 def output_file(text: str, flag: str):
     """The file ``text`` names, tried for writing (an existing file is left as it is)."""
     from kvtier.writable import writable_file
-    try:
-        return writable_file(text, flag)
-    except KvtierError as e:
-        raise UsageError(str(e)) from None
+    return _usage(writable_file, text, flag)
 
 
 def platform_device(name: str, source: str):
     """The torch device of platform ``name``, refused (naming ``source``: the flag or the
     variable) when the name is unknown or this machine has no such device."""
     from kvtier.autotune.key import platform_device as device_of
-    try:
-        return device_of(name, source)
-    except KvtierError as e:
-        raise UsageError(str(e)) from None
+    return _usage(device_of, name, source)
 
 
 def check_environment() -> None:

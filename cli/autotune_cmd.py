@@ -67,7 +67,9 @@ def run(args) -> int:
             raise UsageError(f"{given[0]}: --show prints the cache and takes no other flag")
         return show()
     check_environment()
-    platform = args.platform or _platform()
+    # (kvtier.platforms imports no Triton: the interpreter must be chosen before Triton is imported)
+    from kvtier.platforms import detect_platform
+    platform = args.platform or detect_platform()
     device = platform_device(platform, "--platform" if args.platform else "platform")
     if platform == "cpu":
         # Triton runs CPU tensors only in its interpreter, chosen before Triton is imported.
@@ -174,13 +176,6 @@ def show() -> int:
             continue
         print(format_cache(path, cache.entries(dev, path)))
     return 0
-
-
-def _platform() -> str:
-    """The platform to tune (kvtier.platforms imports no Triton: the interpreter must be
-    chosen before Triton is imported)."""
-    from kvtier.platforms import detect_platform
-    return detect_platform()
 
 
 class ProgressBar:

@@ -137,21 +137,16 @@ STORE_FLAGS = ("--store", "--json", "--latency", "--reshard", "--quiet")      # 
 def _check_flags(args) -> dict:
     """Combinations and values, refused before anything is measured; the sweep dimensions
     given, by Grid field."""
-    if args.store is not None:
-        given = [f for f in (*_ALL_FLAGS, "--interference") if f not in STORE_FLAGS
-                 and _given(args, f) not in (None, False)]
-        if given:
-            raise UsageError(f"{given[0]}: --store takes only {' '.join(STORE_FLAGS[1:])}")
     for flag in ("--latency", "--reshard"):
         if _given(args, flag) and args.store is None:
             raise UsageError(f"{flag}: measures the store tier; give --store URL with it")
     if args.latency and args.reshard:
         raise UsageError("--reshard: --latency already picks one part; give one of them")
-    if args.interference:
-        given = [f for f in (*_ALL_FLAGS, "--store") if f not in INTERFERENCE_FLAGS
+    for mode, takes in (("--store", STORE_FLAGS), ("--interference", INTERFERENCE_FLAGS)):     # (the first given)
+        given = [f for f in (*_ALL_FLAGS, "--store", "--interference") if f not in takes
                  and _given(args, f) not in (None, False)]
-        if given:
-            raise UsageError(f"{given[0]}: --interference takes only {' '.join(INTERFERENCE_FLAGS[1:])}")
+        if _given(args, mode) not in (None, False) and given:
+            raise UsageError(f"{given[0]}: {mode} takes only {' '.join(takes[1:])}")
     if args.no_overhead and (args.overhead or args.json):
         raise UsageError(f"--no-overhead: cannot be combined with {'--overhead' if args.overhead else '--json'}")
     if args.overhead:
@@ -215,7 +210,7 @@ def run(args) -> int:
     if args.overhead:
         overhead = measure_overhead(device)
         print(format_overhead(overhead))
-        return _write_overhead(overhead, args.json)
+        return _write_json(overhead, args.json)
     sweep = _sweep(args, bench, on_cpu, dims)
     _check_fits(args, sweep, device)
     out = output_dir(args.out or f"kvtier-bench-{datetime.date.today().isoformat()}", "--out")
@@ -237,7 +232,7 @@ def run(args) -> int:
     _plotted(args, out, ["bench.txt", "bench.json", "points.jsonl"], lambda png: report.plot(run_, png), "bench.png")
     rc = 1 if any("error" in p for p in run_["points"]) else 0
     if "overhead" in run_:
-        rc = _write_overhead(run_["overhead"], args.json) or rc
+        rc = _write_json(run_["overhead"], args.json) or rc
     return rc
 
 
@@ -282,15 +277,7 @@ def _store(args) -> int:
         print(f"kvtier bench --store: {e}", file=sys.stderr)
         return 1
     print(store_bench.format_text(result))
-    if args.json is None:
-        return 0
-    try:
-        Path(args.json).write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
-    except OSError as e:
-        print(f"--json={args.json!r}: {e.strerror or e}", file=sys.stderr)
-        return 2
-    print(f"wrote {args.json}")
-    return 0
+    return _write_json(result, args.json)
 
 
 def _plotted(args, out: Path, written: list, plot, png: str) -> None:
@@ -305,13 +292,13 @@ def _plotted(args, out: Path, written: list, plot, png: str) -> None:
     print(f"wrote {', '.join(written)} to {out}")
 
 
-def _write_overhead(overhead: dict, path) -> int:
-    """Write the overhead JSON where --json asks (0), or say in one line why not (2)."""
+def _write_json(result: dict, path) -> int:
+    """Write ``result`` as JSON where --json asks (0), or say in one line why not (2)."""
     if path is None:
         return 0
-    from kvtier.bench.overhead import write_json
+    from kvtier.bench.report import write_json
     try:
-        write_json(overhead, path)
+        write_json(result, path)
     except OSError as e:
         print(f"--json={path!r}: {e.strerror or e}", file=sys.stderr)
         return 2

@@ -27,18 +27,14 @@ def register(sub) -> None:
 SIZES = ("layers", "pages", "page_size", "heads", "head_dim")
 
 
-def _best_device():
-    from kvtier import platforms
-    name = platforms.detect_platform()
-    return platforms.default_device(name), name
-
-
 def run(args) -> int:
     from .args import UsageError, check_environment, check_fits
     if args.moved_pages > args.pages:
         raise UsageError(f"--moved-pages={args.moved_pages}: at most --pages={args.pages}")
     check_environment()
-    device, platform = _best_device()
+    from kvtier import platforms
+    platform = platforms.detect_platform()          # the best device present
+    device = platforms.default_device(platform)
     kv_bytes = 2 * args.layers * args.pages * args.page_size * args.heads * args.head_dim * 2   # K, V in bf16
     check_fits(" ".join(f"--{f.replace('_', '-')}={getattr(args, f)}" for f in SIZES), device, kv_bytes, kv_bytes)
     import shutil
@@ -86,8 +82,7 @@ def _run(args, store, torch, device, platform) -> int:
     take = torch.randperm(pages, generator=g)[:args.moved_pages]
     dev_idx = (take[:, None] * P + torch.arange(P)).flatten().to(device)
     host_idx = (torch.arange(args.moved_pages)[:, None] * P + torch.arange(P)).flatten().to(device)
-    want_k = [k[dev_idx].cpu() for k in dev_k]
-    want_v = [v[dev_idx].cpu() for v in dev_v]
+    want = [t[dev_idx].cpu() for t in dev_k + dev_v]
     moved = 2 * L * dev_idx.numel() * H * D * 2
 
     def timed(fn):
@@ -114,7 +109,7 @@ def _run(args, store, torch, device, platform) -> int:
         t[dev_idx] = torch.tensor(float("nan"), dtype=t.dtype)
     t_load = timed(load)
     ok = store_ok and all(torch.equal(a[dev_idx].cpu().view(torch.int16), b.view(torch.int16))
-                          for a, b in zip(dev_k + dev_v, want_k + want_v))
+                          for a, b in zip(dev_k + dev_v, want))
     runner = ("Triton interpreter (CPU)" if interpreter_active() else "torch reference") if platform == "cpu" \
         else f"Triton kernels on {device_name(device) or device}"
     print(f"kvtier demo: {platform} ({runner})")

@@ -11,7 +11,6 @@ def register(sub) -> None:
 
 
 def collect() -> dict:
-    import importlib.metadata as md
     import torch
     info = {"kvtier": _version("kvtier"), "torch": torch.__version__}
     try:
@@ -46,8 +45,8 @@ def run(args) -> int:
     if getattr(args, "json", False):
         import json
         print(json.dumps(info, indent=1, default=str))
-        return 0
-    print(format_info(info))
+    else:
+        print(format_info(info))
     return 0
 
 

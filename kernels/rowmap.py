@@ -48,6 +48,12 @@ def owned_span(t: torch.Tensor, arg: str = "t"):
     return first, end
 
 
+def _geometry(m: "RowMap", layer_stride: bool = True) -> tuple:
+    """What maps joined into one must share: rows, pages, chunks, strides and device."""
+    return (m.num_layers, m.num_rows, m.page_size, m.row_bytes, m.chunk_bytes, m.n_chunks, m.chunk_stride,
+            m.token_stride, m.page_stride, m.device) + ((m.layer_stride,) if layer_stride else ())
+
+
 def _dense_row(shape: Sequence[int], strides: Sequence[int], itemsize: int, arg: str, value):
     """Bytes of a row made of trailing dims that must be dense (C-contiguous)."""
     expect = 1
@@ -423,35 +429,26 @@ class RowMap:
         if len(maps) == 1:
             return maps[0]
         m0 = maps[0]
-        geometry = lambda m: (m.num_layers, m.num_rows, m.page_size, m.row_bytes, m.chunk_bytes,
-                              m.n_chunks, m.chunk_stride, m.token_stride, m.page_stride,
-                              m.layer_stride, m.is_table, m.device, m.num_components)
-        if any(geometry(m) != geometry(m0) or m.num_components != 1 for m in maps):
+        if any(_geometry(m) != _geometry(m0) or m.is_table != m0.is_table or m.num_components != 1 for m in maps):
             return None
-        segs = tuple(s for m in maps for s in m.segments)
-        built_ptrs = tuple(b for m in maps for b in m.built_ptrs)
         if m0.is_table:
             if any(m.table2 is not None or m.entry_comp != m.num_layers or m.table_layer != 1 for m in maps):
                 return None
+            segs = tuple(s for m in maps for s in m.segments)
+            built_ptrs = tuple(b for m in maps for b in m.built_ptrs)
             if all(m.table_trusted for m in maps):      # kvtier's own tables: joined in one
                 return replace(m0, num_components=len(maps), table=torch.cat([m.table for m in maps]),
                                segments=segs, built_ptrs=built_ptrs, align=min(m.align for m in maps), table_split=-1)
-            if len(maps) != 2 or any(m.num_components != 1 for m in maps):
+            if len(maps) != 2:
                 return None     # an engine's tables are read as they are: two per launch at most
             step = maps[1].base - maps[0].base      # (each entry's offset, per component)
             return replace(m0, num_components=2, table=maps[0].table, table2=maps[1].table, table_split=1,
                            comp_stride=step, segments=segs, built_ptrs=built_ptrs, table_trusted=False,
                            align=min(_pow2_align(step), *(m.align for m in maps)))
         # Stacked: equal distance between consecutive bases inside one allocation.
-        storages = {_storage_span(m.segments[0][0]) for m in maps}
-        steps = {maps[i + 1].base - maps[i].base for i in range(len(maps) - 1)}
-        if len(storages) != 1 or len(steps) != 1 or next(iter(steps)) <= 0:
+        if len({_storage_span(m.segments[0][0]) for m in maps}) != 1 or maps[1].base <= maps[0].base:
             return None
-        step = steps.pop()
-        out = replace(m0, num_components=len(maps), comp_stride=step, segments=segs, built_ptrs=built_ptrs,
-                      align=min(_pow2_align(step), *(m.align for m in maps)))
-        out._check_bounds()
-        return out
+        return cls.join(maps)
 
     @classmethod
     def join(cls, maps: Sequence["RowMap"]) -> Optional["RowMap"]:
@@ -464,9 +461,7 @@ class RowMap:
         if len(maps) == 1:
             return maps[0]
         m0 = maps[0]
-        geometry = lambda m: (m.num_layers, m.num_rows, m.page_size, m.row_bytes, m.chunk_bytes,  # noqa: E731
-                              m.n_chunks, m.chunk_stride, m.token_stride, m.page_stride, m.layer_stride, m.device)
-        if any(m.is_table or m.num_components != 1 or geometry(m) != geometry(m0) for m in maps):
+        if any(m.is_table or m.num_components != 1 or _geometry(m) != _geometry(m0) for m in maps):
             return None
         steps = {maps[i + 1].base - maps[i].base for i in range(len(maps) - 1)}
         if len(steps) != 1:
@@ -488,9 +483,7 @@ class RowMap:
         the maps' geometry differs or a map is a table already."""
         maps = list(maps)
         m0 = maps[0]
-        geometry = lambda m: (m.num_layers, m.num_rows, m.page_size, m.row_bytes, m.chunk_bytes,  # noqa: E731
-                              m.n_chunks, m.chunk_stride, m.token_stride, m.page_stride, m.device)
-        if len(maps) < 2 or any(m.is_table or m.num_components != 1 or geometry(m) != geometry(m0)
+        if len(maps) < 2 or any(m.is_table or m.num_components != 1 or _geometry(m, False) != _geometry(m0, False)
                                 for m in maps):
             return None
         addrs = [m.base + layer * m.layer_stride for m in maps for layer in range(m.num_layers)]
@@ -537,7 +530,6 @@ class RowMap:
 
 
 # ---------------------------------------------------------------- maps kept across calls
-_WORD_DTYPES = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 # Address tables: int64, or uint64 as engines build them (torch.uint64 needs torch >= 2.3).
 _ADDRESS_DTYPES = tuple(d for d in (torch.int64, getattr(torch, "uint64", None)) if d is not None)
 

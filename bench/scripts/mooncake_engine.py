@@ -33,23 +33,20 @@ def _engine_round(engine, size: int, count: int, pieces: int):
     def views(a, i):
         v = memoryview(a)[i * size:(i + 1) * size]
         return [v] if pieces == 1 else [v[:64], v[64:]]
-    put_s = get_s = 0.0
-    for lo in range(0, count, BATCH):
-        ks = keys[lo:lo + BATCH]
-        t = time.perf_counter()
-        st = engine.put_from(ks, [views(src, lo + j) for j in range(len(ks))])
-        put_s += time.perf_counter() - t
-        assert all(s == Status.HIT for s in st), st
-    for lo in range(0, count, BATCH):
-        ks = keys[lo:lo + BATCH]
-        t = time.perf_counter()
-        st = engine.get_into(ks, [views(dst, lo + j) for j in range(len(ks))])
-        get_s += time.perf_counter() - t
-        assert all(s == Status.HIT for s in st), st
+    seconds = []
+    for call, buf in ((engine.put_from, src), (engine.get_into, dst)):     # every put, then every get
+        spent = 0.0
+        for lo in range(0, count, BATCH):
+            ks = keys[lo:lo + BATCH]
+            t = time.perf_counter()
+            st = call(ks, [views(buf, lo + j) for j in range(len(ks))])
+            spent += time.perf_counter() - t
+            assert all(s == Status.HIT for s in st), st
+        seconds.append(spent)
     assert np.array_equal(src, dst)
     engine.delete(keys)
     gb = count * size / 1e9
-    return gb / put_s, gb / get_s
+    return gb / seconds[0], gb / seconds[1]
 
 
 def main(argv) -> int:

@@ -25,10 +25,8 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import torch  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-from kvtier.bench.overhead import SHAPE, build_calls  # noqa: E402
+from kvtier.bench.overhead import SHAPE, build_calls, overhead_pools  # noqa: E402
 from kvtier.bench.probe import LaunchProbe  # noqa: E402
-from kvtier.autotune.shape import PoolShape
-from kvtier.bench.pools import Pools  # noqa: E402
 from kvtier.kernels import faults  # noqa: E402
 from kvtier.kernels.launcher import INLINE  # noqa: E402
 from kvtier.kernels.index_check import check_list_on_host  # noqa: E402
@@ -39,9 +37,7 @@ def main(argv) -> int:
     n = int(argv[1]) if len(argv) > 1 else 20000
     torch.set_num_threads(1)
     fns, what = build_calls(torch.device("cpu"), lists=64)
-    ps = PoolShape.mha(SHAPE["layers"], SHAPE["heads"], SHAPE["head_dim"], SHAPE["dtype"],
-                       page_size=SHAPE["page_size"], host_layout=SHAPE["host_layout"])
-    pools = Pools(ps, SHAPE["tokens"], torch.device("cpu"), spare=2, strategy="kernel", check=None)
+    pools = overhead_pools(torch.device("cpu"))
     hp, dp = pools.host_pool, pools.device_pool
     hi, di = pools.host_slots, pools.device_slots
     lists = [(hi.clone(), di.clone()) for _ in range(64)]
