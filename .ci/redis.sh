@@ -44,8 +44,9 @@ ping() { "${cli[@]}" -h 127.0.0.1 -p "$1" ping 2>/dev/null | grep -Eq 'PONG|NOAU
 
 # certs DIR: under DIR/tls a CA (ca.crt), a server certificate signed by it for 127.0.0.1
 # and localhost (server.crt, server.key; also usable as a client's, as the cluster bus
-# needs), a client certificate (client.crt, client.key), and a second CA that signed
-# neither (other-ca.crt). EC P-256 keys, valid 30 days. Kept where already there.
+# needs), a server certificate for another name only (wrong-host.crt, .key: DNS
+# elsewhere.invalid), a client certificate (client.crt, client.key), and a second CA that
+# signed none of them (other-ca.crt). EC P-256 keys, valid 30 days. Kept where there.
 certs() {
   local d=$1/tls
   [ -s "$d/other-ca.crt" ] && return 0
@@ -68,6 +69,8 @@ certs() {
     ca ca "/CN=kvtier test CA"
     leaf server "/CN=localhost" "subjectAltName=IP:127.0.0.1,DNS:localhost
 extendedKeyUsage=serverAuth,clientAuth"
+    leaf wrong-host "/CN=elsewhere.invalid" "subjectAltName=DNS:elsewhere.invalid
+extendedKeyUsage=serverAuth"
     leaf client "/CN=kvtier test client" "extendedKeyUsage=clientAuth"
     ca other-ca "/CN=kvtier other CA"
   } >"$d/openssl.log" 2>&1 || die "openssl could not make the test certificates (see $d/openssl.log)"

@@ -1,5 +1,7 @@
 """Redis and Valkey engines: one node (``redis://``, ``valkey://``) or a cluster
-(``redis+cluster://``, ``valkey+cluster://``); URL syntax in `kvtier.store.redis_url`.
+(``redis+cluster://``, ``valkey+cluster://``), over TLS with ``rediss://`` and
+``rediss+cluster://`` (``valkeys://...``); URL syntax in `kvtier.store.redis_url`, the
+TLS context (built once per engine, used for every node) in `kvtier.store.redis_tls`.
 
 They speak RESP themselves (`kvtier.store.resp`: bulk replies land in the page buffers,
 values are sent from them) and need no client library. A call's keys are grouped by
@@ -33,6 +35,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from kvtier.errors import fail
 
 from . import redis_ops as ops
+from . import redis_tls
 from . import resp
 from .engine import DEFAULT_TIMEOUT_MS, Engine, RawCalls, Status
 from .redis_url import RedisUrl, parse, redacted
@@ -65,9 +68,10 @@ class Node:
     """One server: its address and a pool of idle connections (each used by one thread
     at a time)."""
 
-    def __init__(self, host: str, port: int, conf: RedisUrl):
+    def __init__(self, host: str, port: int, conf: RedisUrl, tls=None):
         self.host, self.port = host, port
         self._conf = conf
+        self._tls = tls             # the engine's ssl.SSLContext (None: plain TCP)
         self._idle: List[resp.Connection] = []
         self._lock = threading.Lock()
         self.held_until = 0.0       # after a timeout, not tried again before this
@@ -96,7 +100,7 @@ class Node:
             if not conn.stale():
                 return conn
             conn.close()            # the server went away while it was idle
-        conn = resp.Connection(self.host, self.port, deadline)
+        conn = resp.Connection(self.host, self.port, deadline, self._tls)
         try:
             self._hello(conn, deadline)
         except BaseException:
@@ -147,6 +151,7 @@ class _RedisEngine(Engine):
         conf = parse(url, cluster=self.cluster)
         super().__init__(redacted(url), timeout_ms)
         self._conf = conf
+        self._tls = redis_tls.context(conf, self.url) if conf.tls else None
         self._nodes: Dict[Tuple[str, int], Node] = {}
         self._nodes_lock = threading.Lock()
         self._pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
@@ -212,7 +217,7 @@ class _RedisEngine(Engine):
         with self._nodes_lock:
             node = self._nodes.get((host, port))
             if node is None:
-                node = self._nodes[(host, port)] = Node(host, port, self._conf)
+                node = self._nodes[(host, port)] = Node(host, port, self._conf, self._tls)
             return node
 
     def _route(self, items: Sequence[ops.Item], pending: List[int], asked: Dict[int, Node],
