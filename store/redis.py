@@ -192,7 +192,8 @@ class _RedisEngine(Engine):
         from .redis_benchmark import run
         host, port = self._benchmark_node()
         result = run(host, port, value_bytes, count, cluster=self.cluster,
-                     username=self._conf.username, password=self._conf.password, db=self._conf.db)
+                     username=self._conf.username, password=self._conf.password, db=self._conf.db,
+                     tls_args=redis_tls.benchmark_args(self._conf) if self._conf.tls else ())
         self.delete(self._benchmark_keys(result.pop("written")))   # what its SETs left behind
         return result
 

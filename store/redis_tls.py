@@ -16,6 +16,7 @@ naming the URL, the option and its value, before any connection."""
 from __future__ import annotations
 
 import ssl
+from typing import List
 
 from kvtier.errors import fail
 
@@ -52,6 +53,18 @@ def context(conf: RedisUrl, url: str) -> ssl.SSLContext:
             what = f"options cert={conf.cert!r}, key={conf.key!r}: not a PEM certificate and its key"
         _load(url, what, lambda: ctx.load_cert_chain(conf.cert, conf.key, password=no_passphrase))
     return ctx
+
+
+def benchmark_args(conf: RedisUrl) -> List[str]:
+    """``redis-benchmark``'s options for the same TLS (it checks the chain, not the name)."""
+    args = ["--tls"]
+    if not conf.verify:
+        args.append("--insecure")
+    elif conf.ca is not None:
+        args += ["--cacert", conf.ca]
+    if conf.cert is not None:
+        args += ["--cert", conf.cert, "--key", conf.key or conf.cert]
+    return args
 
 
 def _load(url: str, what: str, load) -> None:
