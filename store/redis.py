@@ -45,6 +45,8 @@ MAX_IDLE = 8                # idle connections kept per node
 SPREAD_BYTES = 2 << 20      # a call's values a connection carries before the call spreads over another
 MAX_ROUNDS = 5              # redirects followed per key in one call
 REFRESH_EVERY = 0.1         # seconds between slot-map reloads while it is stale
+# Where a TLS server ended a connection just after its handshake (message parts).
+_REFUSED_CLIENT = ("certificate required", "EOF occurred", "reset by peer", "closed the connection")
 ROLE_EVERY = 0.1            # seconds a node's ROLE answer is used for before a write asks again
 
 
@@ -243,6 +245,11 @@ class _RedisEngine(Engine):
     def _unreachable(self, why: str) -> None:
         """Construction could not reach the store: close and raise naming the URL."""
         self.close()
+        conf = self._conf
+        if conf.tls and conf.cert is None and any(w in why for w in _REFUSED_CLIENT):
+            # A server that wants a client certificate ends the connection after the
+            # handshake, by an alert (certificate required) or by closing it at once.
+            why += " (a server that requires a client certificate ends it so: give cert= and key=)"
         raise fail("url", self.url, f"cannot reach the store: {why}")
 
     # ------------------------------------------------------------------ one call
