@@ -25,7 +25,7 @@ is counted in `Engine.stats`. Bad arguments (not a fault of the store) raise
 
 Engines are chosen by URL (`open_store`): ``file:///dir``, ``redis://host:port``
 (``valkey://`` the same), ``redis+cluster://host:port[,host:port...]``
-(``valkey+cluster://``), ``mooncake://...``. A malformed URL, an unknown scheme, a
+(``valkey+cluster://``), ``rediss://`` and ``rediss+cluster://`` (TLS), ``mooncake://...``. A malformed URL, an unknown scheme, a
 missing client library or an unreachable store raises `KvtierError` naming the URL at
 construction. Client libraries are imported by the engine's module only (the ``store``
 extra); the file engine needs none.
@@ -299,6 +299,10 @@ SCHEMES: Dict[str, Tuple[str, str]] = {
     "valkey": ("kvtier.store.redis", "RedisEngine"),
     "redis+cluster": ("kvtier.store.redis", "RedisClusterEngine"),
     "valkey+cluster": ("kvtier.store.redis", "RedisClusterEngine"),
+    "rediss": ("kvtier.store.redis", "RedisEngine"),
+    "valkeys": ("kvtier.store.redis", "RedisEngine"),
+    "rediss+cluster": ("kvtier.store.redis", "RedisClusterEngine"),
+    "valkeys+cluster": ("kvtier.store.redis", "RedisClusterEngine"),
     "mooncake": ("kvtier.store.mooncake", "MooncakeEngine"),
 }
 

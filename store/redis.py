@@ -1,5 +1,7 @@
 """Redis and Valkey engines: one node (``redis://``, ``valkey://``) or a cluster
-(``redis+cluster://``, ``valkey+cluster://``); URL syntax in `kvtier.store.redis_url`.
+(``redis+cluster://``, ``valkey+cluster://``), over TLS with ``rediss://`` and
+``rediss+cluster://`` (``valkeys://...``); URL syntax in `kvtier.store.redis_url`, the
+TLS context (built once per engine, used for every node) in `kvtier.store.redis_tls`.
 
 They speak RESP themselves (`kvtier.store.resp`: bulk replies land in the page buffers,
 values are sent from them) and need no client library. A call's keys are grouped by
@@ -33,6 +35,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from kvtier.errors import fail
 
 from . import redis_ops as ops
+from . import redis_tls
 from . import resp
 from .engine import DEFAULT_TIMEOUT_MS, Engine, RawCalls, Status
 from .redis_url import RedisUrl, parse, redacted
@@ -42,6 +45,8 @@ MAX_IDLE = 8                # idle connections kept per node
 SPREAD_BYTES = 2 << 20      # a call's values a connection carries before the call spreads over another
 MAX_ROUNDS = 5              # redirects followed per key in one call
 REFRESH_EVERY = 0.1         # seconds between slot-map reloads while it is stale
+# Where a TLS server ended a connection just after its handshake (message parts).
+_REFUSED_CLIENT = ("certificate required", "EOF occurred", "reset by peer", "closed the connection")
 ROLE_EVERY = 0.1            # seconds a node's ROLE answer is used for before a write asks again
 
 
@@ -65,9 +70,10 @@ class Node:
     """One server: its address and a pool of idle connections (each used by one thread
     at a time)."""
 
-    def __init__(self, host: str, port: int, conf: RedisUrl):
+    def __init__(self, host: str, port: int, conf: RedisUrl, tls=None):
         self.host, self.port = host, port
         self._conf = conf
+        self._tls = tls             # the engine's ssl.SSLContext (None: plain TCP)
         self._idle: List[resp.Connection] = []
         self._lock = threading.Lock()
         self.held_until = 0.0       # after a timeout, not tried again before this
@@ -96,7 +102,7 @@ class Node:
             if not conn.stale():
                 return conn
             conn.close()            # the server went away while it was idle
-        conn = resp.Connection(self.host, self.port, deadline)
+        conn = resp.Connection(self.host, self.port, deadline, self._tls)
         try:
             self._hello(conn, deadline)
         except BaseException:
@@ -147,6 +153,7 @@ class _RedisEngine(Engine):
         conf = parse(url, cluster=self.cluster)
         super().__init__(redacted(url), timeout_ms)
         self._conf = conf
+        self._tls = redis_tls.context(conf, self.url) if conf.tls else None
         self._nodes: Dict[Tuple[str, int], Node] = {}
         self._nodes_lock = threading.Lock()
         self._pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
@@ -187,7 +194,8 @@ class _RedisEngine(Engine):
         from .redis_benchmark import run
         host, port = self._benchmark_node()
         result = run(host, port, value_bytes, count, cluster=self.cluster,
-                     username=self._conf.username, password=self._conf.password, db=self._conf.db)
+                     username=self._conf.username, password=self._conf.password, db=self._conf.db,
+                     tls_args=redis_tls.benchmark_args(self._conf) if self._conf.tls else ())
         self.delete(self._benchmark_keys(result.pop("written")))   # what its SETs left behind
         return result
 
@@ -212,7 +220,7 @@ class _RedisEngine(Engine):
         with self._nodes_lock:
             node = self._nodes.get((host, port))
             if node is None:
-                node = self._nodes[(host, port)] = Node(host, port, self._conf)
+                node = self._nodes[(host, port)] = Node(host, port, self._conf, self._tls)
             return node
 
     def _route(self, items: Sequence[ops.Item], pending: List[int], asked: Dict[int, Node],
@@ -237,6 +245,11 @@ class _RedisEngine(Engine):
     def _unreachable(self, why: str) -> None:
         """Construction could not reach the store: close and raise naming the URL."""
         self.close()
+        conf = self._conf
+        if conf.tls and conf.cert is None and any(w in why for w in _REFUSED_CLIENT):
+            # A server that wants a client certificate ends the connection after the
+            # handshake, by an alert (certificate required) or by closing it at once.
+            why += " (a server that requires a client certificate ends it so: give cert= and key=)"
         raise fail("url", self.url, f"cannot reach the store: {why}")
 
     # ------------------------------------------------------------------ one call

@@ -7,7 +7,7 @@ import csv
 import io
 import shutil
 import subprocess
-from typing import Dict, Optional
+from typing import Dict, Optional, Sequence
 
 from kvtier.errors import fail
 
@@ -18,7 +18,7 @@ MIN_BYTES = 256 << 20   # moved at least (each way): fewer requests over 50 conn
 
 def run(host: str, port: int, value_bytes: int, count: int, *, cluster: bool = False,
         username: Optional[str] = None, password: Optional[str] = None, db: int = 0,
-        timeout_s: float = 600.0) -> Dict[str, object]:
+        tls_args: Sequence[str] = (), timeout_s: float = 600.0) -> Dict[str, object]:
     """``{"get_gbps", "set_gbps", "set_one_key_gbps", "get_rps", "set_rps", "requests",
     "written", "how"}`` for values of ``value_bytes`` (at least 256 MiB of requests, and at
     least ``count``): GETs of one key, and SETs of new keys (``-r``: keys drawn from as
@@ -27,7 +27,7 @@ def run(host: str, port: int, value_bytes: int, count: int, *, cluster: bool = F
     ``set_one_key_gbps``). ``written``: the key names the SETs may have made (the
     caller removes them; in a cluster redis-benchmark adds a hash tag per master after
     ``key:``, which the cluster engine finds); ``how``: the commands, the password
-    replaced."""
+    replaced. ``tls_args``: its TLS options (``--tls --cacert ...``), for a TLS server."""
     for arg, v in (("value_bytes", value_bytes), ("count", count)):
         if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
             raise fail(arg, v, "must be a positive int")
@@ -44,6 +44,7 @@ def run(host: str, port: int, value_bytes: int, count: int, *, cluster: bool = F
         base += ["--dbnum", str(db)]
     if username:
         base += ["--user", username]
+    base += list(tls_args)
     one_key = _rps(base + ["-t", "set,get"], password, timeout_s)
     new_keys = _rps(base + ["-t", "set", "-r", str(requests)], password, timeout_s)
     get_rps, set_rps = one_key["GET"], new_keys["SET"]

@@ -2,15 +2,24 @@
 
     redis://[[user]:password@]host[:port][/db][?connections=N]
     redis+cluster://[[user]:password@]host[:port][,host[:port]...][?connections=N]
+    rediss://...[?connections=N][&ca=PATH][&cert=PATH[&key=PATH]][&verify=required|none]
+    rediss+cluster://...  (the same options)
 
-``valkey://`` and ``valkey+cluster://`` are the same. The port defaults to 6379; an
+``valkey://`` and ``valkey+cluster://`` are the same, ``valkeys://`` and
+``valkeys+cluster://`` the same over TLS. The port defaults to 6379; an
 IPv6 host is written in brackets. ``connections`` is how many connections one call
 spreads its keys over, each driven by its own thread, shared by the nodes the call
 reaches in proportion to their keys, at least one a node and at most one per 2 MiB of a
 node's values (`kvtier.store.redis.SPREAD_BYTES`) (default 4: the most robust
 for writes to one node on a busy 2-core machine, where reads did as well over 1;
 docs/store-redis.md).
-A cluster has one database, so its URL names none."""
+A cluster has one database, so its URL names none.
+
+Over TLS (`kvtier.store.redis_tls`): ``ca`` is a PEM file of the certificates that may
+sign the server's (default: the system's trusted ones), ``cert`` and ``key`` the client's
+certificate and its key (``key`` left out: in the ``cert`` file), ``verify`` whether the
+server's certificate must be signed by one of them and name the URL's host (``required``,
+the default) or is not checked at all (``none``). A plain URL takes none of these."""
 from __future__ import annotations
 
 from typing import List, NamedTuple, Optional, Tuple
@@ -20,6 +29,9 @@ from kvtier.errors import fail
 
 DEFAULT_PORT = 6379
 OPTIONS = {"connections": (1, 64)}      # name -> (least, most)
+TLS_OPTIONS = ("ca", "cert", "key", "verify")
+VERIFY = ("required", "none")
+TLS_SCHEMES = ("rediss", "valkeys")
 
 
 class RedisUrl(NamedTuple):
@@ -28,6 +40,11 @@ class RedisUrl(NamedTuple):
     password: Optional[str]
     db: int
     connections: int
+    tls: bool = False               # rediss:// (valkeys://)
+    ca: Optional[str] = None        # PEM file of trusted CAs (None: the system's)
+    cert: Optional[str] = None      # the client's certificate (PEM)
+    key: Optional[str] = None       # its key (None: in the cert file)
+    verify: bool = True             # check the server's certificate and name
 
 
 def parse(url: str, cluster: bool) -> RedisUrl:
@@ -58,19 +75,36 @@ def parse(url: str, cluster: bool) -> RedisUrl:
         if not path.isdigit():
             raise fail("url", url, f"database {path!r} is not a number")
         db = int(path)
-    options = {"connections": 4}
+    tls = parts.scheme.lower().split("+")[0] in TLS_SCHEMES
+    options: dict = {"connections": 4}
     try:
         query = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
     except ValueError:
         raise fail("url", url, f"has a malformed query {parts.query!r}") from None
     for name, value in query:
+        if name in TLS_OPTIONS:
+            if not tls:
+                raise fail("url", url, f"option {name!r} is a TLS option: the URL's scheme is rediss:// "
+                           "(rediss+cluster://, valkeys://)")
+            if name in options:
+                raise fail("url", url, f"option {name!r} is given twice")
+            if name == "verify" and value not in VERIFY:
+                raise fail("url", url, f"option verify={value!r} must be one of {list(VERIFY)}")
+            if name != "verify" and not value:
+                raise fail("url", url, f"option {name}= names no file")
+            options[name] = value
+            continue
         if name not in OPTIONS:
-            raise fail("url", url, f"unknown option {name!r}; known: {sorted(OPTIONS)}")
+            known = sorted(OPTIONS) + (sorted(TLS_OPTIONS) if tls else [])
+            raise fail("url", url, f"unknown option {name!r}; known: {known}")
         least, most = OPTIONS[name]
         if not value.isdigit() or not least <= int(value) <= most:
             raise fail("url", url, f"option {name}={value!r} must be an integer in [{least}, {most}]")
         options[name] = int(value)
-    return RedisUrl(addrs, username, password, db, options["connections"])
+    if "key" in options and "cert" not in options:
+        raise fail("url", url, "option key= goes with cert= (the client's certificate)")
+    return RedisUrl(addrs, username, password, db, options["connections"], tls, options.get("ca"),
+                    options.get("cert"), options.get("key"), options.get("verify", "required") == "required")
 
 
 def _addr(url: str, text: str) -> Tuple[str, int]:

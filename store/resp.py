@@ -16,18 +16,30 @@ refused, reset or closed connection raises `ConnectionFault`, and either leaves 
 connection `broken` (its framing state is unknown), to be closed and not reused. A
 server's error reply is not raised: it is returned as a `ReplyError` value, since a
 pipeline goes on past it (a MOVED redirect, a wrong-type key).
+
+Over TLS (an ``ssl.SSLContext`` given) the socket is wrapped after the TCP connect and
+the handshake runs non-blocking under the same deadline; a certificate the context
+rejects is a `ConnectionFault` naming the node and OpenSSL's reason. Either direction may
+then want the other (``SSLWantReadError`` on a send, ``SSLWantWriteError`` on a
+receive: a TLS record or key update in between), and bytes already decrypted inside the
+SSL object (``pending()``) are not seen by ``poll``, so a receive polls only where none
+are. An SSL socket has no ``sendmsg``: a send joins runs of small buffers into one
+record-sized chunk (the encryption copies every byte anyway) and sends large ones as
+they are.
 """
 from __future__ import annotations
 
 import math
 import select
 import socket
+import ssl
 import time
 from typing import List, Optional, Sequence
 
 CRLF = b"\r\n"
 _STAGE_BYTES = 1 << 16          # headers and small replies (and the longest line); payloads bypass it
 _IOV_MAX = 512                  # buffers per sendmsg (Linux allows 1024)
+_TLS_CHUNK = 16 << 10           # over TLS, smaller buffers are joined up to this (a TLS record's most)
 
 
 class Fault(Exception):
@@ -66,7 +78,7 @@ def bulk_header(length: int) -> bytes:
 class Connection:
     """One TCP connection to a Redis/Valkey node (see the module docstring)."""
 
-    def __init__(self, host: str, port: int, deadline: float):
+    def __init__(self, host: str, port: int, deadline: float, tls: Optional[ssl.SSLContext] = None):
         self.host, self.port = host, port
         self.broken = False
         remaining = deadline - time.monotonic()
@@ -80,6 +92,13 @@ class Connection:
             raise ConnectionFault(f"connecting to {host}:{port}: {e}") from None
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._sock.setblocking(False)       # waits are `_io`'s own, bounded by each call's deadline
+        self._tls = tls is not None
+        if self._tls:
+            try:
+                self._sock = tls.wrap_socket(self._sock, server_hostname=host, do_handshake_on_connect=False)
+            except (OSError, ValueError) as e:
+                self.close()
+                raise ConnectionFault(f"TLS to {host}:{port}: {_ssl_reason(e)}") from None
         self._readable, self._writable = select.poll(), select.poll()
         self._readable.register(self._sock, select.POLLIN)
         self._writable.register(self._sock, select.POLLOUT)
@@ -87,6 +106,8 @@ class Connection:
         self._view = memoryview(self._stage)
         self._start = self._end = 0     # unread bytes are _stage[_start:_end]
         self._asked = False             # sent since the last receive: no reply is there yet
+        if self._tls:
+            self._handshake(deadline)
 
     def stale(self) -> bool:
         """Whether an idle connection is unusable: the server closed or reset it (it
@@ -94,9 +115,21 @@ class Connection:
         if self.broken or self._start != self._end:
             return True
         try:
-            return bool(self._readable.poll(0))     # end of stream, a reset, or unasked-for bytes
+            if not self._readable.poll(0):
+                return False
         except OSError:
             return True
+        if not self._tls:
+            return True                 # end of stream, a reset, or unasked-for bytes
+        # Over TLS the bytes may be the server's alone (a session ticket): only a receive
+        # tells. One that wants more holds no reply; any byte of one, or the end, is stale.
+        try:
+            self._sock.recv_into(memoryview(bytearray(1)))
+        except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            return self._sock.pending() > 0
+        except OSError:
+            pass
+        return True
 
     def close(self) -> None:
         self.broken = True
@@ -109,6 +142,9 @@ class Connection:
     def send(self, parts: Sequence, deadline: float) -> None:
         """Send ``parts`` (bytes-like) in order, as one stream: a gather write with no join."""
         views: List[memoryview] = [p if isinstance(p, memoryview) else memoryview(p) for p in parts]
+        if self._tls:
+            self._send_tls(views, deadline)
+            return
         i = 0
         while i < len(views):
             n = self._io(self._sock.sendmsg, views[i:i + _IOV_MAX], deadline, self._writable)
@@ -123,6 +159,41 @@ class Connection:
                     n = 0
             while i < len(views) and views[i].nbytes == 0:
                 i += 1
+
+    def _send_tls(self, views: List[memoryview], deadline: float) -> None:
+        """`send` over TLS: runs of buffers under `_TLS_CHUNK` joined into one chunk, each
+        chunk or larger buffer sent whole (an SSL send that wants to wait is retried
+        with the same bytes, as OpenSSL requires)."""
+        chunk = bytearray()
+        for v in views:
+            if v.nbytes < _TLS_CHUNK:
+                if len(chunk) + v.nbytes > _TLS_CHUNK:
+                    self._send_all(memoryview(chunk), deadline)
+                    chunk = bytearray()
+                chunk += v
+                continue
+            if chunk:
+                self._send_all(memoryview(chunk), deadline)
+                chunk = bytearray()
+            self._send_all(v.cast("B") if v.format != "B" else v, deadline)
+        if chunk:
+            self._send_all(memoryview(chunk), deadline)
+
+    def _send_all(self, view: memoryview, deadline: float) -> None:
+        while view.nbytes:
+            n = self._io(self._sock.send, view, deadline, self._writable)
+            self._asked = True
+            view = view[n:]
+
+    def _handshake(self, deadline: float) -> None:
+        try:
+            self._io(lambda _: self._sock.do_handshake(), None, deadline, self._writable)
+        except ConnectionFault as e:
+            why = _ssl_reason(e.__cause__) if e.__cause__ is not None else str(e)
+            raise ConnectionFault(f"TLS handshake with {self.host}:{self.port} failed: {why}") from None
+        except TimeoutFault:
+            raise TimeoutFault(f"TLS handshake with {self.host}:{self.port}: no answer in time "
+                               "(a port without TLS?)") from None
 
     # ------------------------------------------------------------------ receiving
     def read_line(self, deadline: float, ask: int = _STAGE_BYTES) -> bytes:
@@ -219,8 +290,11 @@ class Connection:
         self._end += self._recv(self._view[self._end:self._end + ask], deadline)
 
     def _recv(self, view: memoryview, deadline: float) -> int:
-        # The first receive after a send waits first: its reply is a round trip away.
+        # The first receive after a send waits first: its reply is a round trip away
+        # (unless the SSL object holds decrypted bytes, which poll cannot see).
         wait, self._asked = self._asked, False
+        if wait and self._tls and self._sock.pending():
+            wait = False
         n = self._io(self._sock.recv_into, view, deadline, self._readable, wait)
         if n == 0:
             self.close()
@@ -248,13 +322,28 @@ class Connection:
                 return op(arg)
             except BlockingIOError:
                 wait = True
-            except OSError as e:
+            except ssl.SSLWantReadError:        # TLS: the record is not all there (on a send too)
+                ready, wait = self._readable, True
+            except ssl.SSLWantWriteError:       # TLS: it has to send first (on a receive too)
+                ready, wait = self._writable, True
+            except OSError as e:                # ssl.SSLError (a rejected certificate too) is one
                 self.close()
-                raise ConnectionFault(f"{self.host}:{self.port}: {e}") from None
+                raise ConnectionFault(f"{self.host}:{self.port}: {_ssl_reason(e)}") from e
 
     def _protocol(self, what: str) -> None:
         self.close()
         raise ConnectionFault(f"{self.host}:{self.port} sent {what}")
+
+
+def _ssl_reason(e: Exception) -> str:
+    """An error's words; for an ssl error, OpenSSL's reason without its source location
+    (a rejected certificate: why, ``certificate verify failed: self-signed certificate``)."""
+    if isinstance(e, ssl.SSLCertVerificationError) and e.verify_message:
+        return f"certificate verify failed: {e.verify_message}"
+    if isinstance(e, ssl.SSLError):
+        text = e.args[1] if len(e.args) > 1 and isinstance(e.args[1], str) else str(e)
+        return text.split(" (_ssl.c:")[0]
+    return str(e)
 
 
 def parse_redirect(reply: ReplyError) -> Optional[tuple]:

@@ -7,6 +7,12 @@ the session starts its own. Tests that kill or stop servers use `Servers` of the
 (the ``redis_servers`` fixture), on other ports. Without redis-server a test skips with
 one line, and fails instead in CI (CI or KVTIER_CI set).
 
+The TLS servers come from KVTIER_TEST_REDIS_TLS_URL, ..._TLS_AUTH_URL, ..._TLS_CLUSTER_URL
+and ..._TLS_DIR (their certificates), which `.ci/redis.sh start` sets where redis-server
+has TLS; unset, a TLS test skips with one line (fails in CI). `Servers.tls_node` and
+`Servers.tls_cluster` start TLS servers of a test's own, with certificates of their own
+(`Servers.tls_dir`).
+
 The damage helpers (`flip_byte`, `truncate`, `swap`) change a stored object behind the
 engine's back, through RESP on the node that holds the key, for the page layer's
 corruption tests."""
@@ -17,6 +23,7 @@ import random
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
@@ -25,7 +32,7 @@ from typing import List, Optional
 
 import pytest
 
-from kvtier.store import resp
+from kvtier.store import redis_tls, resp
 from kvtier.store.redis_url import parse
 
 SCRIPT = Path(__file__).resolve().parent.parent / ".ci" / "redis.sh"
@@ -87,6 +94,24 @@ class Servers:
         self._script("cluster", self.dir, str(base), str(masters), str(replicas))
         return list(range(base, base + n))
 
+    def tls_node(self, *options: str) -> int:
+        """A node on TLS only (its certificates: `tls_dir`); its port."""
+        port = free_ports(1)
+        self._script("tls-node", self.dir, str(port), *options)
+        return port
+
+    def tls_cluster(self, masters: int = 3, replicas: int = 0) -> List[int]:
+        """A cluster on TLS only, its bus and replication too; its nodes' ports."""
+        n = masters * (1 + replicas)
+        base = free_ports(n)
+        self._script("tls-cluster", self.dir, str(base), str(masters), str(replicas))
+        return list(range(base, base + n))
+
+    @property
+    def tls_dir(self) -> str:
+        """The certificates of this directory's TLS servers (.ci/redis.sh certs)."""
+        return os.path.join(self.dir, "tls")
+
     def pid(self, port: int) -> int:
         return int(Path(self.dir, str(port), "redis.pid").read_text())
 
@@ -112,10 +137,11 @@ def _state(pid: int) -> str:
         return "gone"
 
 
-def call(port: int, *args, timeout: float = 2.0, asking: bool = False):
-    """One command to the node on ``port`` (after ASKING: into a slot it imports); its reply."""
+def call(port: int, *args, timeout: float = 2.0, asking: bool = False, tls: Optional[ssl.SSLContext] = None):
+    """One command to the node on ``port`` (after ASKING: into a slot it imports; over TLS
+    with ``tls``, a context as `tls_context` makes); its reply."""
     deadline = time.monotonic() + timeout
-    conn = resp.Connection("127.0.0.1", port, deadline)
+    conn = resp.Connection("127.0.0.1", port, deadline, tls)
     try:
         if asking:
             conn.call(deadline, "ASKING")
@@ -124,10 +150,17 @@ def call(port: int, *args, timeout: float = 2.0, asking: bool = False):
         conn.close()
 
 
-def masters_by_slot(port: int) -> List[tuple]:
+def tls_context(tls_dir: str) -> ssl.SSLContext:
+    """A client context trusting the CA of ``tls_dir``, with its client certificate."""
+    ctx = ssl.create_default_context(cafile=os.path.join(tls_dir, "ca.crt"))
+    ctx.load_cert_chain(os.path.join(tls_dir, "client.crt"), os.path.join(tls_dir, "client.key"))
+    return ctx
+
+
+def masters_by_slot(port: int, tls: Optional[ssl.SSLContext] = None) -> List[tuple]:
     """``(first slot, last slot, master port, [replica ports])`` per slot range, from
     CLUSTER NODES (CLUSTER SLOTS leaves out replicas until their offset is gossiped)."""
-    nodes = [line.split() for line in call(port, "CLUSTER", "NODES").decode().splitlines()]
+    nodes = [line.split() for line in call(port, "CLUSTER", "NODES", tls=tls).decode().splitlines()]
     port_of = {n[0]: int(n[1].split("@")[0].rsplit(":", 1)[1]) for n in nodes}
     out = []
     for n in nodes:
@@ -168,6 +201,43 @@ def redis_cluster_url():
     yield from _shared("KVTIER_TEST_REDIS_CLUSTER_URL", start)
 
 
+def tls_env(name: str) -> str:
+    """The TLS servers' variable KVTIER_TEST_REDIS_TLS_<name>; unset, the test skips
+    (fails in CI)."""
+    var = f"KVTIER_TEST_REDIS_TLS_{name}"
+    value = os.environ.get(var)
+    if value:
+        return value
+    why = f"{var} is not set; the Redis TLS tests need the TLS servers of .ci/redis.sh start"
+    if in_ci():
+        pytest.fail(why)
+    pytest.skip(why)
+
+
+@pytest.fixture
+def redis_tls_url() -> str:
+    """A TLS node's URL (client certificates optional; ``?ca=`` names its CA)."""
+    return tls_env("URL")
+
+
+@pytest.fixture
+def redis_tls_auth_url() -> str:
+    """A TLS node's URL that requires a client certificate (the URL names none)."""
+    return tls_env("AUTH_URL")
+
+
+@pytest.fixture
+def redis_tls_cluster_url() -> str:
+    """A 3-master TLS cluster's URL (``rediss+cluster://...?ca=``)."""
+    return tls_env("CLUSTER_URL")
+
+
+@pytest.fixture
+def redis_tls_dir() -> str:
+    """The TLS servers' certificates: ca.crt, client.crt, client.key, other-ca.crt, ..."""
+    return tls_env("DIR")
+
+
 @pytest.fixture
 def redis_servers():
     """Servers of this test's own, to kill or stop; stopped by pid after it."""
@@ -181,10 +251,11 @@ def redis_servers():
 def _on_key(url: str, key: str, *args):
     """``args`` (the key among them) sent to the node holding ``key``, following MOVED."""
     conf = parse(url, cluster="+cluster" in url.split("://")[0])
+    tls = redis_tls.context(conf, url) if conf.tls else None
     host, port = conf.addrs[0]
     for _ in range(3):
         deadline = time.monotonic() + 2.0
-        conn = resp.Connection(host, port, deadline)
+        conn = resp.Connection(host, port, deadline, tls)
         try:
             if conf.password is not None:
                 conn.call(deadline, "AUTH", *([conf.username] if conf.username else []), conf.password)
