@@ -12,7 +12,9 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import ssl
+import threading
 import time
 import uuid
 from urllib.parse import quote
@@ -24,7 +26,7 @@ import torch
 from engine_conformance import EngineConformance
 from kvtier.errors import KvtierError
 from kvtier.store import Status, open_store
-from kvtier.store import redis_ops
+from kvtier.store import redis_ops, resp
 from kvtier.store.redis import SLOTS, RedisClusterEngine, RedisEngine, key_slot
 from kvtier.store.redis_url import parse
 from kvtier.store.tier import StoreTier
@@ -408,10 +410,45 @@ def test_faults_after_construction_are_statuses(redis_servers, caplog):
         e.close()
 
 
+def test_bytes_held_in_the_ssl_object_are_read_without_a_wait(redis_tls_dir):
+    """Two replies in one TLS record, the first read alone: the second is decrypted and
+    held inside the SSL object, where poll does not see it. After another send (whose
+    reply never comes) it is read at once, not waited for until the deadline."""
+    server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_ctx.load_cert_chain(f"{redis_tls_dir}/server.crt", f"{redis_tls_dir}/server.key")
+    done = threading.Event()
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+
+        def serve():
+            raw, _ = listener.accept()
+            with server_ctx.wrap_socket(raw, server_side=True) as s:
+                s.recv(100)
+                s.sendall(b"+A\r\n+B\r\n")      # one record
+                done.wait(5)
+
+        thread = threading.Thread(target=serve, daemon=True)
+        thread.start()
+        client_ctx = ssl.create_default_context(cafile=f"{redis_tls_dir}/ca.crt")
+        deadline = time.monotonic() + 1.0
+        conn = resp.Connection("127.0.0.1", listener.getsockname()[1], deadline, client_ctx)
+        try:
+            conn.send([resp.command("PING")], deadline)
+            assert conn.read_line(deadline, 4) == b"+A"         # asks for 4 bytes: the rest stays in SSL
+            conn.send([resp.command("PING")], deadline)         # no reply will come
+            t = time.monotonic()
+            assert conn.read_line(deadline) == b"+B"
+            assert time.monotonic() - t < 0.2
+        finally:
+            conn.close()
+            done.set()
+            thread.join(5)
+
+
 def test_small_replies_after_large_ones_in_one_pipeline(redis_tls_url):
-    """Replies decrypted but not yet read (held in the SSL object, unseen by poll) are
-    read before any wait: windows of large values followed by many small ones, on one
-    connection, all within the timeout."""
+    """Windows of large values followed by many small ones, on one TLS connection: all
+    within the timeout, bit-exact."""
     e = open_store(with_options(redis_tls_url, connections=1), timeout_ms=2000)
     try:
         n_small = 3 * redis_ops.WINDOW_KEYS
@@ -426,5 +463,29 @@ def test_small_replies_after_large_ones_in_one_pipeline(redis_tls_url):
             assert all(np.array_equal(g, v) for g, v in zip(got, vals))
             assert e.exists(keys) == [Status.HIT] * len(keys)
         assert e.delete(keys) == [Status.HIT] * len(keys)
+    finally:
+        e.close()
+
+
+def test_idle_tls_connections_are_reused(redis_tls_url, monkeypatch):
+    """A pooled TLS connection that only the server's own TLS messages reached (session
+    tickets) is not taken for stale: calls after the first open no connection."""
+    opened = []
+    real = resp.Connection
+
+    def counting(*args, **kw):
+        opened.append(args[:2])
+        return real(*args, **kw)
+
+    e = open_store(with_options(redis_tls_url, connections=1))
+    try:
+        monkeypatch.setattr(resp, "Connection", counting)
+        keys = fresh_keys(2)
+        assert e.put_from(keys, [[b"a"], [b"b"]]) == [Status.HIT] * 2
+        time.sleep(0.05)
+        for _ in range(10):
+            assert e.exists(keys) == [Status.HIT] * 2
+        assert opened == []
+        assert e.delete(keys) == [Status.HIT] * 2
     finally:
         e.close()
