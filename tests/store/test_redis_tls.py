@@ -6,7 +6,7 @@ option values and files; faults after construction as statuses.
 
 The shared servers come from `.ci/redis.sh start` (KVTIER_TEST_REDIS_TLS_*): unset, these
 tests skip with one line, and fail in CI. Tests that need a server of their own start it
-(`redis_servers.tls_node`, certificates of its own)."""
+(`tls_servers`: `Servers.tls_node`, certificates of its own)."""
 from __future__ import annotations
 
 import logging
@@ -58,6 +58,12 @@ def with_options(url: str, **options) -> str:
 
 def client_cert(tls_dir: str) -> dict:
     return {"cert": os.path.join(tls_dir, "client.crt"), "key": os.path.join(tls_dir, "client.key")}
+
+
+@pytest.fixture
+def tls_servers(redis_tls_dir, redis_servers):
+    """Servers of the test's own, where the shared TLS servers run (redis-server has TLS)."""
+    return redis_servers
 
 
 def round_trip(e, n: int = 40, size: int = 70_000, seed: int = 1) -> None:
@@ -172,12 +178,12 @@ def test_cluster_spans_its_masters_over_tls(redis_tls_cluster_url, redis_tls_dir
         e.close()
 
 
-def test_cluster_follows_ask_over_tls(redis_servers):
+def test_cluster_follows_ask_over_tls(tls_servers):
     """A slot migrating between masters of a TLS cluster: a moved key is found through
     ASK on the importing node, then through MOVED once the slot is its."""
-    ports = redis_servers.tls_cluster(3, 0)
-    ctx = tls_context(redis_servers.tls_dir)
-    url = f"rediss+cluster://127.0.0.1:{ports[0]}?ca={quote(redis_servers.tls_dir)}/ca.crt"
+    ports = tls_servers.tls_cluster(3, 0)
+    ctx = tls_context(tls_servers.tls_dir)
+    url = f"rediss+cluster://127.0.0.1:{ports[0]}?ca={quote(tls_servers.tls_dir)}/ca.crt"
     e = open_store(url)
     try:
         tag = uuid.uuid4().hex
@@ -254,11 +260,11 @@ def test_untrusted_certificate_and_verify_none(redis_tls_url, redis_tls_cluster_
             eng.close()
 
 
-def test_certificate_for_another_host(redis_servers):
+def test_certificate_for_another_host(tls_servers):
     """A certificate the CA signed for another name only: the host check fails it for
     127.0.0.1; verify=none connects."""
-    d = redis_servers.tls_dir
-    port = redis_servers.tls_node("--tls-cert-file", f"{d}/wrong-host.crt", "--tls-key-file", f"{d}/wrong-host.key")
+    d = tls_servers.tls_dir
+    port = tls_servers.tls_node("--tls-cert-file", f"{d}/wrong-host.crt", "--tls-key-file", f"{d}/wrong-host.key")
     with pytest.raises(KvtierError, match="certificate verify failed: IP address mismatch"):
         open_store(f"rediss://127.0.0.1:{port}?ca={quote(d)}/ca.crt")
     with pytest.raises(KvtierError, match="certificate verify failed: Hostname mismatch"):
@@ -270,12 +276,12 @@ def test_certificate_for_another_host(redis_servers):
         e.close()
 
 
-def test_passwords_and_acl_users(redis_servers):
+def test_passwords_and_acl_users(tls_servers):
     """A TLS node with a password and an ACL user: a wrong password or user is refused at
     construction, naming AUTH (the password never shown); the right ones serve, in the
     database named."""
-    port = redis_servers.tls_node("--requirepass", "s3cret", "--user", "alice", "on", ">wonder", "~*", "+@all")
-    ca = f"ca={quote(redis_servers.tls_dir)}/ca.crt"
+    port = tls_servers.tls_node("--requirepass", "s3cret", "--user", "alice", "on", ">wonder", "~*", "+@all")
+    ca = f"ca={quote(tls_servers.tls_dir)}/ca.crt"
     base = f"127.0.0.1:{port}"
     for bad in (f"rediss://:wrong@{base}?{ca}", f"rediss://alice:wrong@{base}?{ca}",
                 f"rediss://nobody:wonder@{base}?{ca}"):
@@ -294,6 +300,16 @@ def test_passwords_and_acl_users(redis_servers):
 
 
 # ---------------------------------------------------------------------- bad options
+def test_parse_tls_options():
+    p = parse("rediss://u:pw@127.0.0.1:7000/2?ca=/c%20a.crt&cert=/c.crt&key=/c.key&connections=2", cluster=False)
+    assert p.tls and p.verify and (p.ca, p.cert, p.key) == ("/c a.crt", "/c.crt", "/c.key")
+    assert p.addrs == [("127.0.0.1", 7000)] and p.username == "u" and p.db == 2 and p.connections == 2
+    p = parse("rediss+cluster://a:1,b:2?verify=none", cluster=True)
+    assert p.tls and not p.verify and p.ca is None and p.addrs == [("a", 1), ("b", 2)]
+    assert parse("valkeys://h", cluster=False).tls and not parse("redis://h", cluster=False).tls
+    assert parse("rediss://h?verify=required", cluster=False).verify
+
+
 BAD = [
     ("redis://h:1?ca=/x", "'ca' is a TLS option"),
     ("redis+cluster://h:1?verify=none", "'verify' is a TLS option"),
@@ -363,13 +379,13 @@ def test_plain_and_tls_ports_mixed_up(redis_tls_url, redis_servers):
 
 
 # ---------------------------------------------------------------------- faults
-def test_faults_after_construction_are_statuses(redis_servers, caplog):
+def test_faults_after_construction_are_statuses(tls_servers, caplog):
     """A TLS node that hangs (SIGSTOP) gives TIMEOUT within the timeout, one that dies
     ERROR; a handshake that fails on a new connection is ERROR with one WARNING naming
     the reason. None raises."""
     caplog.set_level(logging.WARNING, logger="kvtier")
-    port = redis_servers.tls_node()
-    url = f"rediss://127.0.0.1:{port}?ca={quote(redis_servers.tls_dir)}/ca.crt&connections=1"
+    port = tls_servers.tls_node()
+    url = f"rediss://127.0.0.1:{port}?ca={quote(tls_servers.tls_dir)}/ca.crt&connections=1"
     e = open_store(url, timeout_ms=500)
     try:
         keys, vals = fresh_keys(3), values(3, 20_000, 9)
@@ -383,7 +399,7 @@ def test_faults_after_construction_are_statuses(redis_servers, caplog):
             idle, node._idle = node._idle, []
         for c in idle:
             c.close()
-        node._tls = ssl.create_default_context(cafile=os.path.join(redis_servers.tls_dir, "other-ca.crt"))
+        node._tls = ssl.create_default_context(cafile=os.path.join(tls_servers.tls_dir, "other-ca.crt"))
         for _ in range(2):
             assert e.exists(keys) == [Status.ERROR] * 3
         warned = [r.getMessage() for r in caplog.records if "certificate verify failed" in r.getMessage()]
@@ -391,19 +407,19 @@ def test_faults_after_construction_are_statuses(redis_servers, caplog):
         node._tls = real
         assert e.exists(keys) == [Status.HIT] * 3
 
-        redis_servers.signal(port, signal.SIGSTOP)
+        tls_servers.signal(port, signal.SIGSTOP)
         try:
             t = time.monotonic()
             assert e.get_into(keys, [[bytearray(v.nbytes)] for v in vals]) == [Status.TIMEOUT] * 3
             assert time.monotonic() - t < 2 * 0.5
         finally:
-            redis_servers.signal(port, signal.SIGCONT)
+            tls_servers.signal(port, signal.SIGCONT)
         time.sleep(0.6)                                 # past the hold after a timeout
         got = [np.zeros_like(v) for v in vals]
         assert e.get_into(keys, [[g] for g in got]) == [Status.HIT] * 3
         assert all(np.array_equal(g, v) for g, v in zip(got, vals))
 
-        redis_servers.kill(port)
+        tls_servers.kill(port)
         assert e.put_from(keys, [[v] for v in vals]) == [Status.ERROR] * 3
         assert e.exists(keys) == [Status.ERROR] * 3
     finally:
