@@ -33,7 +33,7 @@ from kvtier.store.tier import StoreTier
 from redis_support import call, masters_by_slot, raw_get, tls_context
 from redis_support import (redis_servers, redis_tls_auth_url, redis_tls_cluster_url,  # noqa: F401  (fixtures)
                            redis_tls_dir, redis_tls_url)
-from store_support import PAGE, POISON, host_case, poison, slots
+from store_support import PAGE, assert_pages, host_case, poison, slots
 
 
 def fresh_keys(n: int, tag: str = "") -> list:
@@ -142,12 +142,7 @@ def test_store_tier_round_trip(redis_tls_url, redis_tls_cluster_url, kind):
             assert tier.exists(keys) == 4
             poison(host)
             assert tier.prefetch(keys, slots(dst)) == 4
-            for q in range(host.size // PAGE):
-                page = host.get_page(q * PAGE)
-                if q in dst:
-                    assert torch.equal(page, originals[dst.index(q)]), f"page {q} differs"
-                else:
-                    assert bool((page == POISON).all()), f"page {q} was written"
+            assert_pages(host, dst, originals)
             hc.check_margins()
         finally:
             tier.close()
