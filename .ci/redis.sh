@@ -88,7 +88,9 @@ tls() {
 
 # Whether redis-server was built with TLS (without, it rejects tls-port as a bad directive).
 tls_supported() {
-  ! redis-server --port 0 --tls-port 0 --save '' --logfile '' 2>&1 </dev/null | grep -q 'Bad directive'
+  local out
+  out=$(redis-server --port 0 --tls-port 0 --save '' --logfile '' 2>&1 </dev/null) || true   # exits either way
+  ! grep -q 'Bad directive' <<<"$out"
 }
 
 # node DIR PORT [ARG...]: start one daemonized redis-server and wait until it answers.

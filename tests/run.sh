@@ -3,7 +3,7 @@
 #   bash tests/run.sh            # from the repository root or anywhere
 # Creates .venv (torch CPU build, community Triton, pytest, hypothesis, matplotlib, the
 # store extra), starts the store servers the tests use on 127.0.0.1 (a Redis node and a
-# 3+3 cluster: .ci/redis.sh; stopped by pid on exit), runs pytest, then Mooncake Store's
+# 3+3 cluster, and TLS ones where redis-server has TLS: .ci/redis.sh; stopped by pid on exit), runs pytest, then Mooncake Store's
 # tests beside a master and a store node of their own (.ci/mooncake.sh), SGLang's pools
 # on kvtier (.ci/sglang.sh) and the direct launches under the oldest supported Triton
 # (.ci/triton_min.sh). The Ascend checks (a second venv with
@@ -29,7 +29,7 @@ cleanup() {
 }
 trap cleanup EXIT
 if [ "${KVTIER_SKIP_REDIS:-0}" != 1 ] && bash .ci/redis.sh install && bash .ci/redis.sh start "$redis_dir" >/dev/null; then
-  . "$redis_dir/env"          # KVTIER_TEST_REDIS_URL, KVTIER_TEST_REDIS_CLUSTER_URL
+  . "$redis_dir/env"          # KVTIER_TEST_REDIS_URL, KVTIER_TEST_REDIS_CLUSTER_URL, KVTIER_TEST_REDIS_TLS_*
 fi
 
 status=0

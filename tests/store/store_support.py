@@ -49,3 +49,13 @@ def canonical(host, slot: int) -> bytes:
 
 def slots(pages) -> torch.Tensor:
     return pages_to_slots(pages, PAGE)
+
+
+def assert_pages(host, dst_pages, originals) -> None:
+    """Pages ``dst_pages`` hold ``originals`` (get_page bytes); every other page is poison."""
+    for q in range(host.size // PAGE):
+        page = host.get_page(q * PAGE)
+        if q in dst_pages:
+            assert torch.equal(page, originals[dst_pages.index(q)]), f"page {q} differs"
+        else:
+            assert bool((page == POISON).all()), f"page {q} was written"

@@ -6,13 +6,15 @@ option values and files; faults after construction as statuses.
 
 The shared servers come from `.ci/redis.sh start` (KVTIER_TEST_REDIS_TLS_*): unset, these
 tests skip with one line, and fail in CI. Tests that need a server of their own start it
-(`redis_servers.tls_node`, certificates of its own)."""
+(`tls_servers`: `Servers.tls_node`, certificates of its own)."""
 from __future__ import annotations
 
 import logging
 import os
 import signal
+import socket
 import ssl
+import threading
 import time
 import uuid
 from urllib.parse import quote
@@ -24,14 +26,14 @@ import torch
 from engine_conformance import EngineConformance
 from kvtier.errors import KvtierError
 from kvtier.store import Status, open_store
-from kvtier.store import redis_ops
+from kvtier.store import redis_ops, resp
 from kvtier.store.redis import SLOTS, RedisClusterEngine, RedisEngine, key_slot
 from kvtier.store.redis_url import parse
 from kvtier.store.tier import StoreTier
 from redis_support import call, masters_by_slot, raw_get, tls_context
 from redis_support import (redis_servers, redis_tls_auth_url, redis_tls_cluster_url,  # noqa: F401  (fixtures)
                            redis_tls_dir, redis_tls_url)
-from store_support import PAGE, POISON, host_case, poison, slots
+from store_support import PAGE, assert_pages, host_case, poison, slots
 
 
 def fresh_keys(n: int, tag: str = "") -> list:
@@ -56,6 +58,12 @@ def with_options(url: str, **options) -> str:
 
 def client_cert(tls_dir: str) -> dict:
     return {"cert": os.path.join(tls_dir, "client.crt"), "key": os.path.join(tls_dir, "client.key")}
+
+
+@pytest.fixture
+def tls_servers(redis_tls_dir, redis_servers):
+    """Servers of the test's own, where the shared TLS servers run (redis-server has TLS)."""
+    return redis_servers
 
 
 def round_trip(e, n: int = 40, size: int = 70_000, seed: int = 1) -> None:
@@ -134,12 +142,7 @@ def test_store_tier_round_trip(redis_tls_url, redis_tls_cluster_url, kind):
             assert tier.exists(keys) == 4
             poison(host)
             assert tier.prefetch(keys, slots(dst)) == 4
-            for q in range(host.size // PAGE):
-                page = host.get_page(q * PAGE)
-                if q in dst:
-                    assert torch.equal(page, originals[dst.index(q)]), f"page {q} differs"
-                else:
-                    assert bool((page == POISON).all()), f"page {q} was written"
+            assert_pages(host, dst, originals)
             hc.check_margins()
         finally:
             tier.close()
@@ -170,12 +173,12 @@ def test_cluster_spans_its_masters_over_tls(redis_tls_cluster_url, redis_tls_dir
         e.close()
 
 
-def test_cluster_follows_ask_over_tls(redis_servers):
+def test_cluster_follows_ask_over_tls(tls_servers):
     """A slot migrating between masters of a TLS cluster: a moved key is found through
     ASK on the importing node, then through MOVED once the slot is its."""
-    ports = redis_servers.tls_cluster(3, 0)
-    ctx = tls_context(redis_servers.tls_dir)
-    url = f"rediss+cluster://127.0.0.1:{ports[0]}?ca={quote(redis_servers.tls_dir)}/ca.crt"
+    ports = tls_servers.tls_cluster(3, 0)
+    ctx = tls_context(tls_servers.tls_dir)
+    url = f"rediss+cluster://127.0.0.1:{ports[0]}?ca={quote(tls_servers.tls_dir)}/ca.crt"
     e = open_store(url)
     try:
         tag = uuid.uuid4().hex
@@ -252,11 +255,11 @@ def test_untrusted_certificate_and_verify_none(redis_tls_url, redis_tls_cluster_
             eng.close()
 
 
-def test_certificate_for_another_host(redis_servers):
+def test_certificate_for_another_host(tls_servers):
     """A certificate the CA signed for another name only: the host check fails it for
     127.0.0.1; verify=none connects."""
-    d = redis_servers.tls_dir
-    port = redis_servers.tls_node("--tls-cert-file", f"{d}/wrong-host.crt", "--tls-key-file", f"{d}/wrong-host.key")
+    d = tls_servers.tls_dir
+    port = tls_servers.tls_node("--tls-cert-file", f"{d}/wrong-host.crt", "--tls-key-file", f"{d}/wrong-host.key")
     with pytest.raises(KvtierError, match="certificate verify failed: IP address mismatch"):
         open_store(f"rediss://127.0.0.1:{port}?ca={quote(d)}/ca.crt")
     with pytest.raises(KvtierError, match="certificate verify failed: Hostname mismatch"):
@@ -268,12 +271,12 @@ def test_certificate_for_another_host(redis_servers):
         e.close()
 
 
-def test_passwords_and_acl_users(redis_servers):
+def test_passwords_and_acl_users(tls_servers):
     """A TLS node with a password and an ACL user: a wrong password or user is refused at
     construction, naming AUTH (the password never shown); the right ones serve, in the
     database named."""
-    port = redis_servers.tls_node("--requirepass", "s3cret", "--user", "alice", "on", ">wonder", "~*", "+@all")
-    ca = f"ca={quote(redis_servers.tls_dir)}/ca.crt"
+    port = tls_servers.tls_node("--requirepass", "s3cret", "--user", "alice", "on", ">wonder", "~*", "+@all")
+    ca = f"ca={quote(tls_servers.tls_dir)}/ca.crt"
     base = f"127.0.0.1:{port}"
     for bad in (f"rediss://:wrong@{base}?{ca}", f"rediss://alice:wrong@{base}?{ca}",
                 f"rediss://nobody:wonder@{base}?{ca}"):
@@ -292,6 +295,16 @@ def test_passwords_and_acl_users(redis_servers):
 
 
 # ---------------------------------------------------------------------- bad options
+def test_parse_tls_options():
+    p = parse("rediss://u:pw@127.0.0.1:7000/2?ca=/c%20a.crt&cert=/c.crt&key=/c.key&connections=2", cluster=False)
+    assert p.tls and p.verify and (p.ca, p.cert, p.key) == ("/c a.crt", "/c.crt", "/c.key")
+    assert p.addrs == [("127.0.0.1", 7000)] and p.username == "u" and p.db == 2 and p.connections == 2
+    p = parse("rediss+cluster://a:1,b:2?verify=none", cluster=True)
+    assert p.tls and not p.verify and p.ca is None and p.addrs == [("a", 1), ("b", 2)]
+    assert parse("valkeys://h", cluster=False).tls and not parse("redis://h", cluster=False).tls
+    assert parse("rediss://h?verify=required", cluster=False).verify
+
+
 BAD = [
     ("redis://h:1?ca=/x", "'ca' is a TLS option"),
     ("redis+cluster://h:1?verify=none", "'verify' is a TLS option"),
@@ -361,13 +374,13 @@ def test_plain_and_tls_ports_mixed_up(redis_tls_url, redis_servers):
 
 
 # ---------------------------------------------------------------------- faults
-def test_faults_after_construction_are_statuses(redis_servers, caplog):
+def test_faults_after_construction_are_statuses(tls_servers, caplog):
     """A TLS node that hangs (SIGSTOP) gives TIMEOUT within the timeout, one that dies
     ERROR; a handshake that fails on a new connection is ERROR with one WARNING naming
     the reason. None raises."""
     caplog.set_level(logging.WARNING, logger="kvtier")
-    port = redis_servers.tls_node()
-    url = f"rediss://127.0.0.1:{port}?ca={quote(redis_servers.tls_dir)}/ca.crt&connections=1"
+    port = tls_servers.tls_node()
+    url = f"rediss://127.0.0.1:{port}?ca={quote(tls_servers.tls_dir)}/ca.crt&connections=1"
     e = open_store(url, timeout_ms=500)
     try:
         keys, vals = fresh_keys(3), values(3, 20_000, 9)
@@ -381,7 +394,7 @@ def test_faults_after_construction_are_statuses(redis_servers, caplog):
             idle, node._idle = node._idle, []
         for c in idle:
             c.close()
-        node._tls = ssl.create_default_context(cafile=os.path.join(redis_servers.tls_dir, "other-ca.crt"))
+        node._tls = ssl.create_default_context(cafile=os.path.join(tls_servers.tls_dir, "other-ca.crt"))
         for _ in range(2):
             assert e.exists(keys) == [Status.ERROR] * 3
         warned = [r.getMessage() for r in caplog.records if "certificate verify failed" in r.getMessage()]
@@ -389,29 +402,64 @@ def test_faults_after_construction_are_statuses(redis_servers, caplog):
         node._tls = real
         assert e.exists(keys) == [Status.HIT] * 3
 
-        redis_servers.signal(port, signal.SIGSTOP)
+        tls_servers.signal(port, signal.SIGSTOP)
         try:
             t = time.monotonic()
             assert e.get_into(keys, [[bytearray(v.nbytes)] for v in vals]) == [Status.TIMEOUT] * 3
             assert time.monotonic() - t < 2 * 0.5
         finally:
-            redis_servers.signal(port, signal.SIGCONT)
+            tls_servers.signal(port, signal.SIGCONT)
         time.sleep(0.6)                                 # past the hold after a timeout
         got = [np.zeros_like(v) for v in vals]
         assert e.get_into(keys, [[g] for g in got]) == [Status.HIT] * 3
         assert all(np.array_equal(g, v) for g, v in zip(got, vals))
 
-        redis_servers.kill(port)
+        tls_servers.kill(port)
         assert e.put_from(keys, [[v] for v in vals]) == [Status.ERROR] * 3
         assert e.exists(keys) == [Status.ERROR] * 3
     finally:
         e.close()
 
 
+def test_bytes_held_in_the_ssl_object_are_read_without_a_wait(redis_tls_dir):
+    """Two replies in one TLS record, the first read alone: the second is decrypted and
+    held inside the SSL object, where poll does not see it. After another send (whose
+    reply never comes) it is read at once, not waited for until the deadline."""
+    server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_ctx.load_cert_chain(f"{redis_tls_dir}/server.crt", f"{redis_tls_dir}/server.key")
+    done = threading.Event()
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+
+        def serve():
+            raw, _ = listener.accept()
+            with server_ctx.wrap_socket(raw, server_side=True) as s:
+                s.recv(100)
+                s.sendall(b"+A\r\n+B\r\n")      # one record
+                done.wait(5)
+
+        thread = threading.Thread(target=serve, daemon=True)
+        thread.start()
+        client_ctx = ssl.create_default_context(cafile=f"{redis_tls_dir}/ca.crt")
+        deadline = time.monotonic() + 1.0
+        conn = resp.Connection("127.0.0.1", listener.getsockname()[1], deadline, client_ctx)
+        try:
+            conn.send([resp.command("PING")], deadline)
+            assert conn.read_line(deadline, 4) == b"+A"         # asks for 4 bytes: the rest stays in SSL
+            conn.send([resp.command("PING")], deadline)         # no reply will come
+            t = time.monotonic()
+            assert conn.read_line(deadline) == b"+B"
+            assert time.monotonic() - t < 0.2
+        finally:
+            conn.close()
+            done.set()
+            thread.join(5)
+
+
 def test_small_replies_after_large_ones_in_one_pipeline(redis_tls_url):
-    """Replies decrypted but not yet read (held in the SSL object, unseen by poll) are
-    read before any wait: windows of large values followed by many small ones, on one
-    connection, all within the timeout."""
+    """Windows of large values followed by many small ones, on one TLS connection: all
+    within the timeout, bit-exact."""
     e = open_store(with_options(redis_tls_url, connections=1), timeout_ms=2000)
     try:
         n_small = 3 * redis_ops.WINDOW_KEYS
@@ -426,5 +474,29 @@ def test_small_replies_after_large_ones_in_one_pipeline(redis_tls_url):
             assert all(np.array_equal(g, v) for g, v in zip(got, vals))
             assert e.exists(keys) == [Status.HIT] * len(keys)
         assert e.delete(keys) == [Status.HIT] * len(keys)
+    finally:
+        e.close()
+
+
+def test_idle_tls_connections_are_reused(redis_tls_url, monkeypatch):
+    """A pooled TLS connection that only the server's own TLS messages reached (session
+    tickets) is not taken for stale: calls after the first open no connection."""
+    opened = []
+    real = resp.Connection
+
+    def counting(*args, **kw):
+        opened.append(args[:2])
+        return real(*args, **kw)
+
+    e = open_store(with_options(redis_tls_url, connections=1))
+    try:
+        monkeypatch.setattr(resp, "Connection", counting)
+        keys = fresh_keys(2)
+        assert e.put_from(keys, [[b"a"], [b"b"]]) == [Status.HIT] * 2
+        time.sleep(0.05)
+        for _ in range(10):
+            assert e.exists(keys) == [Status.HIT] * 2
+        assert opened == []
+        assert e.delete(keys) == [Status.HIT] * 2
     finally:
         e.close()

@@ -11,7 +11,7 @@ import threading
 import pytest
 import torch
 
-from store_support import KINDS, LAYOUTS, PAGE, POISON, canonical, host_case, poison, slots
+from store_support import KINDS, LAYOUTS, PAGE, POISON, assert_pages, canonical, host_case, poison, slots
 from kvtier.errors import KvtierError
 from kvtier.store import Engine, Status, open_store
 from kvtier.store.file import object_name
@@ -38,16 +38,6 @@ def _path(tier, page_key):
     return os.path.join(tier.engine.root, object_name(tier.keys(page_key)[0]))
 
 
-def _assert_pages(host, dst_pages, originals):
-    """Pages ``dst_pages`` hold ``originals`` (get_page bytes); every other page is poison."""
-    for q in range(host.size // PAGE):
-        page = host.get_page(q * PAGE)
-        if q in dst_pages:
-            assert torch.equal(page, originals[dst_pages.index(q)]), f"page {q} differs"
-        else:
-            assert bool((page == POISON).all()), f"page {q} was written"
-
-
 # ---------------------------------------------------------------------- round trips
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("kind", KINDS)
@@ -64,7 +54,7 @@ def test_round_trip(kind, layout, url):
     poison(host)
     dst = [3, 7, 8, 0]
     assert tier.prefetch(keys, slots(dst)) == 4
-    _assert_pages(host, dst, originals)
+    assert_pages(host, dst, originals)
     assert tier.stats["hits"] == 4 and tier.stats["stored"] == 4
     hc.check_margins()
 
@@ -79,7 +69,7 @@ def test_layer_first_staged_round_trip(url):
     tier.backup(keys, slots([0, 1, 2]))
     poison(host)
     assert tier.prefetch(keys, slots([4, 6, 5])) == 3
-    _assert_pages(host, [4, 6, 5], originals)
+    assert_pages(host, [4, 6, 5], originals)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -384,7 +374,7 @@ def test_host_indices_of_either_dtype_and_any_strides(url, form, index_check):
     dst = [2, 11, 5]
     idx = slots(dst)
     assert tier.prefetch(keys, idx.int() if form == "int32" else torch.stack([idx, idx], 1)[:, 1]) == 3
-    _assert_pages(host, dst, originals)
+    assert_pages(host, dst, originals)
     hc.check_margins()
 
 
@@ -409,7 +399,7 @@ def test_indices_rewritten_after_their_check_change_no_page(url, monkeypatch):
     poison(host)
     idx = slots([3, 4])
     assert tier.prefetch(keys, idx) == 2
-    _assert_pages(host, [3, 4], originals)
+    assert_pages(host, [3, 4], originals)
     hc.check_margins()
 
 
@@ -433,7 +423,7 @@ def test_indices_rewritten_after_the_short_check_change_no_page(url, monkeypatch
     monkeypatch.setattr(tier, "_whole_pages", then_rewritten)
     poison(host)
     assert tier.prefetch(keys, idx) == 2
-    _assert_pages(host, [3, 4], originals)
+    assert_pages(host, [3, 4], originals)
     hc.check_margins()
 
 
