@@ -228,11 +228,7 @@ _STREAM_STAGING = caches.bounded(
 def stream_staging(device: torch.device) -> StreamStaging:
     """The staging of ``device`` and its current stream."""
     stream = platforms.current_stream(device) if device.type != "cpu" else None
-    key = (device, stream)
-    st = _STREAM_STAGING.get(key)
-    if st is None:
-        st = _STREAM_STAGING.put(key, StreamStaging(device))
-    return st
+    return _STREAM_STAGING.get_or_make((device, stream), lambda: StreamStaging(device))
 
 
 # ------------------------------------------------------------------ transfers
@@ -450,7 +446,4 @@ def _shape(host_buf, layout, host_layer, num_layers, stage, ld, ud):
     views' shapes, strides and element size only, so kept by those."""
     key = (tuple(host_buf.shape), host_buf.stride(), host_buf.element_size(), layout, host_layer, num_layers,
            tuple(stage.shape), stage.stride(), ld, ud)
-    hit = _SHAPES.get(key)
-    if hit is None:
-        hit = _SHAPES.put(key, shape_2d(host_buf.narrow(ld, host_layer, num_layers), stage, ud))
-    return hit
+    return _SHAPES.get_or_make(key, lambda: shape_2d(host_buf.narrow(ld, host_layer, num_layers), stage, ud))
