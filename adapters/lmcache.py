@@ -51,7 +51,7 @@ from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
-from kvtier.errors import KvtierError, fail
+from kvtier.errors import as_arg, fail
 from kvtier.kernels.iota import iota
 from kvtier.kernels.ops import BACKUP, GATHER, LOAD, SCATTER
 from kvtier.kernels.rowmap import RowMap
@@ -177,12 +177,9 @@ def _table_maps(ptrs: torch.Tensor, comps, entries: int, page_buffer_size: int) 
     for c in comps:
         # (entry e of layer l is table[l * entries + e]: a view from entry e, read in steps)
         table = ptrs[c.entry:] if c.entry else ptrs
-        try:
-            out.append(RowMap.engine_table(table, row_bytes=c.width, num_rows=page_buffer_size,
-                                           num_layers=ptrs.numel() // entries, table_layer=entries,
-                                           offset=c.offset))
-        except KvtierError as e:
-            raise KvtierError(f"key_value_ptrs: {e}") from None
+        out.append(as_arg("key_value_ptrs", RowMap.engine_table, table, row_bytes=c.width,
+                          num_rows=page_buffer_size, num_layers=ptrs.numel() // entries, table_layer=entries,
+                          offset=c.offset))
     return out
 
 
@@ -195,12 +192,9 @@ def _stacked_maps(tensors, comps, layers: int, page_buffer_size: int) -> List[Ro
                        f"must be a (layers={layers}, ...) tensor")
         if not t[0].is_contiguous():
             raise fail(arg, tuple(t.stride()), "each layer must be contiguous (slots addressed by offsets)")
-        try:
-            out.append(RowMap.from_strides(t, num_layers=layers, num_rows=page_buffer_size, page_size=1,
-                                           row_bytes=c.width, token_stride=c.width, page_stride=c.width,
-                                           layer_stride=t.stride(0) * t.element_size(), offset=c.offset))
-        except KvtierError as e:
-            raise KvtierError(f"{arg}: {e}") from None
+        out.append(as_arg(arg, RowMap.from_strides, t, num_layers=layers, num_rows=page_buffer_size, page_size=1,
+                          row_bytes=c.width, token_stride=c.width, page_stride=c.width,
+                          layer_stride=t.stride(0) * t.element_size(), offset=c.offset))
     return out
 
 

@@ -19,7 +19,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 
 from kvtier.config import CopyConfig
-from kvtier.errors import KvtierError, fail
+from kvtier.errors import KvtierError, as_arg, fail
 from kvtier.kernels.index_check import Checks
 from kvtier.kernels.launcher import interpreter_active, triton_available
 from kvtier.kernels.ops import BACKUP, LOAD, Op
@@ -137,10 +137,7 @@ def layer_table(arg: str, layers, item_size: int, num_layers: int, exact: bool =
     if count is not None and (count < num_layers or (exact and count != num_layers)):
         raise fail(f"{arg}.size(0)", count, f"does not match num_layers={num_layers}")
     if isinstance(layers, torch.Tensor):
-        try:
-            return RowMap.engine_table(layers, row_bytes=item_size, num_rows=UNSIZED_ROWS)
-        except KvtierError as e:
-            raise KvtierError(f"{arg}: {e}") from None
+        return as_arg(arg, RowMap.engine_table, layers, row_bytes=item_size, num_rows=UNSIZED_ROWS)
     m = per_layer_list(arg, layers)
     if m.row_bytes != item_size:
         raise fail("item_size", item_size, f"the rows of {arg} are {m.row_bytes} bytes")
@@ -155,10 +152,7 @@ def per_layer_list(arg: str, layers: Sequence[torch.Tensor], page_size: int = 1)
     if page_size > 1:
         layers = [t[: t.shape[0] // page_size * page_size] if isinstance(t, torch.Tensor) and t.dim() else t
                   for t in layers]
-    try:
-        return RowMap.from_layers(list(layers), page_size=page_size)
-    except KvtierError as e:
-        raise KvtierError(f"{arg}: {e}") from None
+    return as_arg(arg, RowMap.from_layers, list(layers), page_size=page_size)
 
 
 def page_count(indices_numel: int, page_size: int, arg: str = "src_indices") -> None:

@@ -34,7 +34,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from kvtier.errors import KvtierError, fail
+from kvtier.errors import as_arg, fail
 from kvtier.kernels.ops import BACKUP, LOAD, LOAD_LAYER
 from kvtier.kernels.rowmap import RowMap
 from kvtier.kernels.validate import is_int
@@ -271,10 +271,7 @@ def transfer_kv_direct(src_layers: Sequence[torch.Tensor], dst_layers: Sequence[
 
 def _host_pages(arg: str, t, page_size: int) -> RowMap:
     """A ``page_first_direct`` host buffer ``(pages, layers, page_size, *row)``."""
-    try:
-        return RowMap.from_host_layout(t, "page_first_direct", page_size)
-    except KvtierError as e:
-        raise KvtierError(f"{arg}: {e}") from None
+    return as_arg(arg, RowMap.from_host_layout, t, "page_first_direct", page_size)
 
 
 def _split(arg: str, layers, parts: int):

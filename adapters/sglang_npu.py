@@ -29,7 +29,7 @@ import torch
 from kvtier.kernels.ops import Op
 
 from .maps import copy_jobs, page_count
-from kvtier.errors import KvtierError, fail
+from kvtier.errors import as_arg, fail
 from kvtier.kernels.rowmap import RowMap
 
 __all__ = ["TransferDirection", "TransferFlag", "transfer_kv_dim_exchange",
@@ -72,15 +72,8 @@ def _pair(name: str, device, host, page_size: int):
     if device.shape[3:] != host.shape[3:]:
         raise fail(f"host_{name}.shape", tuple(host.shape),
                    f"heads x head_dim differ from device_{name}'s {tuple(device.shape[3:])}")
-    try:
-        dev = RowMap.from_stacked(device, page_size=page_size, paged_dims=True)
-    except KvtierError as e:
-        raise KvtierError(f"device_{name}: {e}") from None
-    try:
-        hst = RowMap.from_host_layout(host, "page_first_direct", page_size)
-    except KvtierError as e:
-        raise KvtierError(f"host_{name}: {e}") from None
-    return dev, hst
+    return (as_arg(f"device_{name}", RowMap.from_stacked, device, page_size=page_size, paged_dims=True),
+            as_arg(f"host_{name}", RowMap.from_host_layout, host, "page_first_direct", page_size))
 
 
 def _layer_range(start_arg: str, start, num, layers: int):

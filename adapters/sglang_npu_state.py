@@ -29,31 +29,25 @@ __all__ = ["transfer_mamba_state", "transfer_state_per_layer_direct_pf_lf",
            "transfer_state_all_layer_direct_lf_pf"]
 
 
-def _as_rows(arg: str, t, lead: int, shape) -> torch.Tensor:
-    """``t`` viewed as ``shape`` (5-D, state as one row) without a copy."""
-    if not isinstance(t, torch.Tensor) or t.dim() <= lead:
-        raise fail(arg, tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__,
-                   f"must be a tensor of more than {lead} dims")
+def _as_rows(arg: str, t, lead: int, what: str, outer) -> torch.Tensor:
+    """``t`` (``what``: its dims, ``lead`` of them before the state) viewed as ``(*outer, 1,
+    1, E)``, its state dims one row of E elements, without a copy."""
+    if not isinstance(t, torch.Tensor) or t.dim() <= lead or (lead == 3 and t.shape[2] != 1):
+        raise fail(arg, tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__, f"must be {what}")
     try:
-        return t.view(shape)
+        return t.view(*outer(t), 1, 1, math.prod(t.shape[lead:]))
     except RuntimeError:
         raise fail(arg, (tuple(t.shape), t.stride()), "its state dims must be dense") from None
 
 
 def _device(arg: str, t) -> torch.Tensor:
     """Device state ``(L, S, *state)`` as ``(L, S, 1, 1, E)``."""
-    if not isinstance(t, torch.Tensor) or t.dim() < 3:
-        raise fail(arg, tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__,
-                   "must be (layers, slots, *state)")
-    return _as_rows(arg, t, 2, (t.shape[0], t.shape[1], 1, 1, math.prod(t.shape[2:])))
+    return _as_rows(arg, t, 2, "(layers, slots, *state)", lambda t: t.shape[:2])
 
 
 def _host(arg: str, t) -> torch.Tensor:
     """Host state ``(S, L, 1, *state)`` as ``(S, L, 1, 1, E)``."""
-    if not isinstance(t, torch.Tensor) or t.dim() < 4 or t.shape[2] != 1:
-        raise fail(arg, tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__,
-                   "must be (slots, layers, 1, *state)")
-    return _as_rows(arg, t, 3, (t.shape[0], t.shape[1], 1, 1, math.prod(t.shape[3:])))
+    return _as_rows(arg, t, 3, "(slots, layers, 1, *state)", lambda t: t.shape[:2])
 
 
 def _exchange(names, device, host, device_indices, host_indices, direction, flags, config, check,
@@ -88,10 +82,7 @@ def transfer_state_per_layer_direct_pf_lf(src: torch.Tensor, dst: torch.Tensor, 
     host = _host("src", src)
     if not isinstance(layer_id, int) or isinstance(layer_id, bool) or not 0 <= layer_id < host.shape[1]:
         raise fail("layer_id", layer_id, f"outside the {host.shape[1]} layers src holds")
-    if not isinstance(dst, torch.Tensor) or dst.dim() < 2:
-        raise fail("dst", tuple(dst.shape) if isinstance(dst, torch.Tensor) else type(dst).__name__,
-                   "must be one device layer (slots, *state)")
-    device = _as_rows("dst", dst, 1, (1, dst.shape[0], 1, 1, math.prod(dst.shape[1:])))
+    device = _as_rows("dst", dst, 1, "one device layer (slots, *state)", lambda t: (1, t.shape[0]))
     _exchange(("dst", "src", "dst_indices", "src_indices"), device, host[:, layer_id:layer_id + 1],
               dst_indices, src_indices, TransferDirection.H2D, flags, config, check)
 

@@ -78,8 +78,14 @@ def _result_type():
 
 
 # ---------------------------------------------------------------- streams and events
-class _Done:
-    """The event of a copy on the CPU: it finished when its call returned."""
+class _HostQueue:
+    """A direction's queue on the CPU: no stream, copies finish when launched (the queue is
+    its own events: each has finished when its call returned)."""
+
+    stream = None
+
+    def event(self):
+        return self
 
     def record(self, stream=None) -> None:
         pass
@@ -89,18 +95,6 @@ class _Done:
 
     def synchronize(self) -> None:
         pass
-
-
-_DONE = _Done()
-
-
-class _HostQueue:
-    """A direction's queue on the CPU: no stream, copies finish when launched."""
-
-    stream = None
-
-    def event(self):
-        return _DONE
 
     def release(self, *events) -> None:
         pass
@@ -220,9 +214,8 @@ class KvtierOffloadingHandler:
         self._pending: dict = {}          # job_id -> end event
         self._free: List[_Rows] = []      # index buffers of finished jobs
         self._closed = False
-        cls = _result_type()
-        self._result = cls
-        self._typed = "transfer_type" in {f.name for f in dataclasses.fields(cls)}
+        self._result = _result_type()
+        self._typed = "transfer_type" in {f.name for f in dataclasses.fields(self._result)}
 
     # ------------------------------------------------------------ vLLM's interface
     def transfer_async(self, job_id: int, spec, dst_spec=None) -> bool:
@@ -258,13 +251,9 @@ class KvtierOffloadingHandler:
             if n and rows.dev is not rows.host:
                 rows.dev[:2 * n].copy_(rows.host[:2 * n], non_blocking=True)
             for group, (a, b) in zip(self._groups, spans):
-                if a == b:
-                    continue
-                gi, ci = rows.dev[a:b], rows.dev[n + a:n + b]
-                if store:
-                    group.transfer.launch(gi, ci)
-                else:
-                    group.transfer.launch(ci, gi)
+                if a != b:
+                    gi, ci = rows.dev[a:b], rows.dev[n + a:n + b]
+                    group.transfer.launch(*((gi, ci) if store else (ci, gi)))
             end.record(queue.stream)
         nbytes = sum(s * g.block_bytes for s, g in zip(sizes, self._groups))
         self._jobs.append(_Job(int(job_id), start, end, nbytes, rows))

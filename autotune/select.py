@@ -97,12 +97,9 @@ def select_config(op: str, platform: str, *, row_bytes: int, page_size: int, num
     measured it (exact key or nearest bucket), else `default_config(platform, crosses_link)`."""
     op = Op.parse(op).name
     q = (op, platform, device_name, row_bytes, page_size, rows_bucket(num_rows), num_layers, crosses_link)
-    cfg = _RESOLVED.get(q)
-    if cfg is None:
-        cfg = _RESOLVED.put(q, resolve(op, platform, row_bytes=row_bytes, page_size=page_size,
-                                       num_rows=num_rows, num_layers=num_layers,
-                                       crosses_link=crosses_link, device_name=device_name)[0])
-    return cfg
+    return _RESOLVED.get_or_make(q, lambda: resolve(op, platform, row_bytes=row_bytes, page_size=page_size,
+                                                    num_rows=num_rows, num_layers=num_layers,
+                                                    crosses_link=crosses_link, device_name=device_name)[0])
 
 
 def resolve(op: str, platform: str, *, row_bytes: int, page_size: int, num_rows: int, num_layers: int,
@@ -120,10 +117,7 @@ def resolve(op: str, platform: str, *, row_bytes: int, page_size: int, num_rows:
 
 def tuned_results(device: DeviceId) -> TunedResults:
     """The device's results, read from its cache file once per process."""
-    t = _TUNED.get(device)
-    if t is None:
-        t = _TUNED.put(device, TunedResults(cache.load(device)))
-    return t
+    return _TUNED.get_or_make(device, lambda: TunedResults(cache.load(device)))
 
 
 def _device(platform: str, device_name: str) -> Optional[DeviceId]:

@@ -57,7 +57,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import statistics
 import time
 from contextlib import ExitStack
 from typing import Callable, Dict, List, Optional, Tuple
@@ -65,6 +64,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 
 import kvtier.platforms as platforms
+from kvtier.autotune.timing import spread
 
 from kvtier.platforms.events import busy_keeper
 
@@ -305,10 +305,8 @@ def time_series(fns: Dict[str, Callable], device: torch.device, *, calls: int, w
 
 def stats_us(ns: List[int]) -> dict:
     """median, p10, p90, min and count of per-call nanoseconds, in microseconds."""
-    us = [x / 1e3 for x in ns]
-    deciles = statistics.quantiles(us, n=10, method="inclusive") if len(us) > 1 else us * 9
-    return {"median_us": round(statistics.median(us), 3), "p10_us": round(deciles[0], 3),
-            "p90_us": round(deciles[8], 3), "min_us": round(min(us), 3), "calls": len(us)}
+    med, p10, p90, low = (round(v, 3) for v in spread([x / 1e3 for x in ns]))
+    return {"median_us": med, "p10_us": p10, "p90_us": p90, "min_us": low, "calls": len(ns)}
 
 
 # ------------------------------------------------------------------ the measurement

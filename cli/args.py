@@ -33,7 +33,7 @@ def name_list(text: str, flag: str, choices) -> tuple:
     return items
 
 
-def _usage(fn, *args):
+def as_usage(fn, *args):
     """``fn(*args)``, its `KvtierError` raised as a `UsageError`."""
     try:
         return fn(*args)
@@ -44,20 +44,20 @@ def _usage(fn, *args):
 def output_dir(text: str, flag: str):
     """The directory ``text`` names, made if missing and tried for writing."""
     from kvtier.writable import writable_dir
-    return _usage(writable_dir, text, flag)
+    return as_usage(writable_dir, text, flag)
 
 
 def output_file(text: str, flag: str):
     """The file ``text`` names, tried for writing (an existing file is left as it is)."""
     from kvtier.writable import writable_file
-    return _usage(writable_file, text, flag)
+    return as_usage(writable_file, text, flag)
 
 
 def platform_device(name: str, source: str):
     """The torch device of platform ``name``, refused (naming ``source``: the flag or the
     variable) when the name is unknown or this machine has no such device."""
     from kvtier.autotune.key import platform_device as device_of
-    return _usage(device_of, name, source)
+    return as_usage(device_of, name, source)
 
 
 def check_environment() -> None:

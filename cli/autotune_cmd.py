@@ -116,17 +116,13 @@ def _tuning_flags(args, platform: str, device):
     and the pools they ask for checked against this machine's memory."""
     import torch
     from kvtier.autotune.shape import PoolShape, pool_bytes
-    from kvtier.errors import KvtierError
     from kvtier.kernels.ops import parse_list
-    from .args import UsageError, check_fits, int_list
+    from .args import UsageError, as_usage, check_fits, int_list
     d = _DEFAULTS["cpu" if platform == "cpu" else "device"]
     dtype = getattr(torch, args.dtype, None)
     if not isinstance(dtype, torch.dtype):
         raise UsageError(f"--dtype={args.dtype!r}: not a torch dtype")
-    try:
-        ops = parse_list(args.ops, "--ops")
-    except KvtierError as e:
-        raise UsageError(str(e)) from None
+    ops = as_usage(parse_list, args.ops, "--ops")
     sizes = int_list(args.rows if args.rows is not None else d["rows"], "--rows")
     layers = args.layers or d["layers"]
     layer_counts = None

@@ -21,7 +21,7 @@ import os
 import sys
 from pathlib import Path
 
-from .args import UsageError, check_environment, check_fits, int_list, name_list, output_dir, output_file
+from .args import UsageError, as_usage, check_environment, check_fits, int_list, name_list, output_dir, output_file
 
 # Sweep dimensions: flag, Grid field. --ops takes the transfer names of
 # kvtier.kernels.ops (as `kvtier autotune --ops`), --layouts and --strategies their names,
@@ -115,14 +115,10 @@ def _number(args, flag: str, kind, low):
 def _dimension(flag: str, text: str) -> tuple:
     """The values one sweep dimension flag asks for, each checked."""
     from kvtier.config import STRATEGIES
-    from kvtier.errors import KvtierError
     from kvtier.kernels.layouts import NAMES
     from kvtier.kernels.ops import parse_list
     if flag == "--ops":
-        try:
-            return tuple(op.label for op in parse_list(text, flag))
-        except KvtierError as e:
-            raise UsageError(str(e)) from None
+        return tuple(op.label for op in as_usage(parse_list, text, flag))
     if flag in ("--layouts", "--strategies"):
         return name_list(text, flag, NAMES if flag == "--layouts" else STRATEGIES)
     return int_list(text, flag)

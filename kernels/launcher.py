@@ -22,7 +22,7 @@ import logging
 import os
 import warnings
 from dataclasses import replace
-from typing import NamedTuple, Optional, Sequence
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -101,10 +101,6 @@ def interpreter_active() -> bool:
     if knobs is not None and hasattr(knobs, "runtime"):
         return bool(knobs.runtime.interpret)
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
-def _warn_once(key: str, msg: str) -> None:
-    warn_once(key, "%s", msg, python_warning=True)
 
 
 def _unify_chunks(src: RowMap, dst: RowMap):
@@ -234,11 +230,8 @@ def copy_launch(src: RowMap, dst: RowMap, *, src_layer: int, dst_layer: int, num
         config = platforms.of(device).default_config(crosses_link=src.device.type != dst.device.type)
     key = (src.layout_key(), dst.layout_key(), src_layer, dst_layer, num_layers, by_page, config, device,
            1 << (max(n_rows, 1) - 1).bit_length(), bool(skip_negative), whole, tables, runner_for(device.type))
-    launch = _LAUNCHES.get(key)
-    if launch is None:
-        launch = _LAUNCHES.put(key, CopyLaunch(src, dst, src_layer, dst_layer, num_layers, by_page, config, device,
-                                               key[8], bool(skip_negative), whole, tables))
-    return launch
+    return _LAUNCHES.get_or_make(key, lambda: CopyLaunch(src, dst, src_layer, dst_layer, num_layers, by_page, config,
+                                                         device, key[8], bool(skip_negative), whole, tables))
 
 
 class CopyLaunch:
@@ -282,7 +275,7 @@ class CopyLaunch:
         self.items = s.num_components * num_layers * blocks
         if self.runner != "kernel":
             return
-        if not interpreter_active() and direct_launch.enabled():
+        if direct_launches():
             self.direct = direct_launch.Launches(config.num_warps)
         u = self.unit
         scalars = (num_layers, src_layer, dst_layer, s.entry_comp, s.table_layer, d.entry_comp, d.table_layer,
@@ -307,11 +300,8 @@ class CopyLaunch:
                 *self._addresses_of(dst.kernel_view(plat, self.device)))
 
     def _addresses_of(self, m: RowMap) -> Addresses:
-        if m.is_table:
-            t = m.table_on(self.device)
-            t2 = m.table2 if m.table2 is not None else t
-            return Addresses(m.base, t, t2, m.comp_stride // self.unit)
-        return Addresses(m.base, self.dummy, self.dummy, m.comp_stride // self.unit)
+        t = m.table_on(self.device) if m.is_table else self.dummy      # (a stacked map has no table2)
+        return Addresses(m.base, t, m.table2 if m.table2 is not None else t, m.comp_stride // self.unit)
 
     def grid(self, n: int) -> int:
         """The programs of a launch for ``n`` indices: the configuration's cap, or fewer
@@ -349,7 +339,7 @@ def reference_copy(si: torch.Tensor, di: torch.Tensor, src: RowMap, dst: RowMap,
     """One copy between maps ``src`` and ``dst`` on the torch reference, where Triton
     cannot run (``runner`` says why: one warning); ``page``: the copy moves whole pages of
     that many rows (the reference reads page numbers)."""
-    _warn_once(runner, _FALLBACK[runner])
+    warn_once(runner, "%s", _FALLBACK[runner], python_warning=True)
     from .reference import copy_rows_reference
     if page:
         src, dst = src.pages_as_rows(), dst.pages_as_rows()

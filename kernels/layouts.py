@@ -57,10 +57,6 @@ class HostLayout:
             return (component_shape[self.dims.index("H")], component_shape[self.dims.index("D")])
         return tuple(component_shape[len(self.dims) - 1:])
 
-    def rank(self, row_dims: int) -> int:
-        """Dims of a component buffer whose rows have ``row_dims`` dims."""
-        return len(self.dims) if "H" in self.dims else len(self.dims) - 1 + row_dims
-
 
 LAYOUTS: Dict[str, HostLayout] = {l.name: l for l in (
     HostLayout("layer_first", ("L", "N", "row")),

@@ -85,11 +85,9 @@ def check_page_aligned(arg: str, idx: torch.Tensor, page_size: int) -> None:
         return
     pages = idx.view(-1, page_size)
     starts = pages[:, :1]
-    bad_start = (starts % page_size != 0).any()
-    bad_run = (pages - starts != torch.arange(page_size, device=idx.device, dtype=idx.dtype)).any()
-    if bool(bad_start) or bool(bad_run):
-        rows = ((starts[:, 0] % page_size != 0)
-                | (pages - starts != torch.arange(page_size, device=idx.device, dtype=idx.dtype)).any(1))
+    rows = ((starts[:, 0] % page_size != 0)
+            | (pages - starts != torch.arange(page_size, device=idx.device, dtype=idx.dtype)).any(1))
+    if bool(rows.any()):
         first = int(rows.nonzero()[0, 0])
         raise fail(arg, pages[first].tolist(), f"page {first} is not {page_size} consecutive slots "
                    "starting at a page boundary")
@@ -110,8 +108,6 @@ def check_pages_in_range(arg: str, idx: torch.Tensor, limit: int, page_size: int
         if torch.equal(rows, start + iota(page_size, idx.dtype, idx.device)):
             return
     check_page_aligned(arg, idx, page_size)
-
-
 
 
 def is_int(v) -> bool:

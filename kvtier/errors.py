@@ -14,3 +14,12 @@ class KvtierError(ValueError, RuntimeError):
 def fail(arg: str, value, why: str) -> "KvtierError":
     """Build the error for argument `arg` holding `value`; callers `raise fail(...)`."""
     return KvtierError(f"{arg}={value!r}: {why}")
+
+
+def as_arg(arg: str, fn, *args, **kwargs):
+    """``fn(*args, **kwargs)``, a `KvtierError` it raises raised again naming ``arg`` first
+    (the caller's name for what ``fn`` names by its own, such as ``layers[1]`` or ``t``)."""
+    try:
+        return fn(*args, **kwargs)
+    except KvtierError as e:
+        raise KvtierError(f"{arg}: {e}") from None

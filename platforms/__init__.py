@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import sys
-from functools import lru_cache
 from typing import Optional, Sequence
 
 _AUTOLOAD = "TORCH_DEVICE_BACKEND_AUTOLOAD"
@@ -140,12 +139,8 @@ def default_device(platform: Optional[str] = None) -> torch.device:
     try:
         return torch.device(kind, mod.current_device())
     except (AssertionError, RuntimeError) as e:
-        raise fail("platform", platform or kind, f"has no device here ({_first_line(e)})") from e
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
+        why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise fail("platform", platform or kind, f"has no device here ({why})") from e
 
 
 def _resolve(device) -> torch.device:

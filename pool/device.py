@@ -17,7 +17,7 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from kvtier.errors import KvtierError, fail
+from kvtier.errors import as_arg, fail
 from kvtier.kernels import RowMap, faults
 from kvtier.kernels.validate import is_int
 
@@ -77,13 +77,10 @@ class DevicePool:
         self.components: Dict[str, Component] = {}
         tok_dims = 2 if paged_dims else 1
         for name, b in buffers.items():
-            try:
-                if self.storage == "stacked":
-                    m = RowMap.from_stacked(b, page_size, paged_dims)
-                else:
-                    m = RowMap.from_layers(list(b), page_size, paged_dims)
-            except KvtierError as e:     # RowMap names its own argument ("layers[1]", "t")
-                raise KvtierError(f"{args[name]}: {e}") from None
+            if self.storage == "stacked":
+                m = as_arg(args[name], RowMap.from_stacked, b, page_size, paged_dims)
+            else:
+                m = as_arg(args[name], RowMap.from_layers, list(b), page_size, paged_dims)
             first = b[0]
             self.maps[name] = m
             self.components[name] = Component(name, m.num_layers, tuple(first.shape[tok_dims:]), first.dtype)

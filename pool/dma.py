@@ -228,23 +228,10 @@ _STREAM_STAGING = caches.bounded(
 def stream_staging(device: torch.device) -> StreamStaging:
     """The staging of ``device`` and its current stream."""
     stream = platforms.current_stream(device) if device.type != "cpu" else None
-    key = (device, stream)
-    st = _STREAM_STAGING.get(key)
-    if st is None:
-        st = _STREAM_STAGING.put(key, StreamStaging(device))
-    return st
+    return _STREAM_STAGING.get_or_make((device, stream), lambda: StreamStaging(device))
 
 
 # ------------------------------------------------------------------ transfers
-def runs(host_indices: torch.Tensor, unit: int, check=None) -> Runs:
-    """`dma_copies.runs` of the host units of ``host_indices`` (CPU slots; ``unit`` slots per
-    unit: a page in page-major layouts), kept by value: a call with the indices of an
-    earlier one (HiCache's per-layer loads) finds its runs, and with them its chunks,
-    without working out its units again. ``check``: (limit, page) the values must pass
-    first (checked once per values: `dma_copies.runs_of`)."""
-    return runs_of(host_indices, unit, check)
-
-
 def backup(op, dev_map, didx, host_buf, layout, page_size, dev_layer, host_layer, num_layers,
            run_list, by_page, config, verdict=None, host_map=None) -> None:
     """Device rows ``didx`` of layers dev_layer.. -> host layers host_layer.. at the runs.
@@ -288,7 +275,9 @@ class DmaMove:
         self.move = backup if op.from_device else load
 
     def host_side(self, host_list: torch.Tensor, checked: bool) -> Runs:
-        return runs(host_list.cpu(), self.unit, self.check if checked else None)
+        # Kept by value (`dma_copies.runs_of`): a call with the indices of an earlier one
+        # (HiCache's per-layer loads) finds its runs, and with them its chunks.
+        return runs_of(host_list.cpu(), self.unit, self.check if checked else None)
 
     def __call__(self, si: torch.Tensor, di: torch.Tensor, run_list: Runs, verdict) -> None:
         self.move(self.op, self.dev_map, si if self.op.from_device else di, self.host_buf, self.layout,
@@ -356,9 +345,6 @@ class _DmaCall:
     def _slot(self, k: int) -> StagingSlot:
         return self.ring[k % len(self.ring)]
 
-    def _dev_indices(self, ch: Chunk) -> torch.Tensor:
-        return self.didx[ch.first * self.unit:(ch.first + ch.count) * self.unit]
-
     def _stage_config(self, rows: int):
         # The gather's own configuration (device-local, many programs), not the link's,
         # and not a configuration a pool fixes for its own transfers.
@@ -366,15 +352,13 @@ class _DmaCall:
                           page_size=self.dev_map.page_size, num_rows=rows, num_layers=self.num_layers)
 
     def _stage_launch(self, ch: Chunk, slot: StagingSlot, to_stage: bool) -> None:
-        di = self._dev_indices(ch)
+        di = self.didx[ch.first * self.unit:(ch.first + ch.count) * self.unit]
         si = iota(di.numel(), di.dtype, di.device)
         cfg = self._stage_config(di.numel())
-        if to_stage:
-            _staging_copy(self.stage_op, self.dev_map, di, slot.map, si, self.dev_layer, 0, self.num_layers,
-                          self.by_page, cfg, self.verdict)
-        else:
-            _staging_copy(self.stage_op, slot.map, si, self.dev_map, di, 0, self.dev_layer, self.num_layers,
-                          self.by_page, cfg, self.verdict)
+        dev, stage = (self.dev_map, di, self.dev_layer), (slot.map, si, 0)     # (map, rows, first layer)
+        src, dst = (dev, stage) if to_stage else (stage, dev)
+        _staging_copy(self.stage_op, src[0], src[1], dst[0], dst[1], src[2], dst[2], self.num_layers, self.by_page,
+                      cfg, self.verdict)
 
     def _copies(self, ch: Chunk, slot: StagingSlot, to_host: bool) -> None:
         with self.staging.on_side():
@@ -384,16 +368,12 @@ class _DmaCall:
     def _fill_mode(self) -> Optional[str]:
         if not self.unknown_verdict:
             return None
-        host_map = self._host_map()
-        return "kernel" if host_map.reachable_by(platforms.of(self.didx.device)) else "copies"
-
-    def _host_map(self) -> RowMap:
-        return self.host_map
+        return "kernel" if self.host_map.reachable_by(platforms.of(self.didx.device)) else "copies"
 
     def _fill_from_host(self, ch: Chunk, slot: StagingSlot, inverted: torch.Tensor) -> None:
         """Staging slot <- the chunk's host rows, only where the verdict is bad."""
         hs = self.staging.host_slots_of(ch, self.unit)
-        _staging_copy(self.op, self._host_map(), hs, slot.map, iota(hs.numel(), hs.dtype, hs.device),
+        _staging_copy(self.op, self.host_map, hs, slot.map, iota(hs.numel(), hs.dtype, hs.device),
                       self.host_layer, 0, self.num_layers, self.by_page, self.config, inverted)
 
     # -- the pipelines
@@ -450,7 +430,4 @@ def _shape(host_buf, layout, host_layer, num_layers, stage, ld, ud):
     views' shapes, strides and element size only, so kept by those."""
     key = (tuple(host_buf.shape), host_buf.stride(), host_buf.element_size(), layout, host_layer, num_layers,
            tuple(stage.shape), stage.stride(), ld, ud)
-    hit = _SHAPES.get(key)
-    if hit is None:
-        hit = _SHAPES.put(key, shape_2d(host_buf.narrow(ld, host_layer, num_layers), stage, ud))
-    return hit
+    return _SHAPES.get_or_make(key, lambda: shape_2d(host_buf.narrow(ld, host_layer, num_layers), stage, ud))

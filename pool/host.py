@@ -272,8 +272,7 @@ class HostPool:
         checked before any byte moves (int32/int64, 1-D, strided, host indices on the CPU or
         the pool's device, device indices on the pool's device, equal counts, whole pages
         where the layout moves pages; a CPU list staged on the device without waiting). While
-        a CUDA graph is captured, a CPU host list is staged inside the graph
-        (`_staged_for_capture`)."""
+        a CUDA graph is captured, a CPU host list is staged inside the graph (`_captured`)."""
         for t in self.transfers:
             if t.device_pool is device_pool:
                 break
@@ -286,16 +285,19 @@ class HostPool:
                     and host_indices.numel() == device_indices.numel() and self._index_page == 1):
                 self._check_shapes(t.device_pool, host_indices, device_indices)
             return t, host_indices
-        if platforms.capturing():
+        if platforms.capturing():       # a CPU host list staged by a copy the graph captures
             return t, self._captured(t, host_indices, device_indices, op)
         self._check_shapes(t.device_pool, host_indices, device_indices)
         return t, (host_indices if host_indices.device == dev else stage(host_indices, dev, "host_indices"))
 
     def _captured(self, t: PoolTransfers, host_indices, device_indices, op: Op) -> torch.Tensor:
-        """`_lists` while a CUDA graph is captured: a CPU host list is staged on the device by
-        a copy the graph captures (from pinned memory only: `stage`), so that each replay
+        """`_prepared` while a CUDA graph is captured: a CPU host list is staged on the device
+        by a copy the graph captures (from pinned memory only: `stage`), so that each replay
         checks and moves the values it stages then; the dma strategy cannot be captured."""
-        host_indices = self._staged_for_capture(host_indices)
+        if type(host_indices) is torch.Tensor and host_indices.is_cpu:
+            if not index_ok(host_indices, _CPU):
+                check_index("host_indices", host_indices, _CPU)
+            host_indices = stage(host_indices, self.device, "host_indices")
         self._check_shapes(t.device_pool, host_indices, device_indices)
         n = device_indices.numel()
         transfer = t.backup if op is BACKUP else t.load if op is LOAD else None
@@ -379,16 +381,6 @@ class HostPool:
             if t.device_pool is device_pool:
                 return t
         return self._stand_in(device_pool)
-
-    def _staged_for_capture(self, host_indices):
-        """While a CUDA graph is captured, host indices on the CPU are staged on the device
-        first (a copy the graph captures, from pinned memory only: `stage`), so that each
-        replay checks and moves the values it stages then."""
-        if type(host_indices) is not torch.Tensor or not host_indices.is_cpu:
-            return host_indices
-        if not index_ok(host_indices, _CPU):
-            check_index("host_indices", host_indices, _CPU)
-        return stage(host_indices, self.device, "host_indices")
 
     def _strategy(self, config) -> str:
         if self.strategy != "auto":

@@ -112,21 +112,18 @@ class TransferPlan:
 
     def load(self) -> None:
         """Host -> device, every layer (target pool: drafts too)."""
-        faults.raise_pending()
-        if self.n:
-            if self.stream is not None:
-                self._same_stream()
-            self.transfers.load.launch_checked(self.load_steps, self.host_on_device, self.device_indices,
-                                               self.host_indices, self.verdict, self.checked)
+        self._all_layers(self.transfers.load, self.load_steps, self.host_on_device, self.device_indices)
 
     def backup(self) -> None:
         """Device -> host, every layer (target pool: drafts too)."""
+        self._all_layers(self.transfers.backup, self.backup_steps, self.device_indices, self.host_on_device)
+
+    def _all_layers(self, transfer, steps, si: torch.Tensor, di: torch.Tensor) -> None:
         faults.raise_pending()
         if self.n:
             if self.stream is not None:
                 self._same_stream()
-            self.transfers.backup.launch_checked(self.backup_steps, self.device_indices, self.host_on_device,
-                                                 self.host_indices, self.verdict, self.checked)
+            transfer.launch_checked(steps, si, di, self.host_indices, self.verdict, self.checked)
 
     def _same_stream(self) -> None:
         """On a stream other than the plan's, wait for the plan's copies and check first."""
