@@ -307,12 +307,16 @@ SCHEMES: Dict[str, Tuple[str, str]] = {
 }
 
 
+# The URL forms `open_store` takes, for errors that list them.
+URL_FORMS = ("file:///dir[?max_bytes=N], redis://host:port, rediss://host:port?ca=..., "
+             "redis+cluster://host:port[,...], rediss+cluster://..., valkey://..., mooncake://...")
+
+
 def open_store(url: str, timeout_ms: int = DEFAULT_TIMEOUT_MS, **options) -> Engine:
     """The engine for ``url``, connected (a store that cannot be reached raises
     `KvtierError` naming the URL, as does a malformed URL or a missing client library)."""
     if not isinstance(url, str) or "://" not in url:
-        raise fail("url", url, "must be a store URL: file:///dir, redis://host:port, "
-                   "redis+cluster://host:port[,...], valkey://..., mooncake://...")
+        raise fail("url", url, f"must be a store URL: {URL_FORMS}")
     scheme = url.split("://", 1)[0].lower()      # urlsplit raises on some malformed URLs
     if scheme not in SCHEMES:
         raise fail("url", url, f"unknown scheme {scheme!r}; one of {sorted(SCHEMES)}")

@@ -70,7 +70,7 @@ from kvtier.errors import KvtierError, fail
 
 from . import sglang_pools
 from .canonical import modes
-from .engine import DEFAULT_TIMEOUT_MS, Engine, open_store
+from .engine import DEFAULT_TIMEOUT_MS, URL_FORMS, Engine, open_store
 from .tier import StoreTier
 
 log = logging.getLogger("kvtier")
@@ -397,8 +397,7 @@ def _config(storage_config) -> dict:
         raise fail("extra_config", unknown, f"unknown key(s); kvtier reads {list(OWN_KEYS)}")
     url = extra.get("url")
     if not isinstance(url, str) or not url:
-        raise fail("extra_config['url']", url, "must be the store's URL: file:///dir, redis://host:port, "
-                   "redis+cluster://host:port[,...], valkey://..., mooncake://...")
+        raise fail("extra_config['url']", url, f"must be the store's URL: {URL_FORMS}")
     timeout = extra.get("timeout_ms", DEFAULT_TIMEOUT_MS)
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
         raise fail("extra_config['timeout_ms']", timeout, "must be a positive number of milliseconds")
