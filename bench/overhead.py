@@ -132,11 +132,8 @@ def build_calls(device: torch.device, shape: Optional[dict] = None,
     item = ps.row_bytes
     src, dst = k[L - 1], v[L - 1]                           # one device layer
     rows = torch.index_select(src, 0, di)
-    # Index lists as an engine hands them over: every all-layer call (and gather) gets a new
-    # pair of index tensors (each batch brings new ones), and a per-layer call takes one
-    # pair for every layer in turn (HiCache's layer loop), so what kvtier keeps per index
-    # tensor is reused only where an engine would reuse it. They are made before timing.
-    def fresh(n):
+
+    def fresh(n):                   # new index lists per batch (see the module doc: "Index lists")
         return [(hi.clone(), di.clone()) for _ in range(n)]
 
     sets = fresh(-(-lists // L))                            # per-layer walks: a pair per L calls
