@@ -60,9 +60,7 @@ def _page_of(t: torch.Tensor, item_size: int) -> int:
     another order (SGLang's HND ``(pages, H, P, D)``, ROCm's vectorized 5-D layout).
     Row ``i`` is still the bytes at ``base + i * item_size`` (SGLang's semantics), which
     move a whole page byte-exact, so such a buffer takes whole pages only."""
-    if t.dim() < 4 or t.shape[0] <= 1:
-        return 1
-    return t.stride(0) * t.element_size() // item_size
+    return 1 if t.dim() < 4 or t.shape[0] <= 1 else t.stride(0) * t.element_size() // item_size
 
 
 def _positive(arg: str, v) -> int:

@@ -102,9 +102,7 @@ class Runtime:
         height, and the batch won wherever copies averaged under 4 rows
         (bench/scripts/dma_modes.py, docs/benchmarks.md)."""
         mode = dma_mode()
-        if mode != "auto":
-            return mode == "batch"
-        return copies.mean_height < BATCH_BELOW_MEAN_HEIGHT
+        return mode == "batch" if mode != "auto" else copies.mean_height < BATCH_BELOW_MEAN_HEIGHT
 
     def _pieces(self, copies, h: int, s: int, w: int, n: int):
         """(host offset, staging offset, rows, (host pitch, staging pitch)) within the limits."""

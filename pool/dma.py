@@ -288,9 +288,7 @@ def verdict_now(verdict: Optional[torch.Tensor]) -> Optional[int]:
     or None where it lives on a device (known only to the copies)."""
     if verdict is None:
         return 0
-    if verdict.device.type == "cpu":
-        return int(verdict[0])
-    return None
+    return int(verdict[0]) if verdict.device.type == "cpu" else None
 
 
 def _staging_copy(op: Op, src: RowMap, si: torch.Tensor, dst: RowMap, di: torch.Tensor, src_layer: int,

@@ -383,9 +383,7 @@ class HostPool:
         return self._stand_in(device_pool)
 
     def _strategy(self, config) -> str:
-        if self.strategy != "auto":
-            return self.strategy
-        return config.strategy if self._kernel_reaches else "dma"
+        return self.strategy if self.strategy != "auto" else (config.strategy if self._kernel_reaches else "dma")
 
     # ------------------------------------------------------------------ checks
     def _check_shapes(self, device_pool, host_indices, device_indices) -> None:
