@@ -83,12 +83,6 @@ class _Comp(NamedTuple):
     offset: int
 
 
-def _flag(arg: str, v) -> bool:
-    if not isinstance(v, bool):
-        raise fail(arg, v, "must be a bool")
-    return v
-
-
 def _paged_to_lmcache(direction) -> bool:
     """LMCache's flag (True: paged -> key_value), or a ``TransferDirection`` member by name
     (D2H: paged -> key_value, H2D: key_value -> paged) as newer LMCache passes it."""
@@ -221,7 +215,8 @@ def multi_layer_kv_transfer(key_value: torch.Tensor, key_value_ptrs, slot_mappin
     ``kvcache_format_raw`` and the MLA hidden sizes); ``dsa_hidden_dims`` is accepted and
     unused (the DSA formats are refused by ``kvcache_format_raw``)."""
     del dsa_hidden_dims
-    use_mla = _flag("use_mla", use_mla)
+    if not isinstance(use_mla, bool):
+        raise fail("use_mla", use_mla, "must be a bool")
     to_lmcache = _paged_to_lmcache(direction)
     fmt = _format(kvcache_format_raw)
     if fmt is KVCacheFormat.MLA_KV and not use_mla:

@@ -60,9 +60,7 @@ def _page_of(t: torch.Tensor, item_size: int) -> int:
     another order (SGLang's HND ``(pages, H, P, D)``, ROCm's vectorized 5-D layout).
     Row ``i`` is still the bytes at ``base + i * item_size`` (SGLang's semantics), which
     move a whole page byte-exact, so such a buffer takes whole pages only."""
-    if t.dim() < 4 or t.shape[0] <= 1:
-        return 1
-    return t.stride(0) * t.element_size() // item_size
+    return 1 if t.dim() < 4 or t.shape[0] <= 1 else t.stride(0) * t.element_size() // item_size
 
 
 def _positive(arg: str, v) -> int:
@@ -218,7 +216,12 @@ class EngineCall:
         checks = Checks((index_names[0], min(c.src.num_rows for c in copies), whole[0]),
                         (index_names[1], min(c.dst.num_rows for c in copies), whole[1]), skip_negative, table_names)
         quota = None if block_quota is None else _positive("block_quota", block_quota)
-        _require_runnable(maps, device)
+        # A map built from a bare address table has no tensors for the torch reference to
+        # read: say so (before any byte moves) where the reference would have to run.
+        if (not (triton_available() and (device.type != "cpu" or interpreter_active()))
+                and any(m.is_table and not m.segments for m in maps)):
+            raise KvtierError("a pointer table side needs the Triton kernel (the torch reference "
+                              "cannot read raw addresses); install Triton, or pass per-layer tensors")
         self.transfer = Transfer(copies, device=device, checks=checks, skip_negative=skip_negative,
                                  resolve=tuning.resolver(op, lambda: config, programs=quota), epoch=tuning.EPOCH,
                                  watched=False, op=op)
@@ -281,12 +284,9 @@ def _stacked(pairs: List[Pair]) -> List[Pair]:
     they are."""
     if len(pairs) == 1:
         return pairs
-    src, dst = (_join([p[i] for p in pairs]) for i in (0, 1))
+    src, dst = (RowMap.stack(maps) or RowMap.join(maps) or RowMap.stack_as_table(maps)
+                for maps in ([p[i] for p in pairs] for i in (0, 1)))
     return [(src, dst)] if src is not None and dst is not None else pairs
-
-
-def _join(maps: List[RowMap]) -> Optional[RowMap]:
-    return RowMap.stack(maps) or RowMap.join(maps) or RowMap.stack_as_table(maps)
 
 
 def _whole_pages(m: RowMap, by_page: bool) -> int:
@@ -303,11 +303,3 @@ def direction(pairs: Sequence[Pair]) -> Op:
     src, dst = pairs[0]
     return BACKUP if dst.device.type == "cpu" and src.device.type != "cpu" else LOAD
 
-
-def _require_runnable(maps: Sequence[RowMap], device: torch.device) -> None:
-    """A map built from a bare address table has no tensors for the torch reference to
-    read; say so (before any byte moves) where the reference would have to run."""
-    kernel_runs = triton_available() and (device.type != "cpu" or interpreter_active())
-    if not kernel_runs and any(m.is_table and not m.segments for m in maps):
-        raise KvtierError("a pointer table side needs the Triton kernel (the torch reference "
-                          "cannot read raw addresses); install Triton, or pass per-layer tensors")

@@ -76,9 +76,7 @@ class Registration:
         return self.storages.get(st.data_ptr()) is st
 
 
-# Index of the live registrations and their prepared calls (docs/design.md, "Caches"):
-# a storage's address -> its registrations; a call key -> its prepared call. Values are
-# weak references: an entry lives as long as the registration that keeps its object.
+# The index of the live registrations and their prepared calls (docs/design.md, "Caches").
 _STORAGES: Dict[int, List[weakref.ref]] = caches.table(
     "adapters.registry._STORAGES", key="a registered storage's start address", value="weak references to the "
     "registrations holding it", bound="registered storages alive", rule="the registration dropped or replaced",

@@ -174,15 +174,11 @@ def _all_layer(kind, names, tensors, host_side, src_indices, dst_indices, item_s
                  for sn, s, dn, d in _comps(names, tensors)]
         return _prepared(pairs, src_indices, dst_indices, num_layers=num_layers, op=BACKUP,
                          skip_negative=skip_negative, block_quota=block_quota, config=config,
-                         table_names=_table_names(names, host_side is None))
+                         # (each side's tables as the caller names them, joined with +)
+                         table_names=("+".join(sn for sn, _ in names),
+                                      "+".join(dn for _, dn in names) if host_side is None else "dst table"))
     registry.call((kind, names), plain(item_size, num_layers, *scalars, block_quota, config), tensors,
                   src_indices, dst_indices, check, build)
-
-
-def _table_names(names, dst_tables: bool):
-    """How the caller names each side's tables (all of a side's, joined with +)."""
-    src = "+".join(sn for sn, _ in names)
-    return src, "+".join(dn for _, dn in names) if dst_tables else "dst table"
 
 
 def transfer_kv_all_layer(src_k_layers, dst_k_layers, src_v_layers, dst_v_layers, src_indices,

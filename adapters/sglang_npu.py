@@ -45,14 +45,6 @@ class TransferFlag(Enum):
     FAST2D = 2
 
 
-def _code(arg: str, value, allowed) -> int:
-    """An enum member (kvtier's, sgl_kernel_npu's or any with the same values) or its int."""
-    v = getattr(value, "value", value)
-    if not isinstance(v, int) or isinstance(v, bool) or v not in allowed:
-        raise fail(arg, value, f"must be one of {sorted(allowed)} (or the enum member)")
-    return v
-
-
 def _given(t) -> bool:
     return t is not None and not (isinstance(t, torch.Tensor) and t.numel() == 0)
 
@@ -114,7 +106,9 @@ def transfer_kv_dim_exchange(
     ``(pages, L, P, H, D)`` buffers: for each page pair (``device_indices[i * P] // P``,
     ``host_indices[i * P] // P``) and each layer in the range, the page's ``P`` rows of
     K (and V, index_k, index_k_scale where given) move in ``direction``."""
-    d = _code("direction", direction, {1, 2})
+    d = getattr(direction, "value", direction)     # an enum member (any with these values) or its int
+    if not isinstance(d, int) or isinstance(d, bool) or d not in (1, 2):
+        raise fail("direction", direction, "must be one of [1, 2] (or the enum member)")
     f = getattr(flags, "value", flags)
     if not isinstance(f, int) or isinstance(f, bool) or not f & TransferFlag.FAST2D.value:
         raise fail("flags", flags, "must include FAST2D (2), the only mode sgl_kernel_npu has")

@@ -326,7 +326,8 @@ def _check_tensors(gpu_tensors, cpu_tensors, factor: int):
         for arg, t in ((f"gpu_tensors[{i}]", g), (f"cpu_tensors[{i}]", c)):
             if (not isinstance(t, torch.Tensor) or t.dim() != 2 or t.element_size() != 1
                     or t.numel() == 0 or t.stride(1) != 1):
-                raise fail(arg, _describe(t),
+                raise fail(arg, (tuple(t.shape), t.dtype, tuple(t.stride())) if isinstance(t, torch.Tensor)
+                           else type(t).__name__,
                            "must be a non-empty 2-D 1-byte tensor (blocks, page bytes), pages contiguous")
         if c.device.type != "cpu":
             raise fail(f"cpu_tensors[{i}].device", str(c.device), "must be host memory")
@@ -334,10 +335,6 @@ def _check_tensors(gpu_tensors, cpu_tensors, factor: int):
             raise fail(f"cpu_tensors[{i}]", tuple(c.shape),
                        f"a chunk must hold blocks_per_chunk={factor} GPU pages of {g.shape[1]} bytes")
     return list(gpu_tensors), list(cpu_tensors)
-
-
-def _describe(t):
-    return (tuple(t.shape), t.dtype, tuple(t.stride())) if isinstance(t, torch.Tensor) else type(t).__name__
 
 
 def _group(gpus, cpus, refs, factor: int) -> _Group:

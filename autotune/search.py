@@ -86,7 +86,7 @@ def tune_transfer(transfer: "TimedCall", configs: Iterable[CopyConfig], timer: T
             m.error = f"{type(e).__name__}: {e}"[:200]
         out.append(m)
         if progress:
-            progress(_label(transfer, cfg))
+            progress(f"{transfer.op} rows={transfer.num_rows} L={transfer.num_layers} {describe_config(cfg)}")
     return sorted(out, key=lambda m: (not m.ok, m.seconds))
 
 
@@ -164,10 +164,6 @@ def _codegen_shape(t) -> dict:
                 page_size=1 if as_pages else src.page_size,
                 n_chunks=1 if as_pages else max(src.n_chunks, dst.n_chunks),
                 num_components=src.num_components, align=min(src.align, dst.align))
-
-
-def _label(t, cfg: CopyConfig) -> str:
-    return f"{t.op} rows={t.num_rows} L={t.num_layers} {describe_config(cfg)}"
 
 
 def describe_config(c: CopyConfig) -> str:

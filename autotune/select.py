@@ -109,15 +109,11 @@ def resolve(op: str, platform: str, *, row_bytes: int, page_size: int, num_rows:
                      num_layers=num_layers, crosses_link=crosses_link)
     device = _device(platform, device_name)
     if device is not None:
-        cfg, source = tuned_results(device).lookup(key)
+        # (the device's results, read from its cache file once per process)
+        cfg, source = _TUNED.get_or_make(device, lambda: TunedResults(cache.load(device))).lookup(key)
         if cfg is not None:
             return cfg, source
     return default_config(platform, crosses_link=crosses_link), "default"
-
-
-def tuned_results(device: DeviceId) -> TunedResults:
-    """The device's results, read from its cache file once per process."""
-    return _TUNED.get_or_make(device, lambda: TunedResults(cache.load(device)))
 
 
 def _device(platform: str, device_name: str) -> Optional[DeviceId]:

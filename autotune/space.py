@@ -82,7 +82,10 @@ def candidates(device: DeviceId, *, chunk_bytes: int, crosses_link: bool,
             out.append(cfg)
 
     for strategy in strategies(device, crosses_link):
-        add(_clamped(default, strategy, cap if max_programs else None, widest))
+        # The shipped default as the launcher would run it (block clamped to the row), within
+        # a user's program cap; its stages and tile bytes as shipped.
+        add(replace(default, num_programs=min(default.num_programs, cap) if max_programs else default.num_programs,
+                    block_bytes=min(default.block_bytes, widest), strategy=strategy))
         # A dma transfer's gather and copies run with their own settings (`pool/dma.py`);
         # its program count reaches only the rare fill after a bad index check, so one
         # dma candidate per tile is enough.
@@ -90,14 +93,6 @@ def candidates(device: DeviceId, *, chunk_bytes: int, crosses_link: bool,
             for tile in _tiles(space, widest, strategy, default):
                 add(CopyConfig(num_programs=num_programs, strategy=strategy, **tile))
     return out
-
-
-def _clamped(default: CopyConfig, strategy: str, cap: Optional[int], widest: int) -> CopyConfig:
-    """The shipped default as the launcher would run it (block clamped to the row), within
-    a user's program cap; its stages and tile bytes as shipped."""
-    programs = min(default.num_programs, cap) if cap else default.num_programs
-    return replace(default, num_programs=programs, block_bytes=min(default.block_bytes, widest),
-                   strategy=strategy)
 
 
 def _tiles(space: Space, widest: int, strategy: str, default: CopyConfig):

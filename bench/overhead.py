@@ -111,6 +111,7 @@ def build_calls(device: torch.device, shape: Optional[dict] = None,
     ``lists``: the calls each series makes before its index lists come round again."""
     from kvtier.adapters import registry, transfer_kv_all_layer, transfer_kv_per_layer
     from kvtier.pool.gather import group_shape
+    from kvtier.pool.plan import TransferPlan
 
     s = dict(SHAPE, **(shape or {}))
     pools = overhead_pools(device, shape)
@@ -132,46 +133,30 @@ def build_calls(device: torch.device, shape: Optional[dict] = None,
     item = ps.row_bytes
     src, dst = k[L - 1], v[L - 1]                           # one device layer
     rows = torch.index_select(src, 0, di)
-    # Index lists as an engine hands them over: every all-layer call (and gather) gets a new
-    # pair of index tensors (each batch brings new ones), and a per-layer call takes one
-    # pair for every layer in turn (HiCache's layer loop), so what kvtier keeps per index
-    # tensor is reused only where an engine would reuse it. They are made before timing.
-    def fresh(n):
+
+    def fresh(n):                   # new index lists per batch (see the module doc: "Index lists")
         return [(hi.clone(), di.clone()) for _ in range(n)]
 
     sets = fresh(-(-lists // L))                            # per-layer walks: a pair per L calls
 
-    def per_layer(fn):              # each series walks the lists on its own
-        walk = itertools.cycle([(h, d, layer) for h, d in sets for layer in range(L)]).__next__
+    def walking(steps, fn):         # a series walking its own arguments: fn(*step) per call
+        walk = itertools.cycle(steps).__next__
+        return lambda owner=pools: fn(*walk())              # (the owner of the registered buffers held)
 
-        def call():
-            h, d, layer = walk()
-            fn(h, d, layer)
-        return call
+    def per_layer(fn):
+        return walking([(h, d, layer) for h, d in sets for layer in range(L)], fn)
 
     def all_layer(fn):
-        walk = itertools.cycle(fresh(lists)).__next__
+        return walking(fresh(lists), fn)
 
-        def call():
-            fn(*walk())
-        return call
-
-    def sglang_per_layer():
-        # SGLang passes new views of its host buffer on every call (``self.k_buffer[layer]``).
-        # They are the caller's arguments, so they are made before timing: a distinct pair
-        # for every call of the walk (128 per cycle), and the time is the adapter call's own.
-        steps = [(host_k[layer], k[layer], host_v[layer], v[layer], h, d) for h, d in sets for layer in range(L)]
-        walk = itertools.cycle(steps).__next__
-        return lambda owner=pools: transfer_kv_per_layer(*walk(), item)
-
-    def planned_layers():           # one plan per index pair (a batch), made before timing
-        plans = [hp.plan(dp, h, d) for h, d in sets]
-        walk = itertools.cycle([(plan, dp.start_layer + layer) for plan in plans for layer in range(L)]).__next__
-
-        def call():
-            plan, layer = walk()
-            plan.load_layer(layer)
-        return call
+    # SGLang passes new views of its host buffer on every call (``self.k_buffer[layer]``).
+    # They are the caller's arguments, so they are made before timing: a distinct pair
+    # for every call of the walk (128 per cycle), and the time is the adapter call's own.
+    sglang_per_layer = walking([(host_k[layer], k[layer], host_v[layer], v[layer], h, d, item)
+                                for h, d in sets for layer in range(L)], transfer_kv_per_layer)
+    plans = [hp.plan(dp, h, d) for h, d in sets]            # one plan per index pair (a batch), before timing
+    planned_layers = walking([(plan, dp.start_layer + layer) for plan in plans for layer in range(L)],
+                             TransferPlan.load_layer)
 
     def page_walk():
         return itertools.cycle([d[::P] // P for _, d in fresh(lists)]).__next__
@@ -201,11 +186,11 @@ def build_calls(device: torch.device, shape: Optional[dict] = None,
         "HostPool.load_to_device_all_layer": all_layer(lambda h, d: hp.load_to_device_all_layer(dp, h, d)),
         "HostPool.load_to_device_per_layer": per_layer(
             lambda h, d, layer: hp.load_to_device_per_layer(dp, h, d, dp.start_layer + layer)),
-        PLAN_CALL: planned_layers(),
+        PLAN_CALL: planned_layers,
         "DevicePool.gather": gather_into,
         "DevicePool.gather (new buffers)": lambda: held.__setitem__(0, dp.gather(new_walk(), pages=True)),
         "DevicePool.scatter": lambda: dp.scatter(scatter_walk(), received(), pages=True),
-        "sglang.transfer_kv_per_layer": sglang_per_layer(),
+        "sglang.transfer_kv_per_layer": sglang_per_layer,
         "sglang.transfer_kv_all_layer": all_layer(lambda h, d, owner=pools: transfer_kv_all_layer(
             dev_k, host_kt, dev_v, host_vt, d, h, item, L)),
         "torch.index_select": all_layer(lambda h, d: torch.index_select(src, 0, d)),

@@ -109,9 +109,7 @@ def series_key(name: str):
     if name.startswith("kvtier pool"):
         return (0, ("kvtier pool kernel", "kvtier pool dma", "kvtier pool").index(name)
                 if name in ("kvtier pool kernel", "kvtier pool dma", "kvtier pool") else 9, name)
-    if name in _GROUPS:
-        return (2 + _GROUPS.index(name), 0, name)
-    return (len(_GROUPS) + 2, 0, name)
+    return (2 + _GROUPS.index(name), 0, name) if name in _GROUPS else (len(_GROUPS) + 2, 0, name)
 
 
 def colour(name: str) -> str:

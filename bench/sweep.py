@@ -76,16 +76,13 @@ class Sweep:
                 key = (self.shape(layout, row, page, n), op)
                 first, strats, caps = merged.get(key, (gi, (), ()))
                 merged[key] = (first, _union(strats, g.strategies), _union(caps, g.program_caps))
-        order = sorted(merged, key=lambda k: (merged[k][0], _shape_key(k[0]), OPS.index(k[1])))
+        order = sorted(merged, key=lambda k: (merged[k][0], k[0].layout, k[0].row_bytes, k[0].page_size,
+                                              k[0].tokens, OPS.index(k[1])))
         return [(shape, op, merged[(shape, op)][1], merged[(shape, op)][2]) for shape, op in order]
 
 
 def _union(a: tuple, b: tuple) -> tuple:
     return a + tuple(x for x in b if x not in a)
-
-
-def _shape_key(s: Shape):
-    return (s.layout, s.row_bytes, s.page_size, s.tokens)
 
 
 # The default on an accelerator: about 220 (shape, operation) points, a few minutes on an H200.

@@ -42,17 +42,13 @@ class Shape:
         """None, or why this shape cannot be built."""
         if self.layout == "page_head" and self.row_bytes % HEAD_BYTES:
             return f"page_head needs rows made of {HEAD_BYTES}-byte heads"
-        if self.tokens % self.page_size:
-            return "tokens must be whole pages"
-        return None
+        return "tokens must be whole pages" if self.tokens % self.page_size else None
 
     @property
     def row_dims(self) -> tuple:
         """(heads, head bytes): 128-byte heads where the row splits into them (page_head
         needs heads), else one head of the whole row (MLA's 576 and 656 B)."""
-        if self.row_bytes % HEAD_BYTES == 0:
-            return (self.row_bytes // HEAD_BYTES, HEAD_BYTES)
-        return (1, self.row_bytes)
+        return (self.row_bytes // HEAD_BYTES, HEAD_BYTES) if self.row_bytes % HEAD_BYTES == 0 else (1, self.row_bytes)
 
     def pool_shape(self) -> PoolShape:
         """The pools of this shape: byte rows, one tensor per layer on the device."""

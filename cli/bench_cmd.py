@@ -178,14 +178,6 @@ def _dims_given(args) -> str:
     return " ".join(f"{flag}={_given(args, flag)}" for flag, _ in DIMENSIONS if _given(args, flag) is not None)
 
 
-def _check_fits(args, sweep, device) -> None:
-    """The largest point's pools (one workload is alive at a time) against the memory here."""
-    from kvtier.autotune.shape import pool_bytes
-    sizes = [pool_bytes(shape.pool_shape(), shape.tokens, spare=1)
-             for shape, _, _, _ in sweep.points() if shape.supported() is None]
-    check_fits(_dims_given(args) or "the sweep", device, max(sizes), max(sizes))
-
-
 def run(args) -> int:
     dims = _check_flags(args)
     check_environment()
@@ -208,7 +200,11 @@ def run(args) -> int:
         print(format_overhead(overhead))
         return _write_json(overhead, args.json)
     sweep = _sweep(args, bench, on_cpu, dims)
-    _check_fits(args, sweep, device)
+    # The largest point's pools (one workload is alive at a time) against the memory here.
+    from kvtier.autotune.shape import pool_bytes
+    sizes = [pool_bytes(shape.pool_shape(), shape.tokens, spare=1)
+             for shape, _, _, _ in sweep.points() if shape.supported() is None]
+    check_fits(_dims_given(args) or "the sweep", device, max(sizes), max(sizes))
     out = output_dir(args.out or f"kvtier-bench-{datetime.date.today().isoformat()}", "--out")
     log = None if args.quiet else (lambda line: print(line, flush=True))
     with open(out / "points.jsonl", "w") as stream:   # survives a run that is killed

@@ -81,12 +81,9 @@ class Launches:
         elif kept.__class__ is _Pending:
             self.kernels[key] = self._check(jit_fn, grid, args, kept.kernel, drv, device)
         else:
-            kernel = self._through_triton(jit_fn, grid, args)
+            kernel = through_triton(jit_fn, grid, args, self.num_warps)
             if kept is None and kernel is not None and hasattr(kernel, "packed_metadata"):
                 self.kernels[key] = _Pending(kernel, jit_fn)
-
-    def _through_triton(self, jit_fn, grid: int, args: tuple):
-        return through_triton(jit_fn, grid, args, self.num_warps)
 
     def _check(self, jit_fn, grid: int, args: tuple, kernel, drv, device):
         """Launch through Triton once more, seeing what it passes to ``kernel``'s
@@ -95,7 +92,7 @@ class Launches:
         stream = drv.get_current_stream(device)
         slot = _launcher_slot(kernel)
         if slot is None:            # nowhere to watch the launcher from: never direct
-            self._through_triton(jit_fn, grid, args)
+            through_triton(jit_fn, grid, args, self.num_warps)
             return _REFUSED
         seen = []
         real = kernel.run
@@ -105,7 +102,7 @@ class Launches:
             return real(*a)
         setattr(kernel, slot, watched)
         try:
-            self._through_triton(jit_fn, grid, args)
+            through_triton(jit_fn, grid, args, self.num_warps)
         finally:
             setattr(kernel, slot, real)
         try:

@@ -39,9 +39,7 @@ CHECK_ENV = "KVTIER_CHECK"
 def checks_on(check: Optional[bool] = None) -> bool:
     """``check`` where the caller gave it, else the process-wide ``KVTIER_CHECK`` (on),
     read on every call (so a change of the environment applies at once)."""
-    if check is not None:
-        return bool(check)
-    return env_value() != CHECKS_OFF
+    return bool(check) if check is not None else env_value() != CHECKS_OFF
 
 
 def environ_reader():

@@ -77,11 +77,6 @@ _kernel_loaded = caches.table("kernels.launcher._kernel_loaded", factory=list, k
                               value="[kernel, its constexpr parameter names], once loaded", bound="1", stale="-")
 
 
-def constexpr_names() -> tuple:
-    """The kernel's compile-time parameters, in launch order."""
-    return (_kernel_loaded or _load_kernel())[1]
-
-
 def launch_arguments(args: tuple, kwargs: dict) -> dict:
     """A recorded row-copy launch's arguments by parameter name (for tools and tests that
     stand in for the kernel; launch options such as ``num_warps`` included)."""
@@ -284,7 +279,7 @@ class CopyLaunch:
         base = dict(const, SRC_TSPLIT=s.entry_split, DST_TSPLIT=d.entry_split, SKIP_NEG=skip_negative,
                     IDX_STEP=max(self.page, 1), SRC_WHOLE=whole[0], DST_WHOLE=whole[1],
                     CHECK_TABLES=any(self.check_tables), CHECK_BLOCK=CHECK_BLOCK)
-        names = constexpr_names()
+        names = (_kernel_loaded or _load_kernel())[1]      # the kernel's constexprs, in launch order
         # The launch arguments after the addresses, per check mode.
         self.rest = tuple((*scalars, *(dict(base, CHECK=mode)[k] for k in names))
                           for mode in (UNCHECKED, BY_VERDICT, INLINE))

@@ -227,9 +227,7 @@ def pinned_empty(shape: Sequence[int], dtype: torch.dtype = torch.uint8) -> torc
 def host_device_address(tensor: torch.Tensor, platform: str) -> Optional[int]:
     """The address a ``platform`` kernel uses for ``tensor.data_ptr()``, or None when the
     kernel cannot reach it (then the copy must use the dma strategy)."""
-    if tensor.device.type != "cpu":
-        return tensor.data_ptr()
-    return get(platform).host_address(tensor)
+    return tensor.data_ptr() if tensor.device.type != "cpu" else get(platform).host_address(tensor)
 
 
 # ------------------------------------------------------------------ properties

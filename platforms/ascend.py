@@ -151,10 +151,7 @@ def _fit_space(space: Space, figures: dict) -> Space:
 # ------------------------------------------------------------------ host memory
 # Registrations: storage start address -> (device address, bytes, weak reference to the
 # storage), recorded by `register_npu_host` or by an engine that registered the memory
-# itself (`register_host_memory`). An entry lives as long as its storage: it is dropped
-# when the storage is freed, and it answers only while the storage it names still starts
-# at that address with that size (re-checked on every lookup), so an address the
-# allocator hands out again is never taken for registered memory.
+# itself (`register_host_memory`); how an entry lives and why none is stale: its declaration.
 _registered = caches.table(
     "platforms.ascend._registered", key="a registered storage's start address",
     value="(weak reference to the storage, its size, device address)", bound="registered storages alive",
@@ -212,19 +209,14 @@ def device_addressed(m, device: torch.device):
     if m.device.type != "cpu" or device.type == "cpu":
         return m
     if not m.is_table:
-        lo, hi = _extent(m)
+        spread = (m.num_components - 1) * m.comp_stride       # (first, end) bytes of every component and layer
+        lo = m.base + min(0, spread)
+        hi = m.base + max(0, spread) + (m.num_layers - 1) * m.layer_stride + m.layer_span()
         d_lo, d_last = registered_device_address(lo), registered_device_address(hi - 1)
         if d_lo is not None and d_last is not None and d_last - d_lo == hi - 1 - lo:
             base = d_lo + (m.base - lo)
             return replace(m, base=base, device=device, align=min(m.align, _pow2_align(base)))
     return translate(m, device)
-
-
-def _extent(m) -> tuple:
-    """(first, end) host bytes of stacked map ``m``: every component and layer."""
-    spread = (m.num_components - 1) * m.comp_stride
-    return (m.base + min(0, spread),
-            m.base + max(0, spread) + (m.num_layers - 1) * m.layer_stride + m.layer_span())
 
 
 def translate(m, table_device: torch.device):

@@ -121,10 +121,6 @@ def _batch() -> Optional[Callable]:
 
 
 # ------------------------------------------------------------------ records
-def _codegen_target(arch: str) -> Optional[str]:
-    return arch.replace("_", "").split(":")[0] or None      # "sm_90" -> "sm90"; "gfx942"
-
-
 def _record(name: str, warp: int, arch_of: Callable) -> Platform:
     return Platform(
         name=name, device_type="cuda", link_config=LINK, device_config=DEVICE,
@@ -132,7 +128,8 @@ def _record(name: str, warp: int, arch_of: Callable) -> Platform:
         quick_space=Space(_QUICK_ROWS, _QUICK_BLOCKS, (4, 8, 16), 64 << 10, warp, _QUICK_STAGES,
                           _QUICK_TILE_BYTES, _STAGE_LIMIT),
         max_programs=_max_programs, timer=cuda_timer, warp_threads=warp,
-        dma_runtime=_dma_runtime(hip=name == "rocm"), codegen_target=_codegen_target,
+        dma_runtime=_dma_runtime(hip=name == "rocm"),
+        codegen_target=lambda arch: arch.replace("_", "").split(":")[0] or None,    # "sm_90" -> "sm90"; "gfx942"
         properties=lambda device, p: {"arch": arch_of(p), "compute_units": p.multi_processor_count})
 
 

@@ -11,9 +11,7 @@ from kvtier import caches
 
 def device_module(device: torch.device):
     """torch.cuda / torch.npu (whichever backs ``device``), or None for the CPU."""
-    if device.type == "cpu":
-        return None
-    return getattr(torch, device.type)
+    return None if device.type == "cpu" else getattr(torch, device.type)
 
 
 class DeviceBusy:

@@ -7,7 +7,7 @@ One module per platform family builds its records (`cuda`: CUDA and ROCm, `ascen
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Tuple
+from typing import Callable, Optional
 
 import torch
 
@@ -21,10 +21,6 @@ class PlatformUnavailable(RuntimeError):
     """The platform asked for cannot be used here; the message says why."""
 
 
-def _identity_map(m, device):
-    return m
-
-
 def _pinned_address(t) -> Optional[int]:
     """UVA: pinned host memory is addressed by kernels at its host address."""
     return t.data_ptr() if t.is_pinned() else None
@@ -33,10 +29,6 @@ def _pinned_address(t) -> Optional[int]:
 def _pinned_reaches(m) -> bool:
     """UVA: a kernel addresses pinned host memory at its host address."""
     return all(t.is_pinned() for t, _ in m.segments)
-
-
-def _no_runtime() -> Tuple[None, str]:
-    return None, ""
 
 
 @dataclass(frozen=True)
@@ -84,10 +76,10 @@ class Platform:
     warp_threads: int = 0
     min_rows: int = 1
     min_piece_bytes: int = 1
-    dma_runtime: Callable[[], tuple] = _no_runtime
+    dma_runtime: Callable[[], tuple] = lambda: (None, "")
     kernel_reaches: Callable = _pinned_reaches
     host_address: Callable = _pinned_address
-    kernel_view: Callable = _identity_map
+    kernel_view: Callable = lambda m, device: m
     unreachable: str = "host memory is not pinned, so the device cannot address it; pin it or use the dma strategy"
     register_host: Optional[Callable] = None
     codegen_target: Callable[[str], Optional[str]] = field(default=lambda arch: None)

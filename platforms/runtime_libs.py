@@ -79,7 +79,13 @@ class Runtime:
         h0, s0 = host.data_ptr(), stage.data_ptr()
         batch_stream = stream or self.batch_default_stream
         if self.batch is not None and batch_stream and self._batched(copies):
-            return self._issue_batch(copies, h0, s0, to_host, batch_stream)
+            # The three address arrays are kept with the copies (the call reads them before it returns).
+            dst, src, w = copies.addresses(h0, s0, to_host)
+            rc = self.batch(dst.data_ptr(), src.data_ptr(), w.data_ptr(), w.numel(), batch_stream)
+            if rc != 0:
+                raise RuntimeError(f"kvtier dma: {self.name} batch of {w.numel()} copies failed: "
+                                   f"{self.error(rc)} ({rc})")
+            return
         kind = D2H if to_host else H2D
         for h, s, w, n in copies.rows():
             for hh, ss, m, (hp, sp) in self._pieces(copies, h, s, w, n):
@@ -96,17 +102,7 @@ class Runtime:
         height, and the batch won wherever copies averaged under 4 rows
         (bench/scripts/dma_modes.py, docs/benchmarks.md)."""
         mode = dma_mode()
-        if mode != "auto":
-            return mode == "batch"
-        return copies.mean_height < BATCH_BELOW_MEAN_HEIGHT
-
-    def _issue_batch(self, copies, h0: int, s0: int, to_host: bool, stream) -> None:
-        # The three address arrays are kept with the copies (the call reads them before it returns).
-        dst, src, w = copies.addresses(h0, s0, to_host)
-        rc = self.batch(dst.data_ptr(), src.data_ptr(), w.data_ptr(), w.numel(), stream)
-        if rc != 0:
-            raise RuntimeError(f"kvtier dma: {self.name} batch of {w.numel()} copies failed: "
-                               f"{self.error(rc)} ({rc})")
+        return mode == "batch" if mode != "auto" else copies.mean_height < BATCH_BELOW_MEAN_HEIGHT
 
     def _pieces(self, copies, h: int, s: int, w: int, n: int):
         """(host offset, staging offset, rows, (host pitch, staging pitch)) within the limits."""

@@ -105,8 +105,6 @@ class DevicePool:
         self.page_runs = self.page_size > 1 and all(m.page_contiguous for _, m in self.groups)
         # Index value checks of gather/scatter/CPU copies: None follows KVTIER_CHECK (on).
         self.check: Optional[bool] = None
-        # Gathers' and scatters' prepared copies per call shape, and group buffers' shapes
-        # per slot count (pool/gather.py: this pool's own, a few shapes at a time).
         self.gathers = caches.bounded("pool.device.DevicePool.gathers", 16)
         self.gather_specs = caches.bounded("pool.device.DevicePool.gather_specs", 64)
         self._component_names = list(self.components)

@@ -218,8 +218,6 @@ class StreamStaging:
 
 
 ALIGN = 256                     # bytes: staging slots start at this alignment
-# Per (device, caller stream); an evicted one's ring stays allocated until its streams
-# finish (the allocator knows its streams), and is made again on the next call.
 _STREAM_STAGING = caches.bounded(
     "pool.dma._STREAM_STAGING", 16, kind="state", key="device, caller stream",
     value="StreamStaging: staging ring, side stream, events (an evicted one's memory is freed once its streams finish)")
@@ -290,9 +288,7 @@ def verdict_now(verdict: Optional[torch.Tensor]) -> Optional[int]:
     or None where it lives on a device (known only to the copies)."""
     if verdict is None:
         return 0
-    if verdict.device.type == "cpu":
-        return int(verdict[0])
-    return None
+    return int(verdict[0]) if verdict.device.type == "cpu" else None
 
 
 def _staging_copy(op: Op, src: RowMap, si: torch.Tensor, dst: RowMap, di: torch.Tensor, src_layer: int,
@@ -345,16 +341,13 @@ class _DmaCall:
     def _slot(self, k: int) -> StagingSlot:
         return self.ring[k % len(self.ring)]
 
-    def _stage_config(self, rows: int):
-        # The gather's own configuration (device-local, many programs), not the link's,
-        # and not a configuration a pool fixes for its own transfers.
-        return config_for(self.stage_op, self.didx.device, row_bytes=self.dev_map.row_bytes,
-                          page_size=self.dev_map.page_size, num_rows=rows, num_layers=self.num_layers)
-
     def _stage_launch(self, ch: Chunk, slot: StagingSlot, to_stage: bool) -> None:
         di = self.didx[ch.first * self.unit:(ch.first + ch.count) * self.unit]
         si = iota(di.numel(), di.dtype, di.device)
-        cfg = self._stage_config(di.numel())
+        # The gather's own configuration (device-local, many programs), not the link's,
+        # and not a configuration a pool fixes for its own transfers.
+        cfg = config_for(self.stage_op, self.didx.device, row_bytes=self.dev_map.row_bytes,
+                         page_size=self.dev_map.page_size, num_rows=di.numel(), num_layers=self.num_layers)
         dev, stage = (self.dev_map, di, self.dev_layer), (slot.map, si, 0)     # (map, rows, first layer)
         src, dst = (dev, stage) if to_stage else (stage, dev)
         _staging_copy(self.stage_op, src[0], src[1], dst[0], dst[1], src[2], dst[2], self.num_layers, self.by_page,

@@ -156,7 +156,8 @@ def copies_2d(shape: Shape2D, host_units: torch.Tensor, stage_units: torch.Tenso
     hu, su, k = host_units, stage_units, lengths
     if any(size is None for size, _, _ in shape.loops):
         # The unit dim is iterated: every unit of a run is a copy of its own.
-        hu, su, k = _split_units(hu, su, k)
+        r, step = _expand(k)
+        hu, su, k = hu[r] + step, su[r] + step, torch.ones_like(r)
     h_unit, s_unit = shape.unit_strides
     host = hu * h_unit + host_base
     stage = su * s_unit
@@ -174,11 +175,6 @@ def copies_2d(shape: Shape2D, host_units: torch.Tensor, stage_units: torch.Tenso
         stage = (stage[:, None] + steps * s_stride).flatten()
         width, height = width.repeat_interleave(size), height.repeat_interleave(size)
     return Copies2D(host, stage, width, height, hp, sp)
-
-
-def _split_units(hu, su, k):
-    r, step = _expand(k)
-    return hu[r] + step, su[r] + step, torch.ones_like(r)
 
 
 def _expand(counts: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:

@@ -267,12 +267,10 @@ class HostPool:
         t.layers[local].launch(h, device_indices, host_indices)
 
     def _prepared(self, device_pool, host_indices, device_indices, op: Op) -> Tuple[PoolTransfers, torch.Tensor]:
-        """``device_pool``'s prepared transfers (the packed pools, target first: an identity
-        scan; else a stand-in's), and the host list where the copy runs, both lists' shapes
-        checked before any byte moves (int32/int64, 1-D, strided, host indices on the CPU or
-        the pool's device, device indices on the pool's device, equal counts, whole pages
-        where the layout moves pages; a CPU list staged on the device without waiting). While
-        a CUDA graph is captured, a CPU host list is staged inside the graph (`_captured`)."""
+        """``device_pool``'s prepared transfers (`transfers_for`, as an identity scan) and the
+        host list where the copy runs: both lists' shapes checked first (`_check_shapes`),
+        a CPU list staged on the device without waiting (inside the graph while one is
+        captured: `_captured`)."""
         for t in self.transfers:
             if t.device_pool is device_pool:
                 break
@@ -383,9 +381,7 @@ class HostPool:
         return self._stand_in(device_pool)
 
     def _strategy(self, config) -> str:
-        if self.strategy != "auto":
-            return self.strategy
-        return config.strategy if self._kernel_reaches else "dma"
+        return self.strategy if self.strategy != "auto" else (config.strategy if self._kernel_reaches else "dma")
 
     # ------------------------------------------------------------------ checks
     def _check_shapes(self, device_pool, host_indices, device_indices) -> None:

@@ -31,11 +31,9 @@ class TransferPlan:
     """One batch between ``host`` (a `HostPool`) and ``device_pool`` at the index lists
     given (shapes as the pool's calls take them): `load_layer`, `load` and `backup` move
     it as `HostPool.load_to_device_per_layer`, `load_to_device_all_layer` and
-    `backup_from_device_all_layer` would, without checking, staging or looking up
-    anything again. The plan takes its steps from the host pool's prepared transfers
-    with ``device_pool`` (`HostPool.transfers_for`), resolved for its lists' size, and
-    checks the storage watch of their tensors once, when it is made: the pools' buffers
-    must stay where they are while the plan is used."""
+    `backup_from_device_all_layer` would. Its steps are the host pool's prepared
+    transfers' (`HostPool.transfers_for`) for its lists' size, their storage watch
+    checked once: the pools' buffers must stay where they are while the plan is used."""
 
     def __init__(self, host, device_pool, host_indices: torch.Tensor, device_indices: torch.Tensor):
         self.host, self.device_pool = host, device_pool
