@@ -127,8 +127,10 @@ class CanonicalPages:
         self.page_size = P = host.page_size
         whole = Geometry.of(host)
         part_specs = list(parts) or [_WholeRows()]
-        group_of = {n: (names, buf) for names, _, buf in host.groups for n in names}
-        views = {id(buf): as_bytes_view(buf) for _, _, buf in host.groups}
+        group_of = {}           # component -> its host group's buffer and flat byte view
+        for names, _, buf in host.groups:
+            view = as_bytes_view(buf)
+            group_of.update((n, (buf, view)) for n in names)
         self.objects: List[PageObject] = []
         self.staged: Dict[Staged, Tuple[ComponentShape, RowMap]] = {}
         self.copy_groups: List[Tuple[Tuple[Staged, ...], RowMap]] = []
@@ -145,13 +147,13 @@ class CanonicalPages:
             start, off = off, off + room
             moves = []
             for (c, m), how in zip(comps, hows):
-                names, buf = group_of[c.name]
+                buf, view = group_of[c.name]
                 offset = m.base - buf.data_ptr()
                 rows = P * c.row_bytes
                 if how == "whole":
-                    part = Direct(c.name, views[id(buf)], offset, m.page_stride, 0, 1, c.num_layers * rows)
+                    part = Direct(c.name, view, offset, m.page_stride, 0, 1, c.num_layers * rows)
                 elif how == "layers":
-                    part = Direct(c.name, views[id(buf)], offset, m.page_stride, m.layer_stride, c.num_layers, rows)
+                    part = Direct(c.name, view, offset, m.page_stride, m.layer_stride, c.num_layers, rows)
                 else:
                     part = Staged(f"{spec.name}/{c.name}" if spec.name else c.name, off, c.num_layers * rows)
                     off += part.length
