@@ -1,48 +1,27 @@
 """LMCache's multi-layer KV transfer (``lmcache.c_ops.multi_layer_kv_transfer``), CUDA
-and Ascend forms, on kvtier's row copy.
+and Ascend forms, on kvtier's row copy (docs/engines/lmcache.md: the call, the address
+of every row in each form, what does not move through kvtier).
 
 LMCache moves one chunk of tokens between the engine's paged KV cache and one of its
-memory objects, every layer in one call:
-
-- ``key_value``: the memory object, ``[2, num_layers, num_tokens, hidden]`` (K then V),
-  or ``[1, num_layers, num_tokens, hidden]`` with ``use_mla`` (the latent row), on the
-  device or in host memory the device kernel reaches (pinned; registered on Ascend);
-- ``key_value_ptrs``: the paged side as an int64 table of per-layer base addresses on
-  the device (LMCache's ``kv_cache_pointers``);
-- ``slot_mapping``: token ``t`` of the chunk lives in slot ``slot_mapping[t]`` of every
-  layer; a negative slot is skipped (prefix tokens the engine already holds);
-- ``page_buffer_size``: the slots in one layer (``num_blocks * block_size``);
-- ``direction``: True moves paged -> ``key_value`` (LMCache's ``from_gpu``, a store),
-  False moves ``key_value`` -> paged (``to_gpu``, a retrieve).
-
-Row ``t`` of plane ``k`` (K or V) in layer ``l`` of ``key_value`` is the bytes at
-``key_value[k, l, t]``; its slot ``s`` in the paged layer is at
-``ptrs[l] + (k * page_buffer_size + s) * row`` for the CUDA form (vLLM's flash-attention
-layer ``[2, num_blocks, block_size, heads, head_size]``: the block size never enters the
-address) and at ``ptrs[l] + s * row`` for MLA (``[num_blocks, block_size, hidden]``).
-
-The Ascend form is LMCache-Ascend's call of the same name with ``kvcache_format_raw``
-(`KVCacheFormat`) after ``use_mla``: ``MERGED_KV`` addresses as the CUDA form;
-``SEPARATE_KV`` takes two table entries per layer, ``[K0, V0, K1, V1, ...]`` (vLLM-Ascend's
-``(K, V)`` tuple per layer), each slot at ``entry + s * row``; ``MLA_KV`` takes the
-``(k_cache, v_cache)`` pair per layer the same way with rows of different widths: a
-token's ``key_value`` row is its ``k_hidden_dims`` K elements then its ``v_hidden_dims``
-V elements. As a kvtier extension ``key_value_ptrs`` may instead list contiguous
-multi-layer tensors, one per table entry of a layer (SGLang's Ascend pools keep
-``[K_all_layers, V_all_layers]``, each ``(layers, num_blocks, block_size, heads,
-head_dim)``): layer ``l`` of entry ``e`` starts at ``tensors[e][l]``, addressed by base
-and strides without a table.
+memory objects, every layer in one call: ``key_value`` is the memory object,
+``[2, num_layers, num_tokens, hidden]`` (K then V; ``[1, ...]`` with ``use_mla``);
+``key_value_ptrs`` the paged side as an int64 table of per-layer base addresses;
+``slot_mapping[t]`` token ``t``'s slot in every layer (negative: skipped);
+``page_buffer_size`` the slots in one layer; ``direction`` True moves paged ->
+``key_value`` (a store), False the reverse. Slot ``s`` of plane ``k`` in layer ``l`` is
+at ``ptrs[l] + (k * page_buffer_size + s) * row`` (CUDA and Ascend ``MERGED_KV``),
+``ptrs[l] + s * row`` (MLA); Ascend's ``SEPARATE_KV`` and ``MLA_KV`` take two table
+entries per layer, and as a kvtier extension ``key_value_ptrs`` may list contiguous
+multi-layer tensors, addressed by base and strides without a table.
 
 Each call ends in one `EngineCall` (one launch per group of components that can share
 one). Where the memory objects and the paged cache belong to a registered buffer set
 (`kvtier.adapters.registry.register`), each call kind's is prepared once and kept by the
-registration, so a call reads no table and builds no map it built before; elsewhere it
-is prepared for the call. Differences from LMCache, all on inputs it
-leaves undefined: ``slot_mapping`` may be int32 and may live on another device (it is
-moved); its slots are range-checked against ``page_buffer_size`` without a device sync
-(`kvtier.kernels.index_check`: a bad device-resident list moves nothing and raises at
-the next call or at `kvtier.kernels.synchronize()`); its length must equal the chunk's
-``num_tokens``; rows move whole even where they are not a multiple of 8 bytes.
+registration; elsewhere it is prepared for the call. Differences from LMCache, all on
+inputs it leaves undefined: ``slot_mapping`` may be int32 and may live on another device
+(it is moved); its slots are range-checked against ``page_buffer_size`` without a device
+sync; its length must equal the chunk's ``num_tokens``; rows move whole even where they
+are not a multiple of 8 bytes.
 """
 from __future__ import annotations
 

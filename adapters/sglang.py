@@ -22,11 +22,9 @@ on another device (they are moved); they are range-checked where a side has a si
 pointer table has none); ``pf``/``ph`` indices and the direct calls' pages must be
 whole pages where SGLang reads only each page's first index. ``block_quota`` caps the
 programs (SGLang's thread blocks); ``num_warps_per_block`` is accepted and ignored (the
-tuned configuration decides). Value checks never wait for the device (see
-`kvtier.kernels.index_check`): a bad device-resident index list moves nothing and raises
-at the next adapter call or at `kvtier.kernels.synchronize()`; ``check=False`` (or
-``KVTIER_CHECK=0``) skips them. Negative pairs are skipped in the kernel either way. Host
-memory must be device-addressable (pinned or registered), as for SGLang's kernels.
+tuned configuration decides). Value checks never wait for the device (docs/adapters.md);
+negative pairs are skipped in the kernel either way. Host memory must be
+device-addressable (pinned or registered), as for SGLang's kernels.
 """
 from __future__ import annotations
 

@@ -1,53 +1,26 @@
 """Host time per call of kvtier's hot-path calls, beside torch's own index ops in the same
-run, on the same device and sizes.
+run, on the same device and sizes (`kvtier bench --overhead`; docs/benchmarks.md, "Host
+overhead", describes every series, the shape, the index lists and the goals).
 
-Calls (each with its defaults: value checks on, ``check=None``, which check without a
-device sync):
+Calls: the pools' backup and loads (all layers; per layer, every layer in turn), a batch
+plan's ``load_layer``, ``DevicePool.gather`` into ``out=`` and into new buffers,
+``DevicePool.scatter``, and the SGLang adapter's ``transfer_kv_per_layer`` and
+``transfer_kv_all_layer`` on buffers registered as ``install()`` registers SGLang's pools;
+each with its defaults (value checks on, no device sync). Baselines: one
+``torch.index_select`` and one ``Tensor.index_copy_`` of the same rows of one device layer.
 
-- ``HostPool.backup_from_device_all_layer``, ``load_to_device_all_layer`` and
-  ``load_to_device_per_layer`` (every layer in turn), ``strategy="kernel"``;
-- ``TransferPlan.load_layer``: the per-layer load of a batch planned once
-  (``HostPool.plan``, made before timing, one plan per index pair), every layer in turn;
-- ``DevicePool.gather`` (page indices, all layers) into ``out=`` (the buffers an earlier
-  gather of that size returned: the hot-path form, no allocation), and
-  ``DevicePool.gather (new buffers)``, which allocates its result per call as
-  ``torch.index_select`` does;
-- ``DevicePool.scatter`` (page indices, all layers) of data laid out as a gather returns
-  it (a prefill-decode receiver's buffers; a few such dicts, made before timing, in turn);
-- the SGLang adapter's ``transfer_kv_per_layer`` (a load: one layer of SGLang's
-  ``layer_first`` host buffer into the device layer tensors; a new view of the host
-  buffer per call, as SGLang passes it, made before timing) and ``transfer_kv_all_layer``
-  (a backup: device pointer tables into host pointer tables), as SGLang passes them:
-  uint64 tensors of per-layer ``data_ptr()``s on the device, indices on the device; the
-  buffers registered as ``install()`` registers SGLang's pools
-  (`kvtier.adapters.registry`), so the calls launch their prepared transfers;
-- baselines: one ``torch.index_select`` and one ``Tensor.index_copy_`` of the same rows
-  (count and bytes) of one device layer.
-
-Index lists: every all-layer call, gather and torch op takes new index tensors (an
-engine's batches bring new ones; they are made before timing, and come round again only
-after every timed call of the series); a per-layer call takes one pair for every layer in
-turn, as HiCache's layer loop does. So what kvtier keeps per index tensor (its checks,
-its copy on the device) is reused exactly where an engine would reuse it.
-
-Shape: K and V, 16 layers, 1 KiB rows (8 heads x 64 bf16), 16-token pages, 256 tokens in
-scattered page order, ``layer_first`` host layout (`bench/pools.py`'s `Pools`).
-
-Timing: per call, ``perf_counter_ns`` around the call; median, p10 and p90 over many
-calls after a warm-up. The series are interleaved in batches (one batch of each per
-round), so drift falls on all of them alike.
+Index lists are new per all-layer call (made before timing), one pair per layer walk for
+the per-layer calls, as an engine hands them over, so what kvtier keeps per index tensor
+is reused exactly where an engine would reuse it. Each call is timed alone
+(``perf_counter_ns``), the series interleaved in batches after a warm-up.
 
 - CPU: kernels would run under Triton's interpreter, so the calls are timed up to the
   launch: inside `LaunchProbe` the row-copy and index-check kernels are recorded, not run
   (``CPU_NOTE``). The torch ops run (they are the copy), on one intra-op thread.
-- GPU: the full call, launches included. Before each batch a long device op
-  (``torch.cuda._sleep``) is queued on the current stream, so the calls never wait for
-  the device; there is no sync inside a batch and one after it. Whether the device was
-  still busy at the end of each batch is recorded.
+- GPU: the full call, launches included, with a long device op queued before each batch
+  so that no call waits for the device.
 
-Frames: each call's frames entered in kvtier's packages (`frames_per_call`: a
-``sys.setprofile`` counter over a few calls after the timing, so after warm-up), from the
-public method to the launch (inside the probe: the recorded launch).
+Frames (`frames_per_call`): kvtier frames entered from the public method to the launch.
 
 Goal: each call at most 2x each torch op's median; on an H200 also at most 20 us median.
 Up to the launch, a call at most 1x ``torch.index_select``, a plan's ``load_layer`` at

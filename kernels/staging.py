@@ -48,8 +48,3 @@ def stage(idx: torch.Tensor, device: torch.device, arg: str = "indices") -> torc
     staged = snapshot.to(device, non_blocking=True)
     _LAST.put(key, (snapshot, staged))
     return staged
-
-
-def forget() -> None:
-    """Drop the kept lists (their memory goes back to torch's allocators)."""
-    _LAST.clear()

@@ -13,8 +13,9 @@ from kvtier.errors import fail
 from kvtier.kernels.launcher import direct_launches
 from kvtier.kernels.index_check import Checks, check_launch, checks_on
 from kvtier.kernels.validate import check_index, is_int
+from kvtier.kernels.ops import GATHER, SCATTER
 
-from .gather import group_shape, gather_groups, scatter_groups
+from .gather import group_shape, move_groups
 
 
 @dataclass
@@ -38,7 +39,7 @@ def get_cpu_copy(pool, indices: torch.Tensor, chunk_size: int = 8192) -> CpuCopy
         part = indices[start:start + chunk_size]
         bufs = [torch.empty(*group_shape(pool, names, part.numel(), False), dtype=pool.components[names[0]].dtype,
                             device=pool.device) for names, _ in pool.groups]
-        gather_groups(pool, part, bufs, False, verdict=verdict)
+        move_groups(pool, part, bufs, False, GATHER, verdict, into_pool=False)
         chunks.append([b.to("cpu") for b in bufs])
     return CpuCopy(tuple(names for names, _ in pool.groups), chunk_size, indices.numel(), chunks)
 
@@ -99,5 +100,5 @@ def load_cpu_copy(pool, copy: CpuCopy, indices: torch.Tensor) -> None:
     verdict = _checked(pool, indices)
     for k, chunk in enumerate(copy.chunks):
         start = k * copy.chunk_size
-        scatter_groups(pool, indices[start:start + copy.chunk_size],
-                       [t.to(pool.device) for t in chunk], False, verdict=verdict)
+        move_groups(pool, indices[start:start + copy.chunk_size], [t.to(pool.device) for t in chunk], False,
+                    SCATTER, verdict, into_pool=True)

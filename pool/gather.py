@@ -136,7 +136,7 @@ def gather(pool, indices: torch.Tensor, *, pages: bool = False,
         # (the shape as separate arguments: torch parses them faster than one tuple)
         bufs = [torch.empty(*shape, dtype=dtype, device=pool.device)
                 for _, shape, dtype in _group_specs(pool, n_slots, pages)]
-    _move_groups(pool, indices, bufs, pages, GATHER, None, into_pool=False)
+    move_groups(pool, indices, bufs, pages, GATHER, into_pool=False)
     if out is not None:
         return out
     views = {}
@@ -145,28 +145,17 @@ def gather(pool, indices: torch.Tensor, *, pages: bool = False,
     return views
 
 
-def gather_groups(pool, indices: torch.Tensor, bufs: List[torch.Tensor], pages: bool, op: Op = GATHER,
-                  verdict: Optional[torch.Tensor] = None) -> None:
-    """Fill group buffers ``bufs`` (shapes as `group_shape`) from slot (or page) ``indices``
-    (``verdict``: see `GroupCopies.move`)."""
-    _move_groups(pool, indices, bufs, pages, op, verdict, into_pool=False)
-
-
 def scatter(pool, indices: torch.Tensor, data: Dict[str, torch.Tensor], *, pages: bool = False) -> None:
     if not index_ok(indices, pool.index_device):
         check_index("indices", indices, pool.index_device)
     bufs = _buffers(pool, data, indices.numel() * (pool.page_size if pages else 1), pages, "data")
-    _move_groups(pool, indices, bufs, pages, SCATTER, None, into_pool=True)
+    move_groups(pool, indices, bufs, pages, SCATTER, into_pool=True)
 
 
-def scatter_groups(pool, indices: torch.Tensor, bufs: List[torch.Tensor], pages: bool, op: Op = SCATTER,
-                   verdict: Optional[torch.Tensor] = None) -> None:
-    """Write group buffers (shapes as `group_shape`) back at slot (or page) ``indices``
-    (``verdict``: see `GroupCopies.move`)."""
-    _move_groups(pool, indices, bufs, pages, op, verdict, into_pool=True)
-
-
-def _move_groups(pool, indices, bufs, pages: bool, op: Op, verdict, into_pool: bool) -> None:
+def move_groups(pool, indices, bufs, pages: bool, op: Op, verdict: Optional[torch.Tensor] = None, *,
+                into_pool: bool) -> None:
+    """Fill group buffers ``bufs`` (shapes as `group_shape`) from slot (or page) ``indices``,
+    or with ``into_pool`` write them back there (``verdict``: see `GroupCopies.move`)."""
     idx, page_indices = _slots(pool, indices, pages)
     n = idx.numel()
     if not n:

@@ -9,7 +9,7 @@ import torch
 from kvtier.errors import fail
 
 from .device import DevicePool, allocate
-from .spec import (Component, IndexerSpec, check_bool, check_device, check_dtype, check_indexer,
+from .spec import (Component, IndexerSpec, check_device, check_dtype, check_indexer,
                    check_non_negative, check_positive)
 
 

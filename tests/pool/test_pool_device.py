@@ -193,7 +193,8 @@ def test_scatters_of_a_shape_seen_before_reuse_its_layout_and_are_right(monkeypa
     buffers. Data not laid out as the layout assumes (here misaligned) takes maps of its
     own. Every scatter writes exactly its rows, bit for bit."""
     from kvtier.kernels import RowMap
-    from kvtier.pool.gather import scatter_groups
+    from kvtier.kernels.ops import SCATTER
+    from kvtier.pool.gather import move_groups
     pool = MHADevicePool(32, 4, 2, 2, 8, dtype=torch.float16, storage=storage)
     P = pool.page_size
     layers = lambda: [t.view(-1, 2, 8) for t in (  # noqa: E731
@@ -234,7 +235,7 @@ def test_scatters_of_a_shape_seen_before_reuse_its_layout_and_are_right(monkeypa
         o.copy_(b)
         odd.append(o)
     idx = torch.tensor([5, 2, 7])
-    scattered(idx, d, lambda i, _: scatter_groups(pool, i, odd, pages))
+    scattered(idx, d, lambda i, _: move_groups(pool, i, odd, pages, SCATTER, into_pool=True))
     assert built, "misaligned data took the layout's copies"
 
 
