@@ -603,6 +603,20 @@ class FileEngine(Engine):
             os.rmdir(where)
 
 
+def _plain_calls(what: str, paths: List[str], buffers, flags: int, move) -> None:
+    """One plain open, ``move(fd, buffer)`` and close per path (`_FileRawCalls`)."""
+    try:
+        for path, b in zip(paths, buffers):
+            fd = os.open(path, flags, 0o644)
+            try:
+                if move(fd, b) != b.nbytes:
+                    raise RuntimeError(f"a plain {what} of {path} stopped short")
+            finally:
+                os.close(fd)
+    except OSError as e:
+        raise RuntimeError(f"a plain {what} failed: {e}") from None
+
+
 class _FileRawCalls(RawCalls):
     """`FileEngine.raw_calls`."""
 
@@ -616,28 +630,10 @@ class _FileRawCalls(RawCalls):
 
     def set(self) -> None:
         self.paths = [f"{self.where}/{k}" for k in self.fresh_keys()]
-        try:
-            for path, v in zip(self.paths, self.sources):
-                fd = os.open(path, _OPEN_WRITE, 0o644)
-                try:
-                    if os.write(fd, v) != v.nbytes:
-                        raise RuntimeError(f"a plain write of {path} stopped short")
-                finally:
-                    os.close(fd)
-        except OSError as e:
-            raise RuntimeError(f"a plain write failed: {e}") from None
+        _plain_calls("write", self.paths, self.sources, _OPEN_WRITE, os.write)
 
     def get(self) -> None:
-        try:
-            for path, t in zip(self.paths, self.targets):
-                fd = os.open(path, _OPEN_READ)
-                try:
-                    if os.preadv(fd, [t], 0) != t.nbytes:
-                        raise RuntimeError(f"a plain read of {path} stopped short")
-                finally:
-                    os.close(fd)
-        except OSError as e:
-            raise RuntimeError(f"a plain read failed: {e}") from None
+        _plain_calls("read", self.paths, self.targets, _OPEN_READ, lambda fd, t: os.preadv(fd, [t], 0))
 
     def clear(self) -> None:
         written, self.written = self.written, []
