@@ -205,6 +205,41 @@ def test_cluster_follows_ask_over_tls(tls_servers):
         e.close()
 
 
+def test_replicated_cluster_over_tls_keeps_acknowledged_writes_through_a_failover(tls_servers):
+    """A 3-master + 3-replica cluster with TLS on its bus and its replication: every write
+    the engine acknowledged (each waited for a replica, over TLS) reads back byte for byte
+    from the replica promoted after its master's SIGKILL; the promoted master, left
+    without a replica, takes writes again."""
+    ports = tls_servers.tls_cluster(3, 1)
+    ctx = tls_context(tls_servers.tls_dir)
+    url = f"rediss+cluster://127.0.0.1:{ports[0]},127.0.0.1:{ports[1]}?ca={quote(tls_servers.tls_dir)}/ca.crt"
+    e = open_store(url, timeout_ms=1000)
+    try:
+        lo, hi, victim, (promoted,) = masters_by_slot(ports[0], tls=ctx)[0]
+        keys = fresh_keys(120)
+        vals = values(len(keys), 20_000, 6)
+        assert e.put_from(keys, [[v] for v in vals]) == [Status.HIT] * len(keys)
+        on_victim = [lo <= key_slot(k.encode()) <= hi for k in keys]
+        assert any(on_victim)
+        assert call(promoted, "ROLE", tls=ctx)[0] == b"slave"
+        tls_servers.kill(victim)
+        deadline = time.monotonic() + 20
+        while True:
+            got = [[np.zeros_like(v)] for v in vals]
+            out = e.get_into(keys, got)
+            assert all(s is Status.HIT for s, mine in zip(out, on_victim) if not mine)
+            if out == [Status.HIT] * len(keys):
+                break
+            assert time.monotonic() < deadline, "the victim's shard did not come back over TLS"
+            time.sleep(0.2)
+        assert all(np.array_equal(g[0], v) for g, v in zip(got, vals))
+        assert call(promoted, "ROLE", tls=ctx)[0] == b"master"
+        more = [k for k in fresh_keys(40) if lo <= key_slot(k.encode()) <= hi]
+        assert e.put_from(more, [[b"x" * 100] for _ in more]) == [Status.HIT] * len(more)
+    finally:
+        e.close()
+
+
 def test_raw_throughput_over_tls(redis_tls_url):
     e = open_store(redis_tls_url)
     try:
