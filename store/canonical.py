@@ -136,7 +136,7 @@ class CanonicalPages:
         self.copy_groups: List[Tuple[Tuple[Staged, ...], RowMap]] = []
         off = 0
         for spec in part_specs:
-            comps = [_sliced(host, c, spec.heads) for c in whole.components
+            comps = [_sliced(host, c, spec.heads, spec.layers) for c in whole.components
                      if spec.components is None or c.name in spec.components]
             geometry = Geometry(P, tuple(c for c, _ in comps), f"{scope};part={spec.name}" if scope else "")
             hows = [_moves_in_place(P, c, m, layer_piece_min) for c, m in comps]
@@ -253,34 +253,42 @@ class _WholeRows:
     name: str = ""
     components: Optional[Tuple[str, ...]] = None
     heads: Optional[Tuple[int, int]] = None
+    layers: Optional[Tuple[int, int]] = None
 
 
-def _sliced(host, c: ComponentShape, heads: Optional[Tuple[int, int]]) -> Tuple[ComponentShape, RowMap]:
+def _sliced(host, c: ComponentShape, heads: Optional[Tuple[int, int]],
+            layers: Optional[Tuple[int, int]] = None) -> Tuple[ComponentShape, RowMap]:
     """Component ``c`` of ``host`` as an object holds it: its rows' heads ``heads``
-    (first, count) of a head-split component, else whole rows; with its host map."""
+    (first, count) of a head-split component, else whole rows; its layers ``layers``
+    (first, count) of the pool's, else all; with its host map."""
     m = host.maps[c.name]
-    if heads is None or c.name not in HEAD_SPLIT:
+    cut_heads = heads is not None and c.name in HEAD_SPLIT
+    if not cut_heads and layers is None:
         return c, m
-    first, count = heads
-    local = c.row_shape[0] if len(c.row_shape) > 1 else 1
-    head_bytes = c.row_bytes // local
     buf = host.buffers[c.name]
     offset = m.base - buf.data_ptr()
-    if m.n_chunks == local and local > 1:          # page_head: one chunk per head
-        sub = RowMap.from_strides(buf, num_layers=m.num_layers, num_rows=m.num_rows, page_size=m.page_size,
-                                  row_bytes=count * head_bytes, token_stride=m.token_stride,
-                                  page_stride=m.page_stride, layer_stride=m.layer_stride,
-                                  offset=offset + first * m.chunk_stride, n_chunks=count,
-                                  chunk_stride=m.chunk_stride)
-    elif m.n_chunks == 1:
-        sub = RowMap.from_strides(buf, num_layers=m.num_layers, num_rows=m.num_rows, page_size=m.page_size,
-                                  row_bytes=count * head_bytes, token_stride=m.token_stride,
-                                  page_stride=m.page_stride, layer_stride=m.layer_stride,
-                                  offset=offset + first * head_bytes)
-    else:
-        raise fail("host", c.name, f"rows of {m.n_chunks} chunks cannot be split into {local} heads")
-    shape = (count, *c.row_shape[1:]) if len(c.row_shape) > 1 else c.row_shape
-    return ComponentShape(c.name, c.num_layers, tuple(shape), c.dtype, count * head_bytes), sub
+    num_layers, row_bytes, n_chunks, shape = c.num_layers, c.row_bytes, m.n_chunks, c.row_shape
+    if layers is not None:
+        offset += layers[0] * m.layer_stride
+        num_layers = layers[1]
+    if cut_heads:
+        first, count = heads
+        local = c.row_shape[0] if len(c.row_shape) > 1 else 1
+        head_bytes = c.row_bytes // local
+        if m.n_chunks == local and local > 1:          # page_head: one chunk per head
+            offset += first * m.chunk_stride
+            n_chunks = count
+        elif m.n_chunks == 1:
+            offset += first * head_bytes
+        else:
+            raise fail("host", c.name, f"rows of {m.n_chunks} chunks cannot be split into {local} heads")
+        row_bytes = count * head_bytes
+        shape = (count, *c.row_shape[1:]) if len(c.row_shape) > 1 else c.row_shape
+    sub = RowMap.from_strides(buf, num_layers=num_layers, num_rows=m.num_rows, page_size=m.page_size,
+                              row_bytes=row_bytes, token_stride=m.token_stride, page_stride=m.page_stride,
+                              layer_stride=m.layer_stride, offset=offset, n_chunks=n_chunks,
+                              chunk_stride=m.chunk_stride)
+    return ComponentShape(c.name, num_layers, tuple(shape), c.dtype, row_bytes), sub
 
 
 def _moves_in_place(P: int, c: ComponentShape, m: RowMap, layer_piece_min: int) -> Optional[str]:

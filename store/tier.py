@@ -62,7 +62,10 @@ class StoreTier:
         ``revision``, where given, is appended as ``model@revision``.
     tp: (rank, size) of this tensor-parallel rank, None for (0, 1). heads: the model's
         KV heads (default: the host rows' heads times the TP size). layers: (first,
-        total) where the pool holds a pipeline stage's layers. scales: the quantisation
+        total) where the pool holds a pipeline stage's layers. layer_split: the layer
+        boundaries ``(0, ..., total)`` the store's objects are cut at, shared by every
+        server (it must refine each one's stages), so that stages of any split read
+        each other's pages; None: the pool's own range. scales: the quantisation
         scale layout. kv_dtype: the KV cache dtype's name where the rows' dtype does not
         tell it (SGLang keeps fp8 e4m3 and e5m2 alike as uint8). These make the objects' identity (`kvtier.store.split`): a page
         is stored as objects by layer range and KV head group that a rank of any TP
@@ -73,7 +76,8 @@ class StoreTier:
 
     def __init__(self, host, store: Union[str, Engine], *, model: str, revision: Optional[str] = None,
                  tp: Optional[Tuple[int, int]] = None, heads: Optional[int] = None,
-                 layers: Optional[Tuple[int, int]] = None, scales: str = "none",
+                 layers: Optional[Tuple[int, int]] = None, layer_split: Optional[Sequence[int]] = None,
+                 scales: str = "none",
                  kv_dtype: Optional[str] = None,
                  timeout_ms: int = DEFAULT_TIMEOUT_MS, batch_pages: int = BATCH_PAGES,
                  layer_piece_min: int = LAYER_PIECE_MIN):
@@ -88,7 +92,8 @@ class StoreTier:
             raise fail("model", model, "must be a non-empty str naming the model")
         self.host = host
         self.split = split_of(host, model=model if revision is None else f"{model}@{revision}",
-                              tp=tp, heads=heads, layers=layers, scales=scales, kv_dtype=kv_dtype)
+                              tp=tp, heads=heads, layers=layers, layer_split=layer_split,
+                              scales=scales, kv_dtype=kv_dtype)
         self.namespace = namespace(self.split.identity)
         scope, parts = self.split.identity.text, self.split.parts
         self.read = _Objects(CanonicalPages(host, layer_piece_min, parts, scope))

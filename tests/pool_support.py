@@ -30,6 +30,9 @@ def rows_of(kind):
                 "index_k": ((IDX_D,), torch.uint8, fewer), "index_scale": ((IDX_S,), torch.float32, fewer)}
     if kind == "mla":
         return {"kv": ((1, RANK + ROPE), DTYPE, full)}
+    if kind == "dsa":       # MLA with the indexer on every layer (DeepSeek V3.2)
+        return {"kv": ((1, RANK + ROPE), DTYPE, full),
+                "index_k": ((IDX_D,), torch.uint8, full), "index_scale": ((IDX_S,), torch.float32, full)}
     if kind == "mla_split_indexer":
         return {"latent": ((1, RANK), DTYPE, full), "rope": ((1, ROPE), DTYPE, full),
                 "index_k": ((IDX_D,), torch.uint8, fewer), "index_scale": ((IDX_S,), torch.float32, fewer)}

@@ -34,14 +34,16 @@ class Model:
             shape = host_layer_view(buf, "page_first_direct", 0, PAGE).shape
             self.rows[name] = [torch.randint(0, 256, shape, dtype=torch.uint8, generator=gen) for _ in range(L)]
 
-    def rank_host(self, rank: int, size: int, layout: str, pages: int) -> HostCase:
-        """A poisoned host pool as rank ``rank`` of TP ``size`` holds it."""
+    def rank_host(self, rank: int, size: int, layout: str, pages: int, stage=None) -> HostCase:
+        """A poisoned host pool as rank ``rank`` of TP ``size`` holds it; ``stage``:
+        the layers (first, count) of a pipeline stage's pool (default: all)."""
         _, local = held_heads(self.heads, rank, size)
         over = {}
         if self.kind.startswith("mha"):
             over = {"k": ((local, D), self.dtype),
                     "v": ((local, DV if self.kind == "mha_v_indexer" else D), self.dtype)}
-        dev = DeviceCase(self.kind, "layers", PAGE, layers=self.layers, size=4 * PAGE, **over)
+        layers = self.layers if stage is None else stage[1]
+        dev = DeviceCase(self.kind, "layers", PAGE, layers=layers, size=4 * PAGE, **over)
         return HostCase(dev.pool, layout, "auto", size_tokens=pages * PAGE)
 
     def _want(self, name, layer, rank, size):
@@ -51,23 +53,24 @@ class Model:
             rows = rows[:, :, first:first + n]
         return rows
 
-    def fill(self, hc: HostCase, rank: int, size: int, host_pages) -> None:
-        """Model pages 0, 1, ... into host pages ``host_pages`` of rank ``rank``."""
+    def fill(self, hc: HostCase, rank: int, size: int, host_pages, stage=None) -> None:
+        """Model pages 0, 1, ... into host pages ``host_pages`` of rank ``rank`` (of
+        the pipeline stage whose pool holds layers ``stage``: (first, count))."""
         for name, buf in hc.host.buffers.items():
-            for layer in range(len(self.rows[name])):
+            for layer, model_layer in self._layers(name, stage):
                 v = host_layer_view(buf, hc.layout, layer, PAGE)
-                want = self._want(name, layer, rank, size)
+                want = self._want(name, model_layer, rank, size)
                 for mp, hp in enumerate(host_pages):
                     v[hp] = want[mp].reshape(v[hp].shape)
 
-    def check(self, hc: HostCase, rank: int, size: int, host_pages, model_pages=None) -> None:
+    def check(self, hc: HostCase, rank: int, size: int, host_pages, model_pages=None, stage=None) -> None:
         """Host pages ``host_pages`` hold model pages ``model_pages`` (default 0, 1, ...),
         byte for byte; every other host page is still poison; the margins are intact."""
         model_pages = list(range(len(host_pages))) if model_pages is None else list(model_pages)
         for name, buf in hc.host.buffers.items():
-            for layer in range(len(self.rows[name])):
+            for layer, model_layer in self._layers(name, stage):
                 v = host_layer_view(buf, hc.layout, layer, PAGE)
-                want = self._want(name, layer, rank, size)
+                want = self._want(name, model_layer, rank, size)
                 for hp, mp in zip(host_pages, model_pages):
                     assert torch.equal(v[hp], want[mp].reshape(v[hp].shape)), \
                         f"{name} layer {layer}: host page {hp} != model page {mp}"
@@ -75,12 +78,20 @@ class Model:
                 assert bool((v[others] == POISON).all()), f"{name} layer {layer}: a page outside {host_pages} was written"
         hc.check_margins()
 
+    def _layers(self, name, stage):
+        """(host layer, model layer) of each layer a pool of ``stage`` holds."""
+        first, count = (0, len(self.rows[name])) if stage is None else stage
+        return [(j, first + j) for j in range(count)]
 
-def ranks(model: Model, size: int, layout: str, url: str, pages: int, **kw):
-    """Each rank of TP ``size``: (its host case, its tier)."""
+
+def ranks(model: Model, size: int, layout: str, url: str, pages: int, stage=None, **kw):
+    """Each rank of TP ``size`` (of the pipeline stage holding layers ``stage``:
+    (first, count)): (its host case, its tier)."""
     out = []
     for r in range(size):
-        hc = model.rank_host(r, size, layout, pages)
+        hc = model.rank_host(r, size, layout, pages, stage)
         kw.setdefault("heads", model.heads)
+        if stage is not None:
+            kw.setdefault("layers", (stage[0], model.layers))
         out.append((hc, StoreTier(hc.host, url, model="org/model", tp=(r, size), **kw)))
     return out

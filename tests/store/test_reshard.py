@@ -13,7 +13,8 @@ import pytest
 
 from reshard_support import Model, held_heads, ranks
 from redis_support import redis_cluster_url, redis_url  # noqa: F401  (fixtures: the shared servers)
-from store_support import LAYOUTS, slots
+from pool_support import D, DTYPE
+from store_support import LAYOUTS, PAGE, slots
 from kvtier.errors import KvtierError
 from kvtier.store.file import object_name
 from kvtier.store.tier import StoreTier
@@ -196,3 +197,113 @@ def test_pipeline_stages_read_the_layers_they_own(url):
     hc = stages[0].rank_host(0, 2, "page_first", 6)
     alone = StoreTier(hc.host, url, model="org/model", tp=(0, 2), heads=8)     # a 3-layer model: another identity
     assert alone.exists(keys) == 0
+
+
+# Pipeline stages of different splits: a 6-layer model whose servers run stages
+# (0, 3, 6), (0, 2, 4, 6) and (0, 6); the store's layer split refines all three.
+SPLIT = (0, 2, 3, 4, 6)
+STAGINGS = {"pp2": ((0, 3), (3, 3)), "pp3": ((0, 2), (2, 2), (4, 2)), "pp1": ((0, 6),)}
+
+
+def _write_stages(model, stages, size, layout, url, keys, **kw):
+    for stage in stages:
+        for r, (hc, tier) in enumerate(ranks(model, size, layout, url, pages=6, stage=stage,
+                                             layer_split=SPLIT, **kw)):
+            model.fill(hc, r, size, WRITE_PAGES, stage)
+            assert tier.backup(keys, slots(WRITE_PAGES)) == [True] * N, f"stage {stage} rank {r}"
+
+
+def _read_stages(model, stages, size, layout, url, keys, want=N):
+    for stage in stages:
+        for r, (hc, tier) in enumerate(ranks(model, size, layout, url, pages=6, stage=stage, layer_split=SPLIT)):
+            assert tier.prefetch(keys, slots(READ_PAGES)) == want, f"stage {stage} rank {r} of {size}"
+            if want == N:
+                model.check(hc, r, size, READ_PAGES, stage=stage)
+
+
+@pytest.mark.parametrize("reader", ["pp3", "pp1", "pp2"])
+@pytest.mark.parametrize("writer", ["pp2", "pp3", "pp1"])
+@pytest.mark.parametrize("kind", ["mha", "mla", "dsa"])
+def test_stages_of_any_split_read_each_others_pages(url, kind, writer, reader):
+    """Writers at TP 4 in one stage split, readers at TP 2 (and TP 1) in another, other
+    host layouts: every stage reads exactly its layers, byte for byte."""
+    model, keys = Model(kind, 8, N, layers=6, seed=len(writer) + 7 * len(reader)), _keys()
+    _write_stages(model, STAGINGS[writer], 4, "page_first", url, keys)
+    _read_stages(model, STAGINGS[reader], 2, "layer_first", url, keys)
+    _read_stages(model, STAGINGS[reader], 1, "page_first_direct", url, keys)
+
+
+@pytest.mark.parametrize("store", ["redis", "redis_cluster"])
+def test_stages_of_any_split_on_redis(request, store):
+    url = request.getfixturevalue(f"{store}_url")
+    model, keys = Model("mha", 8, N, layers=6, seed=3), _keys()
+    _write_stages(model, STAGINGS["pp2"], 8, "page_first", url, keys)
+    _read_stages(model, STAGINGS["pp3"], 2, "page_head", url, keys)
+
+
+def test_a_stage_writes_one_object_per_range_and_group_of_its_layers(tmp_path):
+    """A stage of layers 0-2 at TP 4 (heads 2r, 2r + 1) writes, per page, one object
+    per range of the split in its layers (0-2, 2-3) and group it holds, of those
+    layers' bytes only; the stages together write each object once."""
+    model, keys = Model("mha", 8, N, layers=6), _keys()
+    seen = {}
+    for stage in STAGINGS["pp2"]:
+        for r, (hc, tier) in enumerate(ranks(model, 4, "page_first", f"file://{tmp_path}/s", pages=6,
+                                             stage=stage, layer_split=SPLIT)):
+            spans = ("L0-2", "L2-3") if stage[0] == 0 else ("L3-4", "L4-6")
+            names = [":".join(k.split(":")[-2:]) for k in tier.written_keys(keys[0])]
+            assert names == [f"{s}:h{g}of8" for s in spans for g in (2 * r, 2 * r + 1)]
+            for o, fmt in zip(tier.write.canonical.objects, tier.write.formats):
+                a, b = map(int, o.name[1:].split(":")[0].split("-"))
+                assert o.payload_bytes == 2 * (b - a) * PAGE * D * DTYPE.itemsize     # K and V of one head
+            for k in keys:
+                for key in tier.written_keys(k):
+                    assert key not in seen
+                    seen[key] = (stage, r)
+    assert len(seen) == N * 4 * 8      # 4 ranges x 8 groups per page
+
+
+def test_a_missing_range_is_a_miss_for_the_stages_that_hold_it(url):
+    model, keys = Model("mha", 8, N, layers=6), _keys()
+    _write_stages(model, STAGINGS["pp2"], 2, "page_first", url, keys)
+    (_, tier), = ranks(model, 2, "page_first", url, pages=6, stage=(0, 3), layer_split=SPLIT)[:1]
+    gone = [k for k in tier.written_keys(keys[1]) if ":L2-3:" in k]
+    assert len(gone) == 4
+    tier.engine.delete(gone[:1])        # group 0's layer 2 of page 1
+    for name, stages in STAGINGS.items():
+        for stage in stages:
+            needs = stage[0] <= 2 < stage[0] + stage[1]
+            for r, (hc, t) in enumerate(ranks(model, 2, "page_head", url, pages=6, stage=stage, layer_split=SPLIT)):
+                needs_rank = needs and r == 0
+                assert t.prefetch(keys, slots(READ_PAGES)) == (1 if needs_rank else N), (name, stage, r)
+                assert t.exists(keys) == (1 if needs_rank else N)
+                if not needs_rank:
+                    model.check(hc, r, 2, READ_PAGES, stage=stage)
+
+
+def test_a_split_that_cuts_components_of_other_layer_counts_is_refused(url):
+    model = Model("mha_v_indexer", 8, N, layers=6)       # its indexer holds one layer fewer
+    hc = model.rank_host(0, 2, "page_first", 6, stage=(0, 3))
+    with pytest.raises(KvtierError, match=r"layer_split=.*one layer count.*\[2, 3\]"):
+        StoreTier(hc.host, url, model="m", tp=(0, 2), heads=8, layers=(0, 6), layer_split=SPLIT)
+    StoreTier(hc.host, url, model="m", tp=(0, 2), heads=8, layers=(0, 6), layer_split=(0, 3, 6)).close()
+
+
+def test_the_pool_s_own_range_is_the_default_split(url):
+    model, keys = Model("mha", 8, N, layers=6), _keys()
+    for stage, split in (((0, 3), (0, 3, 6)), ((0, 6), (0, 6)), ((2, 2), (0, 2, 4, 6))):
+        (_, plain), = ranks(model, 2, "page_first", url, pages=6, stage=stage)[:1]
+        (_, cut), = ranks(model, 2, "page_first", url, pages=6, stage=stage, layer_split=split)[:1]
+        assert plain.keys(keys[0]) == cut.keys(keys[0])
+
+
+@pytest.mark.parametrize("split,why", [
+    ((1, 3, 6), "from 0 to the model's 6"), ((0, 3, 5), "from 0 to the model's 6"),
+    ((0, 3, 3, 6), "increasing"), ((0, 4, 6), "boundaries 0 and 3"), ([0, 2.0, 6], "ints"),
+    ("0,3,6", "ints"), ((6,), "ints")])
+def test_a_bad_layer_split_is_refused(url, split, why):
+    model = Model("mha", 8, N, layers=6)
+    hc = model.rank_host(0, 2, "page_first", 6, stage=(0, 3))
+    with pytest.raises(KvtierError, match="layer_split=") as e:
+        StoreTier(hc.host, url, model="m", tp=(0, 2), heads=8, layers=(0, 6), layer_split=split)
+    assert why.split()[-1] in str(e.value) or why in str(e.value)
