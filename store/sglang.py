@@ -42,7 +42,9 @@ each rank writes only its own head groups (the first rank of a replica set where
 ``tp_size`` exceeds the KV heads, then ``kv_heads`` must be given), MLA pages are
 written by TP rank 0 (as SGLang's controller also lets only rank 0 back them up). A
 pipeline stage names its objects by its layers (SGLang's ``start_layer``) of
-``num_layers``, which must then be given. ``tp_lcm_size`` is accepted and changes
+``num_layers``, which must then be given; ``layer_split`` (the boundaries every server
+of the fleet cuts its objects at, or n for every n layers: docs/store.md) lets stages
+of another split read them. ``tp_lcm_size`` is accepted and changes
 nothing: no TP size needs it. A store fault (missing, timed out, refused, corrupt,
 another identity) is a miss or a page not stored, never an exception in SGLang's
 thread; each failure mode logs one WARNING and is counted. The controller's backup,
@@ -75,7 +77,8 @@ from .tier import StoreTier
 
 log = logging.getLogger("kvtier")
 
-OWN_KEYS = ("url", "timeout_ms", "model", "revision", "kv_heads", "num_layers", "kv_scales", "kv_cache_dtype")
+OWN_KEYS = ("url", "timeout_ms", "model", "revision", "kv_heads", "num_layers", "layer_split", "kv_scales",
+            "kv_cache_dtype")
 # Keys of the extra config SGLang reads itself (the dynamic loader's, the controller's).
 SGLANG_KEYS = ("backend_name", "module_path", "class_name", "interface_v1", "tp_lcm_size",
                "prefetch_threshold", "prefetch_timeout_base", "prefetch_timeout_per_ki_token",
@@ -96,7 +99,8 @@ class KvtierStorage(HiCacheStorage):
         self.model: str = cfg["model"]
         self.tp = (storage_config.tp_rank, storage_config.tp_size)
         self.pp_size = storage_config.pp_size
-        self.identity = {k: cfg[k] for k in ("revision", "kv_heads", "num_layers", "kv_scales", "kv_cache_dtype")}
+        self.identity = {k: cfg[k] for k in ("revision", "kv_heads", "num_layers", "layer_split", "kv_scales",
+                                             "kv_cache_dtype")}
         self._tier_args: Optional[dict] = None
         self.is_mla = bool(storage_config.is_mla_model)
         self.interface_v1 = cfg["interface_v1"]
@@ -132,13 +136,14 @@ class KvtierStorage(HiCacheStorage):
                        "the host pool must be of the same kind")
         host = sglang_pools.adopt(mem_pool_host)
         first, total = getattr(mem_pool_host, "start_layer", 0) or 0, self.identity["num_layers"]
-        if self.pp_size > 1 and total is None:
+        if (self.pp_size > 1 or self.identity["layer_split"] is not None) and total is None:
             raise fail("extra_config['num_layers']", None, "must be the model's layer count with pipeline "
-                       "parallelism (a stage's objects are named by its layers of the model's)")
+                       "parallelism or a layer split (objects are named by their layers of the model's)")
         args = dict(model=self.model, revision=self.identity["revision"], tp=self.tp,
                     heads=self.identity["kv_heads"], scales=self.identity["kv_scales"],
                     kv_dtype=self.identity["kv_cache_dtype"],
-                    layers=(first, total) if total is not None else None, timeout_ms=self.timeout_ms)
+                    layers=(first, total) if total is not None else None,
+                    layer_split=self.identity["layer_split"], timeout_ms=self.timeout_ms)
         if self.identity["kv_cache_dtype"] is None and any(c.dtype == torch.uint8 for c in host.components.values()):
             self._warn("fp8", "the host pool keeps KV as uint8 (fp8), which does not say which fp8 format; "
                        "set \"kv_cache_dtype\" in the extra config (e.g. \"fp8_e4m3\") so that servers of "
@@ -420,6 +425,12 @@ def _config(storage_config) -> dict:
                                      or (kind is int and value < 1)):
             raise fail(f"extra_config['{key}']", value, f"must be {what}")
         out[key] = value
+    split = extra.get("layer_split")
+    if split is not None and not ((type(split) is int and split > 0) or (
+            isinstance(split, (list, tuple)) and split and all(type(x) is int for x in split))):
+        raise fail("extra_config['layer_split']", split, "must be the store's layer boundaries (a list of "
+                   "ints from 0 to num_layers) or a positive number of layers per object")
+    out["layer_split"] = tuple(split) if isinstance(split, list) else split
     return out
 
 

@@ -71,9 +71,10 @@ def split_of(host, *, model: str, tp=None, heads: Optional[int] = None, layers=N
     tp: (rank, size), None for (0, 1). heads: the model's KV heads (default: the host
     rows' heads times the TP size, which holds unless heads are replicated). layers:
     (first, total): the pool holds layers [first, first + L) of ``total`` (default: all
-    of them, first 0). layer_split: the store's layer boundaries ``(0, b1, ..., total)``
-    (module doc; None: the pool's own range). scales: the quantisation scale layout; kv_dtype: the KV cache
-    dtype's name where the rows' dtype does not tell it; both part of the identity."""
+    of them, first 0). layer_split: the store's layer boundaries ``(0, b1, ..., total)``,
+    or an int n for every n layers, the last range short (module doc; None: the pool's
+    own range). scales: the quantisation scale layout; kv_dtype: the KV cache dtype's
+    name where the rows' dtype does not tell it; both part of the identity."""
     rank, size = _pair("tp", tp, (0, 1))
     if not 0 <= rank < size:
         raise fail("tp", tp, "must be (rank, size) with 0 <= rank < size")
@@ -140,6 +141,11 @@ def _layer_spans(layer_split, first: int, n_layers: int, total: int, comps):
     if layer_split is None:
         return [(f"L{first}-{end}", None)]
     b = layer_split
+    if type(b) is int:          # layers per object from layer 0, the last range short
+        if b < 1:
+            raise fail("layer_split", layer_split, "must be a positive number of layers per object, "
+                       "or the boundaries (0, ..., total)")
+        b = (*range(0, total, b), total)
     if (not isinstance(b, (tuple, list)) or len(b) < 2 or any(type(x) is not int for x in b)
             or b[0] != 0 or b[-1] != total or any(x >= y for x, y in zip(b, b[1:]))):
         raise fail("layer_split", layer_split, f"must be increasing ints from 0 to the model's {total} layers")

@@ -47,21 +47,23 @@ def _mods():
 
 
 def build(kind: str, layout: str, dtype=torch.bfloat16, device_tokens: int = 64, seed: int = 0,
-          heads: int = HEADS):
+          heads: int = HEADS, stage=None):
     """(device pool, host pool): SGLang's own pools of ``kind`` ("mha", "mha_asym",
     "mla") on the CPU, the host pool in ``layout`` (SGLang's sizing: twice the device
-    pool plus its padding page) holding random bytes."""
+    pool plus its padding page) holding random bytes; ``stage``: the layers (first,
+    count) of a pipeline stage's pools (default: the model's ``LAYERS``)."""
     m = _mods()
     mp = m["memory_pool"]
-    common = dict(pin_memory=False, device="cpu", device_capacity_tokens=device_tokens, start_layer=0,
-                  end_layer=LAYERS)
+    first, layers = stage or (0, LAYERS)
+    span = dict(start_layer=first, end_layer=first + layers)
+    common = dict(pin_memory=False, device="cpu", device_capacity_tokens=device_tokens, **span)
     if kind == "mla":
-        dev = mp.MLATokenToKVPool(device_tokens, P, dtype, LORA, ROPE, LAYERS, "cpu", False)
+        dev = mp.MLATokenToKVPool(device_tokens, P, dtype, LORA, ROPE, layers, "cpu", False, **span)
         info = dev.get_device_pool_infos()[0].buffer_info
-        pool = m["mla"].MLATokenToKVPoolHost(info, 2.0, 0, P, layout, target_layer_num=LAYERS, **common)
+        pool = m["mla"].MLATokenToKVPoolHost(info, 2.0, 0, P, layout, target_layer_num=layers, **common)
     else:
-        dev = mp.MHATokenToKVPool(device_tokens, P, dtype, heads, HEAD_DIM, LAYERS, "cpu", False,
-                                  v_head_dim=V_HEAD_DIM if kind == "mha_asym" else None)
+        dev = mp.MHATokenToKVPool(device_tokens, P, dtype, heads, HEAD_DIM, layers, "cpu", False,
+                                  v_head_dim=V_HEAD_DIM if kind == "mha_asym" else None, **span)
         info = dev.get_device_pool_infos()[0].buffer_info
         pool = m["mha"].get_mha_host_pool_cls(info)(info, 2.0, 0, P, layout, **common)
     g = torch.Generator().manual_seed(seed)

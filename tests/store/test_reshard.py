@@ -307,3 +307,26 @@ def test_a_bad_layer_split_is_refused(url, split, why):
     with pytest.raises(KvtierError, match="layer_split=") as e:
         StoreTier(hc.host, url, model="m", tp=(0, 2), heads=8, layers=(0, 6), layer_split=split)
     assert why.split()[-1] in str(e.value) or why in str(e.value)
+
+
+def test_a_layer_split_of_n_layers_per_object(url):
+    """``layer_split=n``: ranges of n layers from layer 0, the last one short; stages
+    whose boundaries are multiples of n (or the model's end) share pages."""
+    model, keys = Model("mha", 8, N, layers=6, seed=5), _keys()
+    for r, (hc, tier) in enumerate(ranks(model, 2, "page_first", url, pages=6, stage=(0, 4), layer_split=4)):
+        model.fill(hc, r, 2, WRITE_PAGES, (0, 4))
+        assert tier.backup(keys, slots(WRITE_PAGES)) == [True] * N
+        assert {k.split(":")[-2] for k in tier.written_keys(keys[0])} == {"L0-4"}
+    for r, (hc, tier) in enumerate(ranks(model, 2, "page_first", url, pages=6, stage=(4, 2), layer_split=4)):
+        model.fill(hc, r, 2, WRITE_PAGES, (4, 2))
+        assert tier.backup(keys, slots(WRITE_PAGES)) == [True] * N
+    for r, (hc, tier) in enumerate(ranks(model, 4, "layer_first", url, pages=6, layer_split=4)):
+        assert [k.split(":")[-2] for k in tier.keys(keys[0])] == ["L0-4", "L0-4", "L4-6", "L4-6"]   # 2 groups each
+        assert tier.prefetch(keys, slots(READ_PAGES)) == N
+        model.check(hc, r, 4, READ_PAGES)
+    hc = model.rank_host(0, 2, "page_first", 6, stage=(0, 3))
+    for bad in (0, -2, True):
+        with pytest.raises(KvtierError, match="layer_split="):
+            StoreTier(hc.host, url, model="m", tp=(0, 2), heads=8, layers=(0, 6), layer_split=bad)
+    with pytest.raises(KvtierError, match="boundaries 0 and 3"):
+        StoreTier(hc.host, url, model="m", tp=(0, 2), heads=8, layers=(0, 6), layer_split=2)

@@ -27,7 +27,8 @@ if mods is None:
     pytest.skip(why, allow_module_level=True)
 
 from sglang_storage_support import (CASES, KIND_LAYOUTS, P, POISON, all_pages, backend, build, head_pages,  # noqa: E402
-                                    create, host_pool, page, poison, slots, snapshot, storage_config)
+                                    create, host_pool, page, poison, slots, snapshot, storage_config,
+                                    token_rows)
 from redis_support import flip_byte, redis_cluster_url, redis_url  # noqa: E402,F401  (fixtures: shared servers)
 from kvtier.errors import KvtierError  # noqa: E402
 from kvtier.store.file import object_name  # noqa: E402
@@ -177,6 +178,64 @@ def test_heterogeneous_tp_mha(file_url, writer, reader, layouts):
             assert got == [want[q, r * (heads // reader) + h] for h in range(heads // reader)], (r, q)
         others = [b for p, b in enumerate(all_pages(pool)) if p not in dst]
         assert all(b == bytes([POISON]) * len(b) for b in others)
+
+
+def _layer_heads(pool, page_no, heads, first):
+    """{(model layer, head): bytes of K and V} of host page ``page_no`` of a stage's MHA
+    pool whose first layer is model layer ``first`` and whose rows hold ``heads`` heads
+    (head numbers local to the rank)."""
+    r = token_rows(pool)[0][:, :, page_no * P:(page_no + 1) * P]       # (2, layers, P, row)
+    r = r.unflatten(-1, (heads, -1))
+    return {(first + l, h): r[:, l, :, h].contiguous().numpy().tobytes()
+            for l in range(r.shape[1]) for h in range(heads)}
+
+
+@pytest.mark.parametrize("layer_split", [[0, 2, 3, 4, 6], 1])
+def test_pipeline_stages_of_another_split(file_url, layer_split):
+    """A 6-layer, 4-KV-head model: stages (0-2, 3-5) at TP 2 write through SGLang's own
+    host pools (start_layer, end_layer); stages (0-1, 2-3, 4-5) at TP 1, and one stage
+    at TP 4, read every layer and head they hold, byte-exact, with the fleet's
+    ``layer_split``; without it they miss."""
+    heads, keys, src, dst = 4, _keys(3), [1, 2, 3], [7, 8, 9]
+    want = {}                       # (model page, layer, model head): bytes
+    for first in (0, 3):
+        for r in range(2):
+            pool = build("mha", "page_first", seed=10 + first + r, heads=2, stage=(first, 3))[1]
+            be = backend(file_url, pool, tp=(r, 2), pp=(first // 3, 2), kv_heads=heads, num_layers=6,
+                         layer_split=layer_split)
+            assert be.batch_set_v1(keys, slots(src)) == [True] * 3
+            for q, p in enumerate(src):
+                for (layer, h), b in _layer_heads(pool, p, 2, first).items():
+                    want[q, layer, 2 * r + h] = b
+    for tp, stages in ((1, [(0, 2), (2, 2), (4, 2)]), (4, [(0, 6)])):
+        for i, stage in enumerate(stages):
+            for r in range(tp):
+                pool = build("mha", "page_head", seed=50 + r, heads=heads // tp, stage=stage)[1]
+                poison(pool)
+                pp = (i, len(stages))
+                if stage == (2, 2):        # no writer's object is of its range L2-4 alone
+                    alone = backend(file_url, pool, tp=(r, tp), pp=pp, kv_heads=heads, num_layers=6)
+                    assert alone.batch_exists(keys) == 0
+                be = backend(file_url, pool, tp=(r, tp), pp=pp, kv_heads=heads, num_layers=6,
+                             layer_split=layer_split)
+                assert be.batch_exists(keys) == 3
+                assert be.batch_get_v1(keys, slots(dst)) == [True] * 3
+                for q, p in enumerate(dst):
+                    got = _layer_heads(pool, p, heads // tp, stage[0])
+                    assert got == {(l, h): want[q, l, r * (heads // tp) + h] for l, h in got}, (tp, stage, r, q)
+                others = [b for p, b in enumerate(all_pages(pool)) if p not in dst]
+                assert all(b == bytes([POISON]) * len(b) for b in others)
+
+
+def test_layer_split_in_the_extra_config(file_url):
+    for bad in (0, "0,3,6", [0, 3.0, 6], [], True):
+        with pytest.raises(KvtierError, match="layer_split"):
+            create(storage_config(file_url, layer_split=bad), host_pool("mha", "page_first"), register=False)
+    cfg = storage_config(file_url, layer_split=[0, 2, 3])
+    with pytest.raises(KvtierError, match="num_layers"):
+        create(cfg, host_pool("mha", "page_first"))
+    with pytest.raises(KvtierError, match="layer_split=.*boundaries 0 and 3"):
+        create(storage_config(file_url, layer_split=[0, 2, 4, 6], num_layers=6), host_pool("mha", "page_first"))
 
 
 def test_mla_written_by_rank_0_read_by_every_rank(file_url):
