@@ -27,8 +27,9 @@ of one and of four pages of `LATENCY_PAGE_BYTES`, in both layouts, the p50 and p
   size (header and payload), one per page, fresh keys for every SET: the store's own
   client call where the engine has one (`Engine.raw_calls`).
 
-Reshard (pages written at one TP size and read at another): for pages of 256 KiB and
-more, in both layouts, rank 0 of TP 2 of an 8-KV-head model reads pages that ranks 0-3
+Reshard (pages written at one TP size and read at another): for rank pages of
+`RESHARD_PAGE_BYTES` (256 KiB to 16 MiB: a TP 2 rank's page of a 70B-class model of 8
+KV heads, 80 layers and head dim 128 at 64 tokens a page is 10 MiB), in both layouts, rank 0 of TP 2 of an 8-KV-head model reads pages that ranks 0-3
 of TP 8 wrote (four head-group objects per page), against a read of the same bytes
 stored as one object per page, interleaved, best of the rounds. Goal, printed, never
 asserted: the reshard read >= 0.8x the one-object read.
@@ -91,6 +92,8 @@ LATENCY_REPEATS = 1000     # timed calls of each kind per row
 LATENCY_WARMUP = 20        # calls of each kind first, not timed
 LATENCY_GOAL = {"pages": 1, "at": "p50", "prefetch_vs_raw_get": 1.5, "backup_vs_raw_set": 2.0}
 RESHARD = {"model_heads": 8, "writer_tp": 8, "reader_tp": 2, "goal": 0.8}
+RESHARD_PAGE_BYTES = (256 << 10, 1 << 20, 4 << 20, 16 << 20)
+RESHARD_MIN_PAGES = 4       # a point's pages: TOTAL_BYTES of them, at least these
 
 
 def measure(url: str, page_bytes=None, layouts=None, total_bytes: Optional[int] = None,
@@ -98,9 +101,12 @@ def measure(url: str, page_bytes=None, layouts=None, total_bytes: Optional[int] 
             throughput: bool = True, latency: bool = True, repeats: Optional[int] = None,
             reshard: bool = True) -> Dict:
     """The figures as a dict (`format_text` prints them): ``points`` (throughput, where
-    ``throughput``), ``reshard`` (where ``reshard``) and ``latency`` (where ``latency``). Each argument left None takes the
-    module's default (PAGE_BYTES, LAYOUTS, TOTAL_BYTES, ROUNDS, LATENCY_REPEATS). ``log``
-    is given each row as it is measured."""
+    ``throughput``), ``reshard`` (where ``reshard``) and ``latency`` (where
+    ``latency``). Each argument left None takes the module's default (PAGE_BYTES,
+    LAYOUTS, TOTAL_BYTES, ROUNDS, LATENCY_REPEATS); the reshard part reads pages of the
+    ``page_bytes`` of 256 KiB and more where it is given, else of RESHARD_PAGE_BYTES.
+    ``log`` is given each row as it is measured."""
+    reshard_sizes = [s for s in page_bytes if s >= GOAL["min_page_bytes"]] if page_bytes else RESHARD_PAGE_BYTES
     page_bytes, layouts = page_bytes or PAGE_BYTES, layouts or LAYOUTS
     total_bytes, rounds = total_bytes or TOTAL_BYTES, rounds or ROUNDS
     from .engine import open_store
@@ -108,7 +114,7 @@ def measure(url: str, page_bytes=None, layouts=None, total_bytes: Optional[int] 
     try:
         points = _throughput(engine, page_bytes, layouts, total_bytes, rounds, log) if throughput else []
         lat = _latency(engine, layouts, repeats or LATENCY_REPEATS, log) if latency else None
-        rows = _reshard(engine, page_bytes, layouts, total_bytes, rounds, log) if reshard else []
+        rows = _reshard(engine, reshard_sizes, layouts, total_bytes, rounds, log) if reshard else []
     finally:
         engine.close()
     from .page import ALGORITHMS
@@ -192,8 +198,8 @@ def _reshard(engine, page_bytes, layouts, total_bytes: int, rounds: int, log) ->
     from .tier import StoreTier
     heads, wtp, rtp = RESHARD["model_heads"], RESHARD["writer_tp"], RESHARD["reader_tp"]
     rows: List[Dict] = []
-    for size in (s for s in page_bytes if s >= GOAL["min_page_bytes"]):
-        pages = max(16, min(1024, total_bytes // size))
+    for size in page_bytes:
+        pages = max(RESHARD_MIN_PAGES, min(1024, total_bytes // size))
         for layout in layouts:
             host = bench_host(size, pages, layout, heads=heads // rtp)
             P = host.page_size

@@ -46,6 +46,7 @@ def test_demo_fails_when_the_store_loses_pages(capsys, monkeypatch):
 def test_bench_store_prints_and_writes_json(capsys, tmp_path, monkeypatch):
     from kvtier.store import bench
     monkeypatch.setattr(bench, "PAGE_BYTES", (64 << 10, 256 << 10))
+    monkeypatch.setattr(bench, "RESHARD_PAGE_BYTES", (256 << 10,))
     monkeypatch.setattr(bench, "TOTAL_BYTES", 1 << 20)
     monkeypatch.setattr(bench, "ROUNDS", 1)
     monkeypatch.setattr(bench, "LATENCY_REPEATS", 3)
@@ -88,9 +89,9 @@ def test_bench_store_reshard_only(capsys, tmp_path, monkeypatch):
     assert result["points"] == [] and "latency" not in result
     rows = result["reshard"]
     assert [(r["page_bytes"], r["layout"]) for r in rows] == [
-        (s, l) for s in (256 << 10, 1 << 20) for l in ("page_first_direct", "page_first")]
+        (s, l) for s in (256 << 10, 1 << 20, 4 << 20, 16 << 20) for l in ("page_first_direct", "page_first")]
     for r in rows:
-        assert r["objects_per_page"] == 4 and r["pages"] == 16
+        assert r["objects_per_page"] == 4 and r["pages"] == max(4, (1 << 20) // r["page_bytes"])
         assert r["reshard_gbps"] > 0 and r["one_object_gbps"] > 0
         assert r["reshard_vs_one_object"] == pytest.approx(r["reshard_gbps"] / r["one_object_gbps"])
     assert [f for d in os.listdir(store) if len(d) == 2 for f in os.listdir(store / d)] == []
