@@ -29,9 +29,10 @@ of one and of four pages of `LATENCY_PAGE_BYTES`, in both layouts, the p50 and p
 
 Reshard (pages written at one TP size and read at another): for rank pages of
 `RESHARD_PAGE_BYTES` (256 KiB to 16 MiB: a TP 2 rank's page of a 70B-class model of 8
-KV heads, 80 layers and head dim 128 at 64 tokens a page is 10 MiB), in both layouts, rank 0 of TP 2 of an 8-KV-head model reads pages that ranks 0-3
-of TP 8 wrote (four head-group objects per page), against a read of the same bytes
-stored as one object per page, interleaved, best of the rounds. Goal, printed, never
+KV heads, 80 layers and head dim 128 at 64 tokens a page is 10 MiB), in both layouts,
+rank 0 of TP 2 of an 8-KV-head model reads pages that ranks 0-3 of TP 8 wrote (four
+head-group objects per page), against a read of the same bytes stored as one object
+per page, interleaved, best of the rounds. Goal, printed, never
 asserted: the reshard read >= 0.8x the one-object read.
 
 Every key written is removed after its repeat (outside the timed calls). Latency goal,
