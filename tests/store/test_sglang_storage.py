@@ -613,10 +613,10 @@ class _Controller:
     build_kv_only_stack gives a server of a plain MHA/MLA model; else the base
     HiCacheController (the decode offload manager's)."""
 
-    def __init__(self, dev, host, extra, tp=(0, 1), hybrid=True):
+    def __init__(self, dev, host, extra, tp=(0, 1), hybrid=True, pp=(0, 1)):
         from sglang.srt.runtime_context import get_parallel
         self.host, self.hybrid = host, hybrid
-        self._scope = get_parallel().override(tp_rank=tp[0], tp_size=tp[1], pp_rank=0, pp_size=1,
+        self._scope = get_parallel().override(tp_rank=tp[0], tp_size=tp[1], pp_rank=pp[0], pp_size=pp[1],
                                                attn_dcp_size=1, attn_dcp_rank=0)
         self._scope.__enter__()
         allocator = types.SimpleNamespace(get_kvcache=lambda: dev)
@@ -801,3 +801,32 @@ def test_bench_script_one_small_round(tmp_path, capsys):
                                                    for lay in script.LAYOUTS for name in ("kvtier", "sglang-file")]
     assert all(r[3] > 0 and r[4] > 0 for r in rows)
     assert len(capsys.readouterr().out.splitlines()) == len(rows)
+
+
+@pytest.mark.parametrize("controller", ["hybrid", "hicache"])
+def test_controller_pipeline_stages_of_another_split(file_url, controllers, controller):
+    """A 6-layer, 4-KV-head model: SGLang's controllers of stages 0-2 and 3-5 (TP 2) back
+    pages up with the fleet's layer split; the controllers of stages 0-1, 2-3 and 4-5
+    (TP 1) prefetch them, every layer and head they hold."""
+    extra = storage_config(file_url, kv_heads=4, num_layers=6, layer_split=[0, 2, 3, 4, 6]).extra_config
+    hybrid = controller == "hybrid"
+    tokens, want = None, {}
+    for i, first in enumerate((0, 3)):
+        for r in range(2):
+            dev, host = build("mha", "page_first", seed=30 + first + r, heads=2, stage=(first, 3))
+            c = controllers(dev, host, extra, tp=(r, 2), pp=(i, 2), hybrid=hybrid)
+            src = [int(s) // P for s in host.alloc(3 * P)[::P]]
+            tokens, done = c.backup(src, tokens)
+            assert done == 3 * P, (first, r)
+            for q, p in enumerate(src):
+                for (layer, h), b in _layer_heads(host, p, 2, first).items():
+                    want[q, layer, 2 * r + h] = b
+    for i, stage in enumerate(((0, 2), (2, 2), (4, 2))):
+        dev, host = build("mha", "layer_first", seed=70 + i, heads=4, stage=stage)
+        poison(host)
+        c = controllers(dev, host, extra, pp=(i, 3), hybrid=hybrid)
+        got, pages = c.prefetch(tokens)
+        assert got == 3 * P, f"stage {stage}"
+        for q, p in enumerate(pages):
+            held = _layer_heads(host, p, 4, stage[0])
+            assert held == {(l, h): want[q, l, h] for l, h in held}, (stage, q)
