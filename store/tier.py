@@ -64,12 +64,13 @@ class StoreTier:
         KV heads (default: the host rows' heads times the TP size). layers: (first,
         total) where the pool holds a pipeline stage's layers. layer_split: the layer
         boundaries ``(0, ..., total)`` the store's objects are cut at (an int n: every n
-        layers), shared by every server (it must refine each one's stages), so that stages of any split read
-        each other's pages; None: the pool's own range. scales: the quantisation
-        scale layout. kv_dtype: the KV cache dtype's name where the rows' dtype does not
-        tell it (SGLang keeps fp8 e4m3 and e5m2 alike as uint8). These make the objects' identity (`kvtier.store.split`): a page
-        is stored as objects by layer range and KV head group that a rank of any TP
-        size reads, each rank writing only the objects no rank before it holds.
+        layers), shared by every server (it must refine each one's stages), so that
+        stages of any split read each other's pages; None: the pool's own range.
+        scales: the quantisation scale layout. kv_dtype: the KV cache dtype's name
+        where the rows' dtype does not tell it (SGLang keeps fp8 e4m3 and e5m2 alike as
+        uint8). These make the objects' identity (`kvtier.store.split`): a page is
+        stored as objects by layer range and KV head group that a rank of any TP size
+        reads, each rank writing only the objects no rank before it holds.
     batch_pages: pages per engine call at most (fewer where staging memory would pass
         `STAGING_BYTES`, or where the engine prefers calls of ``engine.batch_bytes``).
     """
@@ -77,8 +78,7 @@ class StoreTier:
     def __init__(self, host, store: Union[str, Engine], *, model: str, revision: Optional[str] = None,
                  tp: Optional[Tuple[int, int]] = None, heads: Optional[int] = None,
                  layers: Optional[Tuple[int, int]] = None, layer_split: Union[int, Sequence[int], None] = None,
-                 scales: str = "none",
-                 kv_dtype: Optional[str] = None,
+                 scales: str = "none", kv_dtype: Optional[str] = None,
                  timeout_ms: int = DEFAULT_TIMEOUT_MS, batch_pages: int = BATCH_PAGES,
                  layer_piece_min: int = LAYER_PIECE_MIN):
         from kvtier.pool import HostPool

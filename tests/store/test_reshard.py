@@ -202,7 +202,7 @@ def test_pipeline_stages_read_the_layers_they_own(url):
 # Pipeline stages of different splits: a 6-layer model whose servers run stages
 # (0, 3, 6), (0, 2, 4, 6) and (0, 6); the store's layer split refines all three.
 SPLIT = (0, 2, 3, 4, 6)
-STAGINGS = {"pp2": ((0, 3), (3, 3)), "pp3": ((0, 2), (2, 2), (4, 2)), "pp1": ((0, 6),)}
+STAGE_SPLITS = {"pp2": ((0, 3), (3, 3)), "pp3": ((0, 2), (2, 2), (4, 2)), "pp1": ((0, 6),)}
 
 
 def _write_stages(model, stages, size, layout, url, keys, **kw):
@@ -213,12 +213,11 @@ def _write_stages(model, stages, size, layout, url, keys, **kw):
             assert tier.backup(keys, slots(WRITE_PAGES)) == [True] * N, f"stage {stage} rank {r}"
 
 
-def _read_stages(model, stages, size, layout, url, keys, want=N):
+def _read_stages(model, stages, size, layout, url, keys):
     for stage in stages:
         for r, (hc, tier) in enumerate(ranks(model, size, layout, url, pages=6, stage=stage, layer_split=SPLIT)):
-            assert tier.prefetch(keys, slots(READ_PAGES)) == want, f"stage {stage} rank {r} of {size}"
-            if want == N:
-                model.check(hc, r, size, READ_PAGES, stage=stage)
+            assert tier.prefetch(keys, slots(READ_PAGES)) == N, f"stage {stage} rank {r} of {size}"
+            model.check(hc, r, size, READ_PAGES, stage=stage)
 
 
 @pytest.mark.parametrize("reader", ["pp3", "pp1", "pp2"])
@@ -228,17 +227,17 @@ def test_stages_of_any_split_read_each_others_pages(url, kind, writer, reader):
     """Writers at TP 4 in one stage split, readers at TP 2 (and TP 1) in another, other
     host layouts: every stage reads exactly its layers, byte for byte."""
     model, keys = Model(kind, 8, N, layers=6, seed=len(writer) + 7 * len(reader)), _keys()
-    _write_stages(model, STAGINGS[writer], 4, "page_first", url, keys)
-    _read_stages(model, STAGINGS[reader], 2, "layer_first", url, keys)
-    _read_stages(model, STAGINGS[reader], 1, "page_first_direct", url, keys)
+    _write_stages(model, STAGE_SPLITS[writer], 4, "page_first", url, keys)
+    _read_stages(model, STAGE_SPLITS[reader], 2, "layer_first", url, keys)
+    _read_stages(model, STAGE_SPLITS[reader], 1, "page_first_direct", url, keys)
 
 
 @pytest.mark.parametrize("store", ["redis", "redis_cluster"])
 def test_stages_of_any_split_on_redis(request, store):
     url = request.getfixturevalue(f"{store}_url")
     model, keys = Model("mha", 8, N, layers=6, seed=3), _keys()
-    _write_stages(model, STAGINGS["pp2"], 8, "page_first", url, keys)
-    _read_stages(model, STAGINGS["pp3"], 2, "page_head", url, keys)
+    _write_stages(model, STAGE_SPLITS["pp2"], 8, "page_first", url, keys)
+    _read_stages(model, STAGE_SPLITS["pp3"], 2, "page_head", url, keys)
 
 
 def test_a_stage_writes_one_object_per_range_and_group_of_its_layers(tmp_path):
@@ -247,13 +246,13 @@ def test_a_stage_writes_one_object_per_range_and_group_of_its_layers(tmp_path):
     layers' bytes only; the stages together write each object once."""
     model, keys = Model("mha", 8, N, layers=6), _keys()
     seen = {}
-    for stage in STAGINGS["pp2"]:
+    for stage in STAGE_SPLITS["pp2"]:
         for r, (hc, tier) in enumerate(ranks(model, 4, "page_first", f"file://{tmp_path}/s", pages=6,
                                              stage=stage, layer_split=SPLIT)):
             spans = ("L0-2", "L2-3") if stage[0] == 0 else ("L3-4", "L4-6")
             names = [":".join(k.split(":")[-2:]) for k in tier.written_keys(keys[0])]
             assert names == [f"{s}:h{g}of8" for s in spans for g in (2 * r, 2 * r + 1)]
-            for o, fmt in zip(tier.write.canonical.objects, tier.write.formats):
+            for o in tier.write.canonical.objects:
                 a, b = map(int, o.name[1:].split(":")[0].split("-"))
                 assert o.payload_bytes == 2 * (b - a) * PAGE * D * DTYPE.itemsize     # K and V of one head
             for k in keys:
@@ -265,12 +264,12 @@ def test_a_stage_writes_one_object_per_range_and_group_of_its_layers(tmp_path):
 
 def test_a_missing_range_is_a_miss_for_the_stages_that_hold_it(url):
     model, keys = Model("mha", 8, N, layers=6), _keys()
-    _write_stages(model, STAGINGS["pp2"], 2, "page_first", url, keys)
+    _write_stages(model, STAGE_SPLITS["pp2"], 2, "page_first", url, keys)
     (_, tier), = ranks(model, 2, "page_first", url, pages=6, stage=(0, 3), layer_split=SPLIT)[:1]
     gone = [k for k in tier.written_keys(keys[1]) if ":L2-3:" in k]
     assert len(gone) == 4
     tier.engine.delete(gone[:1])        # group 0's layer 2 of page 1
-    for name, stages in STAGINGS.items():
+    for name, stages in STAGE_SPLITS.items():
         for stage in stages:
             needs = stage[0] <= 2 < stage[0] + stage[1]
             for r, (hc, t) in enumerate(ranks(model, 2, "page_head", url, pages=6, stage=stage, layer_split=SPLIT)):
@@ -306,7 +305,7 @@ def test_a_bad_layer_split_is_refused(url, split, why):
     hc = model.rank_host(0, 2, "page_first", 6, stage=(0, 3))
     with pytest.raises(KvtierError, match="layer_split=") as e:
         StoreTier(hc.host, url, model="m", tp=(0, 2), heads=8, layers=(0, 6), layer_split=split)
-    assert why.split()[-1] in str(e.value) or why in str(e.value)
+    assert why in str(e.value)
 
 
 def test_a_layer_split_of_n_layers_per_object(url):
