@@ -134,6 +134,7 @@ class CanonicalPages:
         self.objects: List[PageObject] = []
         self.staged: Dict[Staged, Tuple[ComponentShape, RowMap]] = {}
         self.copy_groups: List[Tuple[Tuple[Staged, ...], RowMap]] = []
+        self.object_groups: List[Tuple[int, ...]] = []     # per object: its copy groups' indices
         off = 0
         for spec in part_specs:
             comps = [_sliced(host, c, spec.heads, spec.layers) for c in whole.components
@@ -163,6 +164,7 @@ class CanonicalPages:
             # Copy groups: a host group's staged components of this object, stacked in
             # one map where the staging slot holds them at equal steps (K then V), else
             # one per component.
+            first_group = len(self.copy_groups)
             for names, _, _ in host.groups:
                 mine = [(p, self.staged[p][1]) for p, (c, _) in zip(moves, comps)
                         if c.name in names and type(p) is Staged]
@@ -171,6 +173,7 @@ class CanonicalPages:
                     self.copy_groups.append((tuple(p for p, _ in mine), stacked))
                 else:
                     self.copy_groups.extend(((p,), m) for p, m in mine)
+            self.object_groups.append(tuple(range(first_group, len(self.copy_groups))))
         self.slot_bytes = off if self.staged else 0
         self.payload_bytes = sum(o.payload_bytes for o in self.objects)
         self._free: List[Staging] = []
@@ -239,12 +242,17 @@ class CanonicalPages:
             for host_v, staging_v in staging.views:
                 copy_pages(host_v, host_pages, staging_v, slots)
 
-    def from_staging(self, staging: Staging, host_pages: Sequence[int], first_slot: int = 0) -> None:
+    def from_staging(self, staging: Staging, host_pages: Sequence[int], first_slot: int = 0,
+                     obj: Optional[int] = None) -> None:
         """Staging slots ``first_slot``, ``first_slot + 1``, ... into the staged
-        components of host pages ``host_pages``."""
+        components of host pages ``host_pages``: of object ``obj`` alone where given
+        (objects hold disjoint host bytes, so each can be placed as it lands), else of
+        every object."""
         if self.staged:
             slots = range(first_slot, first_slot + len(host_pages))
-            for host_v, staging_v in staging.views:
+            groups = range(len(staging.views)) if obj is None else self.object_groups[obj]
+            for g in groups:
+                host_v, staging_v = staging.views[g]
                 copy_pages(staging_v, slots, host_v, host_pages)
 
 

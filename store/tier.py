@@ -197,12 +197,14 @@ class StoreTier:
 
         def finish(batch: _Batch, statuses: List[Status]) -> bool:
             run = self._verified(batch, statuses)
-            j = 0
-            for was_placed, same in itertools.groupby(batch.placed[:run]):     # runs: one copy each
-                k = j + len(list(same))
-                if not was_placed:
-                    side.canonical.from_staging(batch.staging, batch.pages[j:k], j)
-                j = k
+            m = side.m
+            for o in range(m):          # each object's unplaced pages, in runs: one copy each
+                j = 0
+                for was_placed, same in itertools.groupby(batch.placed[o:run * m:m]):
+                    k = j + len(list(same))
+                    if not was_placed:
+                        side.canonical.from_staging(batch.staging, batch.pages[j:k], j, o)
+                    j = k
             done[0] += run
             return run == len(batch.pages)
 
@@ -332,7 +334,7 @@ class StoreTier:
         headers, buffers = self._framed(side, [bytearray(side.formats[i % m].header_size(k))
                                                for i, k in enumerate(keys)], pieces, staging)
         return _Batch(side, keys, pages, staging, headers, buffers, pieces, [_UNHEARD] * len(keys),
-                      placed=[staging is None] * len(pages))
+                      placed=[staging is None] * len(keys))
 
     def _pieces(self, side: "_Objects", pages: List[int], staging: Optional[Staging]) -> List[List[memoryview]]:
         """Each object's payload pieces, page by page (`CanonicalPages.pieces`)."""
@@ -387,13 +389,15 @@ class StoreTier:
         return fill
 
     def _get(self, batch: "_Batch") -> List[Status]:
-        """The engine call of a prefetch batch. Each page the engine reports whole in
+        """The engine call of a prefetch batch. Each object the engine reports whole in
         its buffers (`Engine.get_into`'s ``landed``) is verified there, on the engine's
         thread, and its staged components placed in its host page, while the CPU's
-        cache still holds it; pages the engine did not report (Mooncake reports none)
-        are verified and placed after the call (`_verified`, then ``finish``). A page
-        placed in its host page that turns out to lie after a miss is outside the
-        leading run: its host page holds undefined bytes, as `prefetch` says."""
+        cache still holds it (a page's objects hold disjoint bytes of it: each is placed
+        as it lands, on whichever engine thread got it); objects the engine did not
+        report (Mooncake reports none) are verified and placed after the call
+        (`_verified`, then ``finish``). A page whose objects were placed but that turns
+        out to lie after a miss, or to have an object missing or corrupt, is outside
+        the leading run: its host page holds undefined bytes, as `prefetch` says."""
         cp, formats, m = batch.side.canonical, batch.side.formats, batch.side.m
         keys, headers, pieces, verdicts = batch.keys, batch.headers, batch.pieces, batch.verdicts
         pages, staging, placed = batch.pages, batch.staging, batch.placed
@@ -401,9 +405,9 @@ class StoreTier:
         def landed(j: int) -> None:
             try:
                 verdicts[j] = why = formats[j % m].verify(keys[j], headers[j], pieces[j])
-                # a page of several objects is placed after the call, once all are verified
-                if why is None and m == 1 and not placed[j]:
-                    cp.from_staging(staging, pages[j:j + 1], j)
+                if why is None and not placed[j]:
+                    page = j // m
+                    cp.from_staging(staging, pages[page:page + 1], page, j % m)
                     placed[j] = True
             except Exception:       # verified and placed again after the call
                 verdicts[j] = _UNHEARD
@@ -549,7 +553,7 @@ class _Batch:
     buffers: List[list]
     pieces: List[List[memoryview]]
     verdicts: Optional[list] = None     # prefetch: `PageFormat.verify` per page, once landed
-    placed: Optional[list] = None       # prefetch: True per page whose host page holds it
+    placed: Optional[list] = None       # prefetch: True per object whose host page holds it
     sealed: Optional[list] = None       # backup: per page None until staged and sealed, then whether that worked
 
 

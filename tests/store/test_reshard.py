@@ -10,11 +10,12 @@ import os
 import uuid
 
 import pytest
+import torch
 
 from reshard_support import Model, held_heads, ranks
 from redis_support import redis_cluster_url, redis_url  # noqa: F401  (fixtures: the shared servers)
-from pool_support import D, DTYPE
-from store_support import LAYOUTS, PAGE, slots
+from pool_support import D, DTYPE, host_layer_view
+from store_support import LAYOUTS, PAGE, poison, slots
 from kvtier.errors import KvtierError
 from kvtier.store.file import object_name
 from kvtier.store.tier import StoreTier
@@ -135,9 +136,66 @@ def test_a_missing_group_is_a_miss_for_the_readers_that_need_it(url):
                 model.check(hc, r, size, READ_PAGES)
 
 
+@pytest.mark.parametrize("reports", [True, False])
+def test_a_page_s_objects_are_placed_as_each_lands(url, reports):
+    """A reader of several objects per page places each object's heads in its host
+    page as soon as that object is read and verified, inside the engine's call (an
+    engine that reports nothing: after it), once each; an object that fails
+    verification ends the leading run at its page, whatever of that page was placed."""
+    model, keys = Model("mha", 8, 4), _keys(4)
+    writers = ranks(model, 4, "page_first", url, pages=6)
+    for r, (hc, tier) in enumerate(writers):
+        model.fill(hc, r, 4, [4, 1, 2, 0])
+        assert tier.backup(keys, slots([4, 1, 2, 0])) == [True] * 4
+    (hc, tier), = ranks(model, 1, "page_first", url, pages=6)
+    m = tier.read.m
+    assert m == 8          # one object per KV head group of the model
+    engine, in_call, placed = tier.engine, [False], []
+    real_get, real_place = engine._get_into, tier.canonical.from_staging
+
+    def get_into(keys, targets, landed):
+        in_call[0] = True
+        try:
+            return real_get(keys, targets, landed if reports else (lambda i: None))
+        finally:
+            in_call[0] = False
+
+    def place(staging, host_pages, first_slot=0, obj=None):
+        placed.extend((p, obj, in_call[0]) for p in host_pages)
+        return real_place(staging, host_pages, first_slot, obj)
+
+    engine._get_into, tier.canonical.from_staging = get_into, place
+    read_into = [0, 5, 3, 2]
+    assert tier.prefetch(keys, slots(read_into)) == 4
+    model.check(hc, 0, 1, read_into)
+    assert sorted(placed) == sorted((p, o, reports) for p in read_into for o in range(m))
+    # a corrupt group-2 object of page 2: pages 0 and 1 read, page 2 and after not
+    name = object_name(tier.keys(keys[2])[2])
+    path = os.path.join(url[len("file://"):], name)
+    with open(path, "r+b") as f:
+        f.seek(-1, os.SEEK_END)
+        last = f.read(1)
+        f.seek(-1, os.SEEK_END)
+        f.write(bytes([last[0] ^ 0xFF]))
+    poison(hc.host)
+    placed.clear()
+    assert tier.prefetch(keys, slots(read_into)) == 2
+    assert tier.stats["corrupt"] == 1
+    for name, buf in hc.host.buffers.items():
+        for layer in range(model.layers):
+            v = host_layer_view(buf, hc.layout, layer, PAGE)
+            for hp, mp in ((0, 0), (5, 1)):
+                assert torch.equal(v[hp], model.rows[name][layer][mp].reshape(v[hp].shape))
+    hc.check_margins()
+    if reports:         # every object that verified placed as it landed; the corrupt one not
+        want = [(p, o, True) for p in read_into for o in range(m) if (p, o) != (3, 2)]
+    else:               # the leading run's objects only, after the call
+        want = [(p, o, False) for p in read_into[:2] for o in range(m)]
+    assert sorted(placed) == sorted(want)
+
+
 @pytest.mark.parametrize("change", ["revision", "scales", "dtype", "heads", "layers", "model", "page"])
 def test_any_difference_of_identity_is_a_miss(url, change):
-    import torch
     model, keys = Model("mha", 8, N), _keys()
     _write(model, 2, "page_first", url, keys, revision="r1")
     same = ranks(model, 4, "page_first", url, pages=6, revision="r1")

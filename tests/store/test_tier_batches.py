@@ -294,9 +294,9 @@ def test_pages_are_verified_and_placed_as_they_land(tmp_path, reports, batch_pag
             raise RuntimeError("verification interrupted")
         return real_verify(key, header, pieces)
 
-    def place(staging, host_pages, first_slot=0):
+    def place(staging, host_pages, first_slot=0, obj=None):
         placed_inside.extend([engine.running > 0] * len(host_pages))
-        return real_place(staging, host_pages, first_slot)
+        return real_place(staging, host_pages, first_slot, obj)
 
     tier.read.formats[0].verify, tier.canonical.from_staging = verify, place
     poison(host)
