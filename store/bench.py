@@ -30,8 +30,8 @@ of one and of four pages of `LATENCY_PAGE_BYTES`, in both layouts, the p50 and p
 Reshard (pages written at one TP size and read at another): for rank pages of
 `RESHARD_PAGE_BYTES` (256 KiB to 16 MiB: a TP 2 rank's page of a 70B-class model of 8
 KV heads, 80 layers and head dim 128 at 64 tokens a page is 10 MiB), in both layouts,
-rank 0 of TP 2 of an 8-KV-head model reads pages that ranks 0-3 of TP 8 wrote (four
-head-group objects per page), against a read of the same bytes stored as one object
+rank 0 of TP 2 of a model of 8 KV heads of 128 (`RESHARD`) reads pages that ranks 0-3
+of TP 8 wrote (four head-group objects per page), against a read of the same bytes stored as one object
 per page, interleaved, best of the rounds. Goal, printed, never
 asserted: the reshard read >= 0.8x the one-object read.
 
@@ -54,14 +54,15 @@ GOAL = {"min_page_bytes": 256 << 10, "prefetch_vs_raw_get": 0.8, "backup_vs_raw_
         "checksum_share": 0.10}
 
 
-def bench_host(page_bytes: int, pages: int, layout: str, heads: int = HEADS, page_size: Optional[int] = None):
+def bench_host(page_bytes: int, pages: int, layout: str, heads: int = HEADS, page_size: Optional[int] = None,
+               head_dim: int = HEAD_DIM):
     """A host pool of ``pages`` pages of about ``page_bytes`` (``page_size`` tokens,
-    where given) of bf16 K and V rows of ``heads`` heads, random bytes."""
+    where given) of bf16 K and V rows of ``heads`` heads of ``head_dim``, random bytes."""
     import torch
     from kvtier.pool import HostPool, MHADevicePool
-    token = 2 * LAYERS * heads * HEAD_DIM * 2
+    token = 2 * LAYERS * heads * head_dim * 2
     P = page_size or max(1, page_bytes // token)
-    dev = MHADevicePool(P, P, LAYERS, heads, HEAD_DIM, dtype=torch.bfloat16)
+    dev = MHADevicePool(P, P, LAYERS, heads, head_dim, dtype=torch.bfloat16)
     host = HostPool(dev, layout=layout, size_tokens=pages * P, pin_memory=False)
     for b in host.buffers.values():
         b.view(-1).view(torch.int16).random_(-32768, 32767)
@@ -92,7 +93,9 @@ LATENCY_PAGES = (1, 4)
 LATENCY_REPEATS = 1000     # timed calls of each kind per row
 LATENCY_WARMUP = 20        # calls of each kind first, not timed
 LATENCY_GOAL = {"pages": 1, "at": "p50", "prefetch_vs_raw_get": 1.5, "backup_vs_raw_set": 2.0}
-RESHARD = {"model_heads": 8, "writer_tp": 8, "reader_tp": 2, "goal": 0.8}
+# The reshard's model: 8 KV heads of 128 (Llama-3-70B's and Qwen2.5-72B's KV geometry),
+# so that a head-group object's row slices are the 256 B a real one's are.
+RESHARD = {"model_heads": 8, "head_dim": 128, "writer_tp": 8, "reader_tp": 2, "goal": 0.8}
 RESHARD_PAGE_BYTES = (256 << 10, 1 << 20, 4 << 20, 16 << 20)
 RESHARD_MIN_PAGES = 4       # a point's pages: TOTAL_BYTES of them, at least these
 
@@ -198,14 +201,15 @@ def _reshard(engine, page_bytes, layouts, total_bytes: int, rounds: int, log) ->
     import torch
     from .tier import StoreTier
     heads, wtp, rtp = RESHARD["model_heads"], RESHARD["writer_tp"], RESHARD["reader_tp"]
+    hd = RESHARD["head_dim"]
     rows: List[Dict] = []
     for size in page_bytes:
         pages = max(RESHARD_MIN_PAGES, min(1024, total_bytes // size))
         for layout in layouts:
-            host = bench_host(size, pages, layout, heads=heads // rtp)
+            host = bench_host(size, pages, layout, heads=heads // rtp, head_dim=hd)
             P = host.page_size
             reader = StoreTier(host, engine, model="kvtier-bench-reshard", tp=(0, rtp), heads=heads)
-            writers = [StoreTier(bench_host(size, pages, layout, heads=heads // wtp, page_size=P), engine,
+            writers = [StoreTier(bench_host(size, pages, layout, heads=heads // wtp, page_size=P, head_dim=hd), engine,
                                  model="kvtier-bench-reshard", tp=(r, wtp), heads=heads)
                        for r in range(wtp // rtp)]         # the ranks holding reader rank 0's heads
             one = one_object_tier(host, engine)
@@ -242,7 +246,8 @@ def _reshard_row(r: Dict) -> str:
 
 def format_reshard(rows: List[Dict]) -> List[str]:
     g = RESHARD
-    return [f"reshard: TP {g['writer_tp']} -> TP {g['reader_tp']} read of a {g['model_heads']}-KV-head model "
+    return [f"reshard: TP {g['writer_tp']} -> TP {g['reader_tp']} read of a model of {g['model_heads']} KV heads "
+            f"of {g['head_dim']} "
             "beside the same bytes as one object per page (GB/s of page payload, best of the rounds)",
             f"{'page':>8} {'layout':18} {'objects':>7} {'reshard':>13} {'one object':>13} {'ratio':>6}  goal",
             *[_reshard_row(r) for r in rows],

@@ -84,7 +84,8 @@ def test_bench_store_reshard_only(capsys, tmp_path, monkeypatch):
     out_json, store = tmp_path / "reshard.json", tmp_path / "s"
     assert main(["bench", "--store", f"file://{store}", "--reshard", "--json", str(out_json)]) == 0
     out = capsys.readouterr().out
-    assert "reshard: TP 8 -> TP 2" in out and "raw GET" not in out and "latency goal" not in out
+    assert "reshard: TP 8 -> TP 2 read of a model of 8 KV heads of 128" in out
+    assert "raw GET" not in out and "latency goal" not in out
     result = json.loads(out_json.read_text())
     assert result["points"] == [] and "latency" not in result
     rows = result["reshard"]
