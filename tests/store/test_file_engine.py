@@ -247,3 +247,98 @@ def test_close_during_a_call_leaves_no_write_after_it_returns(tmp_path):
     assert returned and all(w <= returned[0] for w in ended)
     assert len(out) == 8 and out.count(Status.HIT) == len(ended)      # the rest ERROR
     assert e._pool is None and e.put_from(["a", "b"], [[b"1"], [b"2"]]) == [Status.ERROR] * 2
+
+
+def _ranged_engine(tmp_path, monkeypatch, threads):
+    """An engine whose reads of few, large values go by ranges of 16 KiB
+    (`RANGE_BYTES`), each range's (thread, offset, bytes) recorded."""
+    import threading
+    from kvtier.store import file as file_module
+    monkeypatch.setattr(file_module, "RANGE_BYTES", 16 << 10)
+    e = open_store(f"file://{tmp_path}/store?threads={threads}")
+    reads = []
+    real = e._read_range
+
+    def read_range(fd, offset, views):
+        reads.append((threading.get_ident(), offset, sum(v.nbytes for v in views)))
+        return real(fd, offset, views)
+
+    e._read_range = read_range
+    return e, reads
+
+
+def _split(buf, *sizes):
+    """``buf`` as views of ``sizes`` and the rest (a header and payload pieces)."""
+    out, a = [], 0
+    for n in sizes:
+        out.append(memoryview(buf)[a:a + n])
+        a += n
+    return out + [memoryview(buf)[a:]]
+
+
+def test_few_large_values_are_read_in_ranges_on_several_threads(tmp_path, monkeypatch):
+    """Fewer keys than threads, of values of at least twice `RANGE_BYTES`: each value
+    is read in ranges cut at 4 KiB offsets, dealt to the threads, that cover it exactly
+    once, into buffers of any split; landed once per key, when all of it is in."""
+    import threading
+    e, reads = _ranged_engine(tmp_path, monkeypatch, threads=3)
+    values = {"a": os.urandom(100_003), "b": os.urandom(70_001)}
+    assert e.put_from(list(values), [[v] for v in values.values()]) == [Status.HIT] * 2
+    targets = [bytearray(b"\xa5" * len(v)) for v in values.values()]
+    heard = []
+    statuses = e.get_into(list(values), [_split(targets[0], 136, 7, 40_000), _split(targets[1], 96)],
+                          lambda i: heard.append(i))
+    assert statuses == [Status.HIT] * 2 and sorted(heard) == [0, 1]
+    assert [bytes(t) for t in targets] == list(values.values())
+    assert len({t for t, _, _ in reads}) > 1 and threading.get_ident() in {t for t, _, _ in reads}
+    # a values' ranges: threads // keys = 1 each here (3 threads, 2 keys): one range each
+    assert sorted((o, n) for _, o, n in reads) == [(0, 70_001), (0, 100_003)]
+    reads.clear()
+    (target,) = [bytearray(len(values["a"]))]
+    assert e.get_into(["a"], [_split(target, 136, 20_000)]) == [Status.HIT]
+    assert bytes(target) == values["a"]
+    spans = sorted((o, n) for _, o, n in reads)
+    assert len(spans) == 3 and all(o % 4096 == 0 for o, _ in spans)
+    assert [o for o, _ in spans] == [0] + [o + n for o, n in spans[:-1]] and sum(n for _, n in spans) == 100_003
+    e.close()
+
+
+def test_a_ranged_read_s_misses_faults_and_short_files(tmp_path, monkeypatch):
+    """In a ranged read, a missing key is MISS (its buffers untouched), a file of
+    another length CORRUPT (nothing read), a range's I/O error that key's ERROR, a file
+    cut short after its length was checked CORRUPT; the other keys read whole."""
+    import errno
+    from kvtier.store import file as file_module
+    e, reads = _ranged_engine(tmp_path, monkeypatch, threads=4)
+    a, d = os.urandom(40_000), os.urandom(50_000)
+    assert e.put_from(["a", "d"], [[a], [d[:-1]]]) == [Status.HIT] * 2
+    targets = [bytearray(b"\x5a" * n) for n in (40_000, 40_000, 50_000)]
+    heard = []
+    assert e.get_into(["a", "c", "d"], [[t] for t in targets], heard.append) == [
+        Status.HIT, Status.MISS, Status.CORRUPT]
+    assert bytes(targets[0]) == a and targets[1] == bytearray(b"\x5a" * 40_000)
+    assert targets[2] == bytearray(b"\x5a" * 50_000) and heard == [0]
+    assert {o for _, o, _ in reads} == {0}          # only a's range: no byte read of c or d
+    real_preadv = os.preadv
+
+    def failing(fd, views, offset):
+        if offset >= 32 << 10:
+            raise OSError(errno.EIO, "I/O error")
+        return real_preadv(fd, views, offset)
+
+    assert e.put_from(["big"], [[os.urandom(64 << 10)]]) == [Status.HIT]
+    monkeypatch.setattr(file_module.os, "preadv", failing)
+    out = bytearray(64 << 10)
+    assert e.get_into(["big", "a"], [[out], [bytearray(40_000)]]) == [Status.ERROR, Status.HIT]
+    monkeypatch.setattr(file_module.os, "preadv", real_preadv)
+    path = os.path.join(e.root, object_name("big"))
+    real_range = e._read_range
+
+    def cut_first(fd, offset, views):
+        os.truncate(path, 8 << 10)                   # another process cuts the file short
+        return real_range(fd, offset, views)
+
+    e._read_range = cut_first
+    heard.clear()
+    assert e.get_into(["big"], [[out]], heard.append) == [Status.CORRUPT] and heard == []
+    e.close()

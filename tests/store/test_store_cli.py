@@ -94,6 +94,7 @@ def test_bench_store_reshard_only(capsys, tmp_path, monkeypatch):
     for r in rows:
         assert r["objects_per_page"] == 4 and r["pages"] == max(4, (1 << 20) // r["page_bytes"])
         assert r["reshard_gbps"] > 0 and r["one_object_gbps"] > 0
+        assert r["reshard_cpu_s"] > 0 and r["one_object_cpu_s"] > 0
         assert r["reshard_vs_one_object"] == pytest.approx(r["reshard_gbps"] / r["one_object_gbps"])
     assert [f for d in os.listdir(store) if len(d) == 2 for f in os.listdir(store / d)] == []
 

@@ -417,3 +417,23 @@ def test_a_call_stages_at_most_staging_bytes_of_page_data(engine, monkeypatch):
     assert tier.canonical.objects[0].header_room > 0 and tier.batch_pages == 4
     monkeypatch.setattr(tier_module, "STAGING_BYTES", 4 * host.page_bytes - 1)
     assert StoreTier(host, engine, model="m", batch_pages=128).batch_pages == 3
+
+
+@pytest.mark.parametrize("layout", ["page_first", "page_first_direct"])
+def test_pages_read_in_ranges_on_several_threads(tmp_path, monkeypatch, layout):
+    """Calls of one large page each (the file engine reads such a page in byte ranges on
+    several threads, `kvtier.store.file.RANGE_BYTES`): every page read, verified and
+    placed, byte-exact; a corrupt one ends the run."""
+    from kvtier.store import file as file_module
+    monkeypatch.setattr(file_module, "RANGE_BYTES", 256)        # pages of 768 B: ranges of 256-512 B
+    engine = Recording(f"file://{tmp_path}/store?threads=2")
+    host, tier, keys, want = _stored(engine, layout)
+    tier.batch_pages = 1
+    ranged = []
+    real = engine.inner._get_ranged
+    engine.inner._get_ranged = lambda *a: ranged.append(1) or real(*a)
+    poison(host)
+    assert tier.prefetch(keys, slots(range(9))) == 9
+    assert [canonical(host, p * PAGE) for p in range(9)] == want and len(ranged) == 9
+    _flip_last_byte(engine, tier.keys(keys[5])[0])
+    assert tier.prefetch(keys, slots(range(9))) == 5 and tier.stats["corrupt"] == 1
