@@ -268,29 +268,31 @@ class PageFormat:
         "geometry", "key", "algorithm" (unknown), "unverifiable" (known, not installed),
         "checksum"."""
         h = bytes(header)
-        want = self.header(key)
-        if len(h) != len(want):
+        k = key.encode("utf-8", "surrogatepass")
+        gt = self.geometry_text
+        n = header_len(len(gt), len(k))
+        if len(h) != n:
             return "length"
-        if h[:8] != MAGIC:
+        magic, version, algorithm, size, payload, g_len, k_len, stored = _FIXED.unpack_from(h)
+        if magic != MAGIC:
             return "magic"
-        if h[8:10] != want[8:10]:
+        if version != FORMAT_VERSION:
             return "version"
-        if h[12:24] != want[12:24]:
+        if size != n or payload != self.payload_bytes:
             return "length"
-        if h[24:_CHECKSUM_AT] != want[24:_CHECKSUM_AT]:
-            return "geometry" if h[24:28] != want[24:28] else "key"
-        g0 = _FIXED.size
-        g1 = g0 + len(self.geometry_text)
-        if h[g0:g1] != want[g0:g1]:
+        if g_len != len(gt):
             return "geometry"
-        if h[g1:] != want[g1:]:
+        if k_len != len(k):
             return "key"
-        algorithm, = struct.unpack_from("<H", h, _ALGO_AT)
+        g1 = _FIXED.size + len(gt)
+        if h[_FIXED.size:g1] != gt:
+            return "geometry"
+        if h[g1:g1 + len(k)] != k or h[g1 + len(k):].strip(b"\0"):      # the key, then zero padding
+            return "key"
         if algorithm not in ALGORITHMS:
             return "algorithm"
         if not self.checksum.can(algorithm):
             return "unverifiable"
-        stored, = struct.unpack_from("<Q", h, _CHECKSUM_AT)
         if not self.checksum.matches(algorithm, pieces, stored):
             return "checksum"
         return None
