@@ -58,6 +58,9 @@ class Status(enum.IntEnum):
 
 Buffers = Sequence[object]      # buffer-protocol objects (memoryview, bytearray, numpy arrays)
 _STATUS_NAMES = {s: s.name.lower() for s in Status}      # as counted in `Engine.stats`
+# The `Engine.stats` names of each call's statuses ("get.hit", ...), by op, then status.
+_STAT_NAMES = {op: tuple(f"{op}.{_STATUS_NAMES[s]}" for s in Status) for op in ("exists", "get", "put", "delete")}
+_FAULTS = (Status.TIMEOUT, Status.ERROR, Status.CORRUPT)
 
 
 class Engine:
@@ -171,9 +174,10 @@ class Engine:
             log.warning("kvtier store %s: " + message, self.url, *args)
 
     def count(self, op: str, statuses: Sequence[Status]) -> None:
+        names = _STAT_NAMES[op]
         with self._stats_lock:
             for s in statuses:
-                self.stats[f"{op}.{_STATUS_NAMES[s]}"] += 1
+                self.stats[names[s]] += 1
 
     def _guarded(self, op: str, n: int, call: Callable[[], List[Status]]) -> List[Status]:
         if n == 0:
@@ -186,9 +190,10 @@ class Engine:
             self.warn_once(f"{op}.exception", "%s failed (%s: %s); reported as ERROR",
                            op, type(e).__name__, e)
             out = [Status.ERROR] * n
-        for s in set(out):
-            if s in (Status.TIMEOUT, Status.ERROR, Status.CORRUPT):
-                self.warn_once(f"{op}.{s.name}", "%s: %s (counted in stats from now on)", op, s.name)
+        if out.count(Status.HIT) + out.count(Status.MISS) != n:
+            for s in set(out):
+                if s in _FAULTS:
+                    self.warn_once(f"{op}.{s.name}", "%s: %s (counted in stats from now on)", op, s.name)
         self.count(op, out)
         return out
 

@@ -165,8 +165,8 @@ class _RedisEngine(Engine):
         return self._run(ops.exists, [ops.Item(k.encode(), (), 0) for k in keys])
 
     def _get_into(self, keys, targets, landed) -> List[Status]:
-        return self._run(ops.get_into, [ops.Item(k.encode(), t, sum(v.nbytes for v in t),
-                                                 landed=functools.partial(landed, i))
+        return self._run(ops.get_into, [ops.Item(k.encode(), t, sum([v.nbytes for v in t]), False,
+                                                 functools.partial(landed, i))
                                         for i, (k, t) in enumerate(zip(keys, targets))])
 
     def _put_from(self, keys, sources, fill) -> List[Status]:
@@ -459,6 +459,10 @@ def _stripes(groups: Dict[Node, List[int]], connections: int, items: Sequence[op
     nor more than one per `SPREAD_BYTES` of the node's values: a small call (a few
     pages, or keys alone) runs on one connection, on the calling thread where it
     reaches one node, with no hand-off to the engine's threads."""
+    if len(groups) == 1:
+        (node, idxs), = groups.items()
+        if len(idxs) == 1:          # one key: one connection (the latency case, no sums)
+            return {node: 1}
     total = sum(len(idxs) for idxs in groups.values())
     out = {}
     for node, idxs in groups.items():

@@ -214,8 +214,8 @@ class StoreTier:
             self._warn("prefetch.exception", "prefetch failed (%s: %s); pages reported missing",
                        type(e).__name__, e)
             self._count(errors=1)
-        missed = n - done[0]
-        self._count(skipped=missed - 1 if missed else 0)     # after the first miss, counted as what it was
+        if n - done[0] > 1:
+            self._count(skipped=n - done[0] - 1)     # after the first miss, counted as what it was
         return done[0]
 
     def exists(self, page_keys: Sequence[str]) -> int:
