@@ -77,10 +77,12 @@ THREADS_MAX = 64
 # 8 MiB (256 KiB files, medians, us, one thread against two: 4 files 108 against 175,
 # 8 files 219 against 343, 32 files 774 against 765). Writes spread from two files on.
 READ_SPREAD_BYTES = 2 << 20
-# ... and only where its values average at least this: small files cost a thread's turn
-# of the GIL each (1024 files of 16 KiB: 16.7 us each on one thread, 27.3 on two; 64 KiB:
-# 22.5 against 24.7; 256 KiB: 54 against 39).
-READ_SPREAD_VALUE = 64 << 10
+# ... and only where its values average at least this: each value costs a thread's turn
+# of the GIL (the tier verifies and places it on the thread that read it), which two
+# threads contend for. The tier's reads of 64 MiB of objects of 64 KiB took 45 ms on one
+# thread against 82 on two; 128 KiB: 32 against 42; 256 KiB: 25 against 23; 512 KiB: 22
+# against 16 (the reshard rows of `kvtier bench --store`, 2-core CPU).
+READ_SPREAD_VALUE = 256 << 10
 # A value of at least twice this, in a read of fewer keys than threads, is read in byte
 # ranges of at least this on several threads: so one large page (a 70B-class model's
 # rank page at TP 2 is 10 MiB) is not one thread's copy. A 16 MiB file in the page cache,

@@ -150,15 +150,16 @@ def test_a_call_is_spread_over_its_threads(tmp_path, threads):
 
 @pytest.mark.parametrize("files,size,shares", [(4, 256 << 10, 1), (8, 256 << 10, 1), (9, 256 << 10, 2),
                                              (16, 256 << 10, 2), (12, 1 << 20, 3), (40, 1000, 1),
-                                             (160, 32 << 10, 1), (40, 64 << 10, 2)])
+                                             (160, 32 << 10, 1), (40, 64 << 10, 1), (24, 128 << 10, 1),
+                                             (12, 512 << 10, 3)])
 def test_a_read_spreads_over_a_thread_per_read_spread_bytes(tmp_path, monkeypatch, files, size, shares):
     """A read takes another thread only for each `READ_SPREAD_BYTES` of its values (a
     few pages are read on the calling thread), and none where its values average under
-    `READ_SPREAD_VALUE` (5 MiB of 32 KiB files); a write of as many files spreads over
-    them all."""
+    `READ_SPREAD_VALUE` (5 MiB of 32 KiB files, 3 MiB of 128 KiB ones); a write of as
+    many files spreads over them all."""
     import threading
     from kvtier.store import file as file_module
-    assert file_module.READ_SPREAD_BYTES == 2 << 20 and file_module.READ_SPREAD_VALUE == 64 << 10
+    assert file_module.READ_SPREAD_BYTES == 2 << 20 and file_module.READ_SPREAD_VALUE == 256 << 10
     dealt = []
     real_deal = file_module._deal
     monkeypatch.setattr(file_module, "_deal", lambda count, threads: dealt.append(threads) or real_deal(count, threads))
