@@ -88,6 +88,11 @@ class PageObject:
     def payload_bytes(self) -> int:
         return self.geometry.payload_bytes
 
+    @property
+    def staged_bytes(self) -> int:
+        """Its payload bytes that move through the staging buffer."""
+        return sum(p.length for p in self.components if type(p) is Staged)
+
 
 class Staging:
     """A staging buffer for ``capacity`` pages, one slot of `CanonicalPages.slot_bytes`

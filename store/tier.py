@@ -51,6 +51,14 @@ log = logging.getLogger("kvtier")
 BATCH_PAGES = 128               # pages per engine call at most (HiCache passes up to 128)
 STAGING_BYTES = 64 << 20        # and at most this much staged page data per call (slots add header room)
 SMALL_INDICES = 256             # index lists up to this long are checked as Python ints (numpy: from about 400)
+# An object of a page of several is placed in its host page as it lands (on the engine's
+# thread, from the CPU's cache) where it stages at least this; smaller ones are placed
+# after the call, in one copy per run of pages (beside the next batch's engine call): a
+# copy per object costs more than it saves. Reshard reads (TP 8 -> TP 2, 2-core CPU,
+# medians, ms per 64 MiB as they land / after the call): file store, objects of 64 KiB
+# 42 / 33, 256 KiB 21 / 19, 512 KiB 15 / 16, 1 MiB 12 / 14, 4 MiB 10 / 13; Redis node,
+# 64 KiB 66 / 52, 256 KiB 40 / 41, 512 KiB 29 / 35, 1 MiB 24 / 31.
+PLACE_ON_LANDING_MIN = 512 << 10
 _CPU = torch.device("cpu")
 
 
@@ -393,19 +401,21 @@ class StoreTier:
         its buffers (`Engine.get_into`'s ``landed``) is verified there, on the engine's
         thread, and its staged components placed in its host page, while the CPU's
         cache still holds it (a page's objects hold disjoint bytes of it: each is placed
-        as it lands, on whichever engine thread got it); objects the engine did not
-        report (Mooncake reports none) are verified and placed after the call
-        (`_verified`, then ``finish``). A page whose objects were placed but that turns
+        as it lands, on whichever engine thread got it, where it is the page's only one
+        or stages at least `PLACE_ON_LANDING_MIN`); objects the engine did not report
+        (Mooncake reports none), and small objects of a page of several, are placed
+        after the call (`_verified`, then ``finish``). A page whose objects were placed but that turns
         out to lie after a miss, or to have an object missing or corrupt, is outside
         the leading run: its host page holds undefined bytes, as `prefetch` says."""
         cp, formats, m = batch.side.canonical, batch.side.formats, batch.side.m
         keys, headers, pieces, verdicts = batch.keys, batch.headers, batch.pieces, batch.verdicts
         pages, staging, placed = batch.pages, batch.staging, batch.placed
+        on_landing = batch.side.place_on_landing
 
         def landed(j: int) -> None:
             try:
                 verdicts[j] = why = formats[j % m].verify(keys[j], headers[j], pieces[j])
-                if why is None and not placed[j]:
+                if why is None and not placed[j] and on_landing[j % m]:
                     page = j // m
                     cp.from_staging(staging, pages[page:page + 1], page, j % m)
                     placed[j] = True
@@ -532,6 +542,8 @@ class _Objects:
         self.formats = [PageFormat(o.geometry) for o in canonical.objects]
         self.names = [o.name for o in canonical.objects]
         self.m = len(self.names)
+        # whether each object is placed as it lands (`PLACE_ON_LANDING_MIN`; a page's only object: always)
+        self.place_on_landing = [self.m == 1 or o.staged_bytes >= PLACE_ON_LANDING_MIN for o in canonical.objects]
 
 
 def _per_page(statuses: List[Status], m: int) -> List[List[Status]]:

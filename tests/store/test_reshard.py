@@ -136,12 +136,18 @@ def test_a_missing_group_is_a_miss_for_the_readers_that_need_it(url):
                 model.check(hc, r, size, READ_PAGES)
 
 
-@pytest.mark.parametrize("reports", [True, False])
-def test_a_page_s_objects_are_placed_as_each_lands(url, reports):
+@pytest.mark.parametrize("when", ["landing", "after", "unreported"])
+def test_a_page_s_objects_are_placed_as_each_lands(url, monkeypatch, when):
     """A reader of several objects per page places each object's heads in its host
-    page as soon as that object is read and verified, inside the engine's call (an
-    engine that reports nothing: after it), once each; an object that fails
-    verification ends the leading run at its page, whatever of that page was placed."""
+    page as soon as that object is read and verified, inside the engine's call, where
+    the object stages at least `PLACE_ON_LANDING_MIN` ("landing"); smaller objects, and
+    those of an engine that reports nothing, after the call; each once. An object that
+    fails verification ends the leading run at its page, whatever of that page was
+    placed."""
+    from kvtier.store import tier as tier_module
+    if when == "landing":
+        monkeypatch.setattr(tier_module, "PLACE_ON_LANDING_MIN", 1)
+    reports, inside = when != "unreported", when == "landing"
     model, keys = Model("mha", 8, 4), _keys(4)
     writers = ranks(model, 4, "page_first", url, pages=6)
     for r, (hc, tier) in enumerate(writers):
@@ -168,7 +174,7 @@ def test_a_page_s_objects_are_placed_as_each_lands(url, reports):
     read_into = [0, 5, 3, 2]
     assert tier.prefetch(keys, slots(read_into)) == 4
     model.check(hc, 0, 1, read_into)
-    assert sorted(placed) == sorted((p, o, reports) for p in read_into for o in range(m))
+    assert sorted(placed) == sorted((p, o, inside) for p in read_into for o in range(m))
     # a corrupt group-2 object of page 2: pages 0 and 1 read, page 2 and after not
     name = object_name(tier.keys(keys[2])[2])
     path = os.path.join(url[len("file://"):], name)
@@ -187,7 +193,7 @@ def test_a_page_s_objects_are_placed_as_each_lands(url, reports):
             for hp, mp in ((0, 0), (5, 1)):
                 assert torch.equal(v[hp], model.rows[name][layer][mp].reshape(v[hp].shape))
     hc.check_margins()
-    if reports:         # every object that verified placed as it landed; the corrupt one not
+    if inside:          # every object that verified placed as it landed; the corrupt one not
         want = [(p, o, True) for p in read_into for o in range(m) if (p, o) != (3, 2)]
     else:               # the leading run's objects only, after the call
         want = [(p, o, False) for p in read_into[:2] for o in range(m)]
