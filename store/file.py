@@ -79,9 +79,10 @@ THREADS_MAX = 64
 READ_SPREAD_BYTES = 2 << 20
 # ... and only where its values average at least this: each value costs a thread's turn
 # of the GIL (the tier verifies and places it on the thread that read it), which two
-# threads contend for. The tier's reads of 64 MiB of objects of 64 KiB took 45 ms on one
-# thread against 82 on two; 128 KiB: 32 against 42; 256 KiB: 25 against 23; 512 KiB: 22
-# against 16 (the reshard rows of `kvtier bench --store`, 2-core CPU).
+# threads contend for. The tier's reads of 64 MiB of a reshard's objects, medians, one
+# thread against two: objects of 64 KiB 34 ms against 49, 128 KiB 25 against 29, 256 KiB
+# 20 against 21, 512 KiB 19 against 14 (results/2026-12-07_cpu_store_reshard_placement,
+# 2-core CPU; pages of one object: 64 KiB 29 against 39, 256 KiB 17 against 16).
 READ_SPREAD_VALUE = 256 << 10
 # A value of at least twice this, in a read of fewer keys than threads, is read in byte
 # ranges of at least this on several threads: so one large page (a 70B-class model's
@@ -424,7 +425,8 @@ class FileEngine(Engine):
                 except OSError as e:
                     out[i] = self._error("get", e)
                     continue
-                ranges += [(i, fd, a, pieces) for a, pieces in _ranges(targets[i], min(per_key, want // RANGE_BYTES))]
+                parts = max(1, min(per_key, want // RANGE_BYTES))
+                ranges += [(i, fd, a, pieces) for a, pieces in _ranges(targets[i], parts)]
             if ranges:
                 pool = self._thread_pool()
                 if pool is None:            # closed meanwhile
@@ -742,9 +744,9 @@ def _ranges(views: Sequence[memoryview], parts: int) -> List[Tuple[int, List[mem
     ``parts`` ranges of about equal length cut at 4 KiB offsets (the page cache's
     pages): (the range's first offset, the views' pieces that hold it) each."""
     total = sum(v.nbytes for v in views)
-    cuts = sorted({0, total, *((total * k // max(parts, 1)) // 4096 * 4096 for k in range(1, parts))})
     if total == 0:
         return [(0, [])]
+    cuts = sorted({0, total, *((total * k // parts) // 4096 * 4096 for k in range(1, parts))})
     starts = list(itertools.accumulate([v.nbytes for v in views], initial=0))
     out = []
     for a, b in zip(cuts, cuts[1:]):

@@ -56,8 +56,9 @@ SMALL_INDICES = 256             # index lists up to this long are checked as Pyt
 # after the call, in one copy per run of pages (beside the next batch's engine call): a
 # copy per object costs more than it saves. Reshard reads (TP 8 -> TP 2, 2-core CPU,
 # medians, ms per 64 MiB as they land / after the call): file store, objects of 64 KiB
-# 42 / 33, 256 KiB 21 / 19, 512 KiB 15 / 16, 1 MiB 12 / 14, 4 MiB 10 / 13; Redis node,
-# 64 KiB 66 / 52, 256 KiB 40 / 41, 512 KiB 29 / 35, 1 MiB 24 / 31.
+# 38 / 30, 256 KiB 16-23 / 17-21, 512 KiB 15 / 16, 1 MiB 13 / 16, 4 MiB 11 / 13; Redis
+# node, 64 KiB 69 / 54, 256 KiB 40 / 37, 512 KiB 30 / 35, 1 MiB 25 / 31
+# (results/2026-12-07_cpu_store_reshard_placement).
 PLACE_ON_LANDING_MIN = 512 << 10
 _CPU = torch.device("cpu")
 
