@@ -87,7 +87,8 @@ READ_SPREAD_VALUE = 256 << 10
 # A value of at least twice this, in a read of fewer keys than threads, is read in byte
 # ranges of at least this on several threads: so one large page (a 70B-class model's
 # rank page at TP 2 is 10 MiB) is not one thread's copy. A 16 MiB file in the page cache,
-# one preadv: 8 GB/s; two threads, half each: 14 GB/s (2-core CPU).
+# one preadv: 8-19 GB/s; two threads, half each: 14-34 GB/s (2-core CPU, two runs;
+# results/2026-12-07_cpu_store_reshard_placement).
 RANGE_BYTES = 4 << 20
 
 
