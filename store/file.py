@@ -90,6 +90,7 @@ READ_SPREAD_VALUE = 256 << 10
 # one preadv: 8-19 GB/s; two threads, half each: 14-34 GB/s (2-core CPU, two runs;
 # results/2026-12-07_cpu_store_reshard_placement).
 RANGE_BYTES = 4 << 20
+RANGE_ALIGN = 4096          # ranges start at multiples of this (the page cache's pages)
 
 
 def default_threads() -> int:
@@ -742,12 +743,12 @@ def _on_threads(pool, shares: List[range], fn) -> list:
 
 def _ranges(views: Sequence[memoryview], parts: int) -> List[Tuple[int, List[memoryview]]]:
     """The bytes of ``views`` (a file's offsets 0 .. their total, in order) as
-    ``parts`` ranges of about equal length cut at 4 KiB offsets (the page cache's
-    pages): (the range's first offset, the views' pieces that hold it) each."""
+    ``parts`` ranges of about equal length cut at multiples of `RANGE_ALIGN`: (the
+    range's first offset, the views' pieces that hold it) each."""
     total = sum(v.nbytes for v in views)
     if total == 0:
         return [(0, [])]
-    cuts = sorted({0, total, *((total * k // parts) // 4096 * 4096 for k in range(1, parts))})
+    cuts = sorted({0, total, *((total * k // parts) // RANGE_ALIGN * RANGE_ALIGN for k in range(1, parts))})
     starts = list(itertools.accumulate([v.nbytes for v in views], initial=0))
     out = []
     for a, b in zip(cuts, cuts[1:]):

@@ -425,15 +425,17 @@ def test_pages_read_in_ranges_on_several_threads(tmp_path, monkeypatch, layout):
     several threads, `kvtier.store.file.RANGE_BYTES`): every page read, verified and
     placed, byte-exact; a corrupt one ends the run."""
     from kvtier.store import file as file_module
-    monkeypatch.setattr(file_module, "RANGE_BYTES", 256)        # pages of 768 B: ranges of 256-512 B
+    monkeypatch.setattr(file_module, "RANGE_BYTES", 256)        # pages of 768 B: two ranges each
+    monkeypatch.setattr(file_module, "RANGE_ALIGN", 64)
     engine = Recording(f"file://{tmp_path}/store?threads=2")
     host, tier, keys, want = _stored(engine, layout)
     tier.batch_pages = 1
-    ranged = []
-    real = engine.inner._get_ranged
-    engine.inner._get_ranged = lambda *a: ranged.append(1) or real(*a)
+    ranges = []
+    real = engine.inner._read_range
+    engine.inner._read_range = lambda fd, offset, views: ranges.append(offset) or real(fd, offset, views)
     poison(host)
     assert tier.prefetch(keys, slots(range(9))) == 9
-    assert [canonical(host, p * PAGE) for p in range(9)] == want and len(ranged) == 9
+    assert [canonical(host, p * PAGE) for p in range(9)] == want
+    assert len(ranges) == 18 and ranges.count(0) == 9          # two ranges a page
     _flip_last_byte(engine, tier.keys(keys[5])[0])
     assert tier.prefetch(keys, slots(range(9))) == 5 and tier.stats["corrupt"] == 1
