@@ -11,6 +11,9 @@ checksums; it only promises, per key, one `Status`:
   scatter read, zero-copy where the client allows) and reported HIT. An object of
   another length is CORRUPT, and the target's bytes are then undefined. A missing key
   is MISS (the target untouched where the engine can tell before reading).
+- ``get_ahead(keys, nbytes)``: a ``get_into`` started before its buffers exist, ended by
+  ``into(targets)`` (or ``cancel()``): an engine that can sends the requests at once,
+  so that the store's round trip overlaps the caller's preparing of the targets.
 - ``put_from(keys, sources)``: each source is a sequence of readable buffers whose
   concatenation is the object (a gather write); HIT where the store acknowledged it.
   A put replaces any object under the key; a reader sees the old object or the new
@@ -100,6 +103,24 @@ class Engine:
         landed = landed or _unheard
         return self._guarded("get", len(keys), lambda: self._get_into(keys, targets, landed))
 
+    def get_ahead(self, keys: Sequence[str], nbytes: Sequence[int]) -> "PendingGet":
+        """A `get_into` of ``keys`` started before its buffers exist: ``nbytes[i]`` is the
+        length key i's targets will have. An engine that can asks the store now (Redis:
+        the GETs of a call that goes to one connection are sent), so that the store's
+        round trip overlaps the caller's own work before `PendingGet.into`; any other
+        starts at `into`. The values read are what the store holds at this call or
+        later. The caller ends it with exactly one `PendingGet.into` or
+        `PendingGet.cancel` (a `cancel` after `into` does nothing)."""
+        keys = _keys(keys)
+        if not isinstance(nbytes, (list, tuple)) or len(nbytes) != len(keys):
+            got = len(nbytes) if isinstance(nbytes, (list, tuple)) else type(nbytes).__name__
+            raise fail("nbytes", got, f"must be a list of {len(keys)} lengths, one per key")
+        for i, n in enumerate(nbytes):
+            if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
+                raise fail(f"nbytes[{i}]", n, "must be a positive int")
+        nbytes = list(nbytes)
+        return PendingGet(self, keys, nbytes, self._send_ahead(keys, nbytes) if keys else None)
+
     def put_from(self, keys: Sequence[str], sources: Sequence[Buffers],
                  fill: Optional[Callable[[int], Optional[bool]]] = None) -> List[Status]:
         """Store each key's value from its buffers. ``fill(i)``, where given, is called
@@ -167,6 +188,17 @@ class Engine:
     def _delete(self, keys: List[str]) -> List[Status]:
         raise NotImplementedError
 
+    def _send_ahead(self, keys: List[str], nbytes: List[int]) -> Optional["Ahead"]:
+        """`get_ahead`'s requests, sent now: an `Ahead` that `_get_sent` reads, or None
+        (nothing sent: `PendingGet.into` is a plain `_get_into`). Never raises: a fault
+        here is met again, and reported, by the call at `into`."""
+        return None
+
+    def _get_sent(self, ahead: "Ahead", keys: List[str], targets: List[List[memoryview]],
+                  landed: Callable[[int], None]) -> List[Status]:
+        """`_get_into` of the keys whose requests `_send_ahead` sent as ``ahead``."""
+        raise NotImplementedError
+
     def warn_once(self, mode: str, message: str, *args) -> None:
         """One WARNING per failure ``mode`` per engine (the rest are counted only)."""
         if mode not in self._warned:
@@ -199,6 +231,54 @@ class Engine:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r})"
+
+
+class Ahead:
+    """What an engine's `Engine._send_ahead` sent: the engine's own state for
+    `Engine._get_sent`, and ``cancel()``, which drops the requests' replies unread (a
+    Redis engine closes the connection they are on)."""
+
+    def cancel(self) -> None:
+        raise NotImplementedError
+
+
+class PendingGet:
+    """A `get_into` started by `Engine.get_ahead`, ended by `into` or `cancel`; used on
+    one thread."""
+
+    def __init__(self, engine: Engine, keys: List[str], nbytes: List[int], ahead: Optional[Ahead]):
+        self.engine, self.keys, self.nbytes = engine, keys, nbytes
+        self._ahead = ahead
+        self._ended = False
+
+    def into(self, targets: Sequence[Buffers], landed: Optional[Callable[[int], None]] = None) -> List[Status]:
+        """`Engine.get_into` of the keys into ``targets`` (each of the length given to
+        `get_ahead`): the same statuses, counters, ``landed`` and checks."""
+        if self._ended:
+            raise fail("into", "a second call", "a PendingGet is read or cancelled once")
+        engine, keys = self.engine, self.keys
+        try:
+            targets = _buffers("targets", targets, len(keys), writable=True)
+            for i, (views, n) in enumerate(zip(targets, self.nbytes)):
+                got = sum(v.nbytes for v in views)
+                if got != n:
+                    raise fail(f"targets[{i}]", f"{got} B", f"must be the {n} B given to get_ahead")
+        except BaseException:
+            self.cancel()
+            raise
+        self._ended = True
+        ahead, self._ahead = self._ahead, None
+        landed = landed or _unheard
+        if ahead is None:
+            return engine._guarded("get", len(keys), lambda: engine._get_into(keys, targets, landed))
+        return engine._guarded("get", len(keys), lambda: engine._get_sent(ahead, keys, targets, landed))
+
+    def cancel(self) -> None:
+        """Drop the call: nothing is read (replies already on their way are dropped)."""
+        self._ended = True
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            ahead.cancel()
 
 
 class RawCalls:
@@ -334,4 +414,4 @@ def open_store(url: str, timeout_ms: int = DEFAULT_TIMEOUT_MS, **options) -> Eng
     return engine_cls(url, timeout_ms=timeout_ms, **options)
 
 
-__all__ = ["Engine", "RawCalls", "Status", "open_store", "SCHEMES", "DEFAULT_TIMEOUT_MS", "KvtierError"]
+__all__ = ["Engine", "PendingGet", "RawCalls", "Status", "open_store", "SCHEMES", "DEFAULT_TIMEOUT_MS", "KvtierError"]

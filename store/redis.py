@@ -37,7 +37,7 @@ from kvtier.errors import fail
 from . import redis_ops as ops
 from . import redis_tls
 from . import resp
-from .engine import DEFAULT_TIMEOUT_MS, Engine, RawCalls, Status
+from .engine import DEFAULT_TIMEOUT_MS, Ahead, Engine, RawCalls, Status
 from .redis_url import RedisUrl, parse, redacted
 
 SLOTS = 16384
@@ -165,9 +165,45 @@ class _RedisEngine(Engine):
         return self._run(ops.exists, [ops.Item(k.encode(), (), 0) for k in keys])
 
     def _get_into(self, keys, targets, landed) -> List[Status]:
-        return self._run(ops.get_into, [ops.Item(k.encode(), t, sum([v.nbytes for v in t]), False,
-                                                 functools.partial(landed, i))
-                                        for i, (k, t) in enumerate(zip(keys, targets))])
+        return self._run(ops.get_into, self._get_items(keys, targets, landed))
+
+    @staticmethod
+    def _get_items(keys, targets, landed) -> List[ops.Item]:
+        return [ops.Item(k.encode(), t, sum([v.nbytes for v in t]), False, functools.partial(landed, i))
+                for i, (k, t) in enumerate(zip(keys, targets))]
+
+    def _send_ahead(self, keys, nbytes) -> Optional["_SentGets"]:
+        """The GETs of a call whose keys all go to one connection of one node (a call of
+        a few pages, `_stripes`), sent now on a connection the `_SentGets` holds; None
+        for any other call, or where anything failed (the call at `into` meets it)."""
+        if self._closed:
+            return None
+        deadline = time.monotonic() + self.timeout
+        items = [ops.Item(k.encode(), (), n) for k, n in zip(keys, nbytes)]
+        conn = None
+        try:
+            groups = self._route(items, list(range(len(items))), {}, deadline)
+            if len(groups) != 1 or None in groups:
+                return None
+            node = next(iter(groups))
+            if (_stripes(groups, self._conf.connections, items)[node] != 1
+                    or self._not_now(node, time.monotonic(), deadline) is not None):
+                return None
+            conn = node.acquire(deadline)
+            ops.send_gets(conn, items, deadline)
+            return _SentGets(node, conn, deadline)
+        except Exception:
+            if conn is not None:
+                conn.close()
+                node.release(conn)
+            return None
+
+    def _get_sent(self, ahead: "_SentGets", keys, targets, landed) -> List[Status]:
+        try:
+            return self._run(ops.get_into, self._get_items(keys, targets, landed), deadline=ahead.deadline,
+                             sent=ahead)
+        finally:
+            ahead.cancel()          # where `_run` raised before it took the connection
 
     def _put_from(self, keys, sources, fill) -> List[Status]:
         return self._run(ops.put_from, [ops.Item(k.encode(), s, sum(v.nbytes for v in s),
@@ -253,24 +289,34 @@ class _RedisEngine(Engine):
         raise fail("url", self.url, f"cannot reach the store: {why}")
 
     # ------------------------------------------------------------------ one call
-    def _run(self, op, items: List[ops.Item], replicated: bool = False) -> List[Status]:
-        deadline = time.monotonic() + self.timeout
+    def _run(self, op, items: List[ops.Item], replicated: bool = False, deadline: Optional[float] = None,
+             sent: Optional["_SentGets"] = None) -> List[Status]:
+        """``op`` for every item, in rounds: each round's keys grouped by node (and
+        stripe), each group one `_task`; redirected keys go again in the next round.
+        ``sent``: the first round is one task whose GETs `_send_ahead` sent, on its
+        connection, under ``deadline``."""
+        deadline = deadline if deadline is not None else time.monotonic() + self.timeout
         out: list = [None] * len(items)
         pending = list(range(len(items)))
         asked: Dict[int, Node] = {}         # ASK redirects: this key, this once, that node
         for _ in range(MAX_ROUNDS):
-            if self._closed:
+            if sent is not None:
+                (node, conn), sent = sent.take(), None
+                self._task(functools.partial(op, ahead=True), node, pending, items, out, deadline,
+                           replicated, conn)
+            elif self._closed:
                 break
-            groups = self._route(items, pending, asked, deadline)
-            if None in groups:              # slots no master serves
-                for i in groups.pop(None):
-                    out[i] = Status.ERROR
-                self.warn_once("unserved", "a key's hash slot has no master in the slot map")
-            tasks = []
-            for node, stripes in _stripes(groups, self._conf.connections, items).items():
-                idxs = groups[node]
-                tasks += [(node, idxs[s::stripes]) for s in range(stripes)]
-            self._dispatch(op, tasks, items, out, deadline, replicated)
+            else:
+                groups = self._route(items, pending, asked, deadline)
+                if None in groups:              # slots no master serves
+                    for i in groups.pop(None):
+                        out[i] = Status.ERROR
+                    self.warn_once("unserved", "a key's hash slot has no master in the slot map")
+                tasks = []
+                for node, stripes in _stripes(groups, self._conf.connections, items).items():
+                    idxs = groups[node]
+                    tasks += [(node, idxs[s::stripes]) for s in range(stripes)]
+                self._dispatch(op, tasks, items, out, deadline, replicated)
             pending, asked = [], {}
             for i, r in enumerate(out):
                 if isinstance(r, ops.Redirect):
@@ -309,28 +355,23 @@ class _RedisEngine(Engine):
                     max_workers=16 * self._conf.connections, thread_name_prefix="kvtier-redis")
             return self._pool
 
-    def _task(self, op, node: Node, idxs: List[int], items, out, deadline, replicated) -> None:
-        """Run ``op`` for the keys ``idxs`` on one connection to ``node``; fills out[i]."""
+    def _task(self, op, node: Node, idxs: List[int], items, out, deadline, replicated,
+              conn: Optional[resp.Connection] = None) -> None:
+        """Run ``op`` for the keys ``idxs`` on one connection to ``node``; fills out[i].
+        ``conn``: the connection `_send_ahead` sent the GETs on (it is the task's from
+        here on, released or closed by it)."""
         sub = [items[i] for i in idxs]
         res: list = [None] * len(sub)
-        fault = None
         now = time.monotonic()
-        if now >= deadline:                 # the call's time went elsewhere (a slot-map reload)
-            fault = Status.TIMEOUT
-        elif now < node.held_until:
-            fault = Status.TIMEOUT
-            self.warn_once("held", "%s timed out; its keys are TIMEOUT for %.1f s before it "
-                           "is tried again", node, self.timeout)
-        elif self._closed:
-            fault = Status.ERROR
-        else:
-            conn = None
+        # GETs sent ahead are answered already: their replies are read whatever else holds
+        fault = self._not_now(node, now, deadline) if conn is None else None
+        if fault is None:
             # A write asks the node's ROLE in its pipeline unless a recent answer holds.
             role = ops.Role() if replicated and not node.role_known(now) else None
             replicas = node.replicas if replicated else None
             settled = False             # False in `finally`: interrupted mid-stream
             try:
-                conn = node.acquire(deadline)
+                conn = conn or node.acquire(deadline)
                 errors = ops.ServerErrors()
                 if role is not None:
                     op(conn, sub, res, deadline, errors, role)
@@ -372,6 +413,16 @@ class _RedisEngine(Engine):
         for j, i in enumerate(idxs):
             out[i] = res[j] if res[j] is not None else fault
 
+    def _not_now(self, node: Node, now: float, deadline: float) -> Optional[Status]:
+        """Why a task does not go to ``node`` now (its keys' status), or None."""
+        if now >= deadline:                 # the call's time went elsewhere (a slot-map reload)
+            return Status.TIMEOUT
+        if now < node.held_until:
+            self.warn_once("held", "%s timed out; its keys are TIMEOUT for %.1f s before it "
+                           "is tried again", node, self.timeout)
+            return Status.TIMEOUT
+        return Status.ERROR if self._closed else None
+
     def _wait_replica(self, node: Node, conn: resp.Connection, res: list, deadline: float) -> None:
         wait_ms = (deadline - time.monotonic()) * 1000.0 * 0.8
         acked = ops.wait_replica(conn, deadline, wait_ms) if wait_ms >= 1 else 0
@@ -382,6 +433,25 @@ class _RedisEngine(Engine):
             for j, r in enumerate(res):
                 if r is Status.HIT:
                     res[j] = Status.TIMEOUT
+
+
+class _SentGets(Ahead):
+    """`_RedisEngine._send_ahead`'s GETs: the connection they were sent on, until the
+    call at `into` takes it (`take`), or `cancel` closes it with the replies unread."""
+
+    def __init__(self, node: Node, conn: resp.Connection, deadline: float):
+        self.node, self.deadline = node, deadline
+        self._conn: Optional[resp.Connection] = conn
+
+    def take(self) -> Tuple[Node, resp.Connection]:
+        conn, self._conn = self._conn, None
+        return self.node, conn
+
+    def cancel(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()                # its replies are in the stream: never reused
+            self.node.release(conn)
 
 
 class _RedisRawCalls(RawCalls):

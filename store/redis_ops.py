@@ -67,10 +67,11 @@ def _windows(items: Sequence[Item]):
 
 def _pipeline(conn: resp.Connection, items: Sequence[Item], out: list, deadline: float,
               encode: Callable[[Item], Optional[list]], decode: Callable[[Item], object],
-              lead: Optional[Tuple[bytes, Callable[[], None]]] = None) -> None:
+              lead: Optional[Tuple[bytes, Callable[[], None]]] = None, first_sent: bool = False) -> None:
     """Send window k+1 before reading window k's replies; out[i] = decode(items[i]), or
     ERROR where encode(items[i]) returned None (nothing sent for it, not even ASKING).
-    ``lead``: a command sent ahead of the first window, and what reads its reply."""
+    ``lead``: a command sent ahead of the first window, and what reads its reply.
+    ``first_sent``: the first window's commands are sent already (`send_gets`)."""
     windows = list(_windows(items))
     sent = [True] * len(items)
 
@@ -87,7 +88,8 @@ def _pipeline(conn: resp.Connection, items: Sequence[Item], out: list, deadline:
             parts += command
         conn.send(parts, deadline)
 
-    send(0)
+    if not first_sent:
+        send(0)
     for w, (lo, hi) in enumerate(windows):
         if w + 1 < len(windows):
             send(w + 1)
@@ -110,13 +112,22 @@ def _length(line: bytes) -> int:
         raise resp.ConnectionFault(f"a bad bulk length {line[:32]!r}") from None
 
 
-def get_into(conn: resp.Connection, items: Sequence[Item], out: list, deadline: float,
-             errors: ServerErrors) -> None:
-    """GET each key into its buffers: HIT when the value's length is theirs, CORRUPT
-    (payload dropped, buffers untouched) when it is another, MISS for none."""
+def _get(it: Item) -> list:
+    return [b"*2\r\n$3\r\nGET\r\n$%d\r\n%s\r\n" % (len(it.key), it.key)]
 
-    def encode(it: Item):
-        return [b"*2\r\n$3\r\nGET\r\n$%d\r\n%s\r\n" % (len(it.key), it.key)]
+
+def send_gets(conn: resp.Connection, items: Sequence[Item], deadline: float) -> None:
+    """Send the GETs of `get_into`'s first window of ``items`` (their buffers may be
+    empty yet; ``nbytes`` makes the windows); `get_into` with ``ahead`` reads them."""
+    lo, hi = next(_windows(items))
+    conn.send([part for it in items[lo:hi] for part in _get(it)], deadline)
+
+
+def get_into(conn: resp.Connection, items: Sequence[Item], out: list, deadline: float,
+             errors: ServerErrors, ahead: bool = False) -> None:
+    """GET each key into its buffers: HIT when the value's length is theirs, CORRUPT
+    (payload dropped, buffers untouched) when it is another, MISS for none. ``ahead``:
+    the first window's GETs were sent by `send_gets` (the same keys and lengths)."""
 
     def decode(it: Item):
         header = resp.bulk_header(it.nbytes)
@@ -141,7 +152,7 @@ def get_into(conn: resp.Connection, items: Sequence[Item], out: list, deadline: 
             return _error(resp.ReplyError(line[1:].decode(errors="replace")), errors)
         raise resp.ConnectionFault(f"a GET reply that is not a bulk string: {line[:32]!r}")
 
-    _pipeline(conn, items, out, deadline, encode, decode)
+    _pipeline(conn, items, out, deadline, _get, decode, first_sent=ahead)
 
 
 class Role:

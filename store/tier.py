@@ -42,7 +42,7 @@ from kvtier.errors import fail
 from kvtier.kernels.validate import check_index, check_pages_in_range, index_ok
 
 from .canonical import LAYER_PIECE_MIN, CanonicalPages, Staging
-from .engine import DEFAULT_TIMEOUT_MS, Engine, Status, open_store
+from .engine import DEFAULT_TIMEOUT_MS, Engine, PendingGet, Status, open_store
 from .page import PageFormat, namespace, object_key
 from .split import split_of
 
@@ -201,7 +201,15 @@ class StoreTier:
         side = self.read
         keys = self._keys(page_keys, side)
         n = len(page_keys)
-        pages = self._pages(host_indices, n, distinct=True)
+        # A call of one batch asks the store for its objects first, so that the store's
+        # round trip overlaps the index check and the making of the buffers below.
+        ahead = self.engine.get_ahead(keys, side.sizes(keys)) if 0 < n <= self.batch_pages else None
+        try:
+            pages = self._pages(host_indices, n, distinct=True)
+        except BaseException:
+            if ahead is not None:
+                ahead.cancel()
+            raise
         done = [0]
 
         def finish(batch: _Batch, statuses: List[Status]) -> bool:
@@ -218,11 +226,16 @@ class StoreTier:
             return run == len(batch.pages)
 
         try:
-            self._run(side, keys, pages, self._receivers, self._get, _all_hits, finish)
+            self._run(side, keys, pages, self._receivers,
+                      self._get if ahead is None else lambda batch: self._get(batch, ahead),
+                      _all_hits, finish)
         except Exception as e:
             self._warn("prefetch.exception", "prefetch failed (%s: %s); pages reported missing",
                        type(e).__name__, e)
             self._count(errors=1)
+        finally:
+            if ahead is not None:
+                ahead.cancel()          # where the call ended before its engine call
         if n - done[0] > 1:
             self._count(skipped=n - done[0] - 1)     # after the first miss, counted as what it was
         return done[0]
@@ -397,8 +410,9 @@ class StoreTier:
             return sealed[j]
         return fill
 
-    def _get(self, batch: "_Batch") -> List[Status]:
-        """The engine call of a prefetch batch. Each object the engine reports whole in
+    def _get(self, batch: "_Batch", ahead: Optional[PendingGet] = None) -> List[Status]:
+        """The engine call of a prefetch batch (``ahead``: the call's, begun by
+        `Engine.get_ahead`). Each object the engine reports whole in
         its buffers (`Engine.get_into`'s ``landed``) is verified there, on the engine's
         thread, and its staged components placed in its host page, while the CPU's
         cache still holds it (a page's objects hold disjoint bytes of it: each is placed
@@ -423,6 +437,8 @@ class StoreTier:
             except Exception:       # verified and placed again after the call
                 verdicts[j] = _UNHEARD
 
+        if ahead is not None:
+            return ahead.into(batch.buffers, landed)
         return self.engine.get_into(keys, batch.buffers, landed)
 
     def _verified(self, batch: "_Batch", statuses: List[Status]) -> int:
@@ -545,6 +561,11 @@ class _Objects:
         self.m = len(self.names)
         # whether each object is placed as it lands (`PLACE_ON_LANDING_MIN`; a page's only object: always)
         self.place_on_landing = [self.m == 1 or o.staged_bytes >= PLACE_ON_LANDING_MIN for o in canonical.objects]
+
+    def sizes(self, keys: List[str]) -> List[int]:
+        """Each object's length in the store (header and payload), key by key."""
+        objects, m = self.canonical.objects, self.m
+        return [self.formats[i % m].header_size(k) + objects[i % m].payload_bytes for i, k in enumerate(keys)]
 
 
 def _per_page(statuses: List[Status], m: int) -> List[List[Status]]:
