@@ -23,7 +23,8 @@ What is checked: a status per key of the right kind; scatter reads and gather wr
 whose pieces differ in number and size between the write and the read; a read into a
 target of another length is CORRUPT (and the other keys of the batch are unaffected);
 a missing key is MISS and its target untouched; ``landed`` for each whole value, once,
-inside the call; puts replace; delete; keys of any
+inside the call; `get_ahead` ended by ``into`` reads as ``get_into``, by ``cancel``
+reads nothing and leaves the engine whole; puts replace; delete; keys of any
 characters kept apart; bad arguments raise `KvtierError` before any byte moves; several
 threads at once; the counters; calls after `close` return ERROR; `raw_calls` (the
 bench's raw latency) moves its values and raises once they are gone.
@@ -239,6 +240,76 @@ class EngineConformance:
         ks2 = [ks[0] + "-never-put"]
         assert engine.put_from(ks2, [[b"only"]], lambda i: False) == [Status.ERROR]
         assert engine.exists(ks2) == [Status.MISS]
+
+    # ------------------------------------------------------------------ get_ahead
+    def test_get_ahead_then_into_reads_as_get_into(self, engine, keys):
+        """A `get_ahead` ended by `into` is a `get_into`: the same statuses (HIT, MISS,
+        CORRUPT for a value of another length), bytes, ``landed`` and counters."""
+        ks = keys(4)
+        values = [_random(n, 90 + i) for i, n in enumerate((5000, 70_000, 300_001))]
+        assert engine.put_from([ks[0], ks[1], ks[3]], [[v] for v in values]) == [Status.HIT] * 3
+        lengths = [5000, 70_000, 64, 300_000]       # the last: one byte short of its value
+        before = dict(engine.stats)
+        pending = engine.get_ahead(ks, lengths)
+        targets = [bytearray(b"\x5a" * n) for n in lengths]
+        seen = []
+        out = pending.into([_split(t, [len(t) // 3]) for t in targets], seen.append)
+        assert out == [Status.HIT, Status.HIT, Status.MISS, Status.CORRUPT]
+        assert bytes(targets[0]) == values[0] and bytes(targets[1]) == values[1]
+        assert bytes(targets[2]) == b"\x5a" * 64                   # a miss leaves its target
+        if getattr(self, "reports_landed", True):
+            assert sorted(seen) == [0, 1]
+        counted = {k: v - before.get(k, 0) for k, v in engine.stats.items() if k.startswith("get.")}
+        assert {k: v for k, v in counted.items() if v} == {"get.hit": 2, "get.miss": 1, "get.corrupt": 1}
+        pending.cancel()                                            # after into: nothing
+        with pytest.raises(KvtierError, match="into"):
+            pending.into([[t] for t in targets])
+
+    def test_a_cancelled_get_ahead_reads_nothing_and_leaves_the_engine_whole(self, engine, keys):
+        """`cancel` drops the call: nothing counted, and the engine's next calls read the
+        right values (no reply of the cancelled call is taken for theirs)."""
+        ks = keys(3)
+        values = [_random(n, 95 + i) for i, n in enumerate((4096, 200_000, 17))]
+        assert engine.put_from(ks, [[v] for v in values]) == [Status.HIT] * 3
+        before = dict(engine.stats)
+        for _ in range(3):
+            engine.get_ahead(ks, [len(v) for v in values]).cancel()
+        assert {k: v for k, v in engine.stats.items() if k.startswith("get.")} == \
+            {k: v for k, v in before.items() if k.startswith("get.")}
+        for order in (ks[::-1], ks):
+            targets = [bytearray(len(values[ks.index(k)])) for k in order]
+            assert engine.get_into(order, [[t] for t in targets]) == [Status.HIT] * 3
+            assert [bytes(t) for t in targets] == [values[ks.index(k)] for k in order]
+            pending = engine.get_ahead(order, [len(t) for t in targets])
+            targets = [bytearray(len(t)) for t in targets]
+            assert pending.into([[t] for t in targets]) == [Status.HIT] * 3
+            assert [bytes(t) for t in targets] == [values[ks.index(k)] for k in order]
+
+    def test_get_ahead_bad_arguments_raise_before_anything_moves(self, engine, keys):
+        """Bad keys or lengths raise at `get_ahead`; targets of other lengths than it was
+        given raise at `into`, naming the target, with no byte written, and end the call."""
+        k, other = keys(2)
+        value = _random(1000, 99)
+        assert engine.put_from([k], [[value]]) == [Status.HIT]
+        with pytest.raises(KvtierError, match="keys"):
+            engine.get_ahead(k, [1000])
+        with pytest.raises(KvtierError, match="nbytes"):
+            engine.get_ahead([k, other], [1000])
+        for bad in (0, -1, True, 1.5, "1000"):
+            with pytest.raises(KvtierError, match=r"nbytes\[1\]"):
+                engine.get_ahead([other, k], [1000, bad])
+        assert engine.get_ahead([], []).into([]) == []
+        pending = engine.get_ahead([other, k], [4, 1000])
+        targets = [bytearray(b"\x33" * 4), bytearray(b"\x33" * 999)]
+        with pytest.raises(KvtierError, match=r"targets\[1\]"):
+            pending.into([[t] for t in targets])
+        assert targets == [bytearray(b"\x33" * 4), bytearray(b"\x33" * 999)]
+        with pytest.raises(KvtierError, match="into"):
+            pending.into([[bytearray(4)], [bytearray(1000)]])      # ended by the refusal
+        with pytest.raises(KvtierError, match=r"targets\[0\]\[0\]"):
+            engine.get_ahead([k], [1000]).into([[b"read-only"]])
+        target = bytearray(1000)
+        assert engine.get_into([k], [[target]]) == [Status.HIT] and bytes(target) == value
 
     # ------------------------------------------------------------------ bad arguments
     def test_bad_arguments_raise_before_anything_moves(self, engine, keys):

@@ -3,6 +3,7 @@ objects through scatter/gather buffers, pipelines longer than one window, slots,
 damage helpers the page layer's tests use, and the raw redis-benchmark figures."""
 from __future__ import annotations
 
+import logging
 import random
 import threading
 import time
@@ -193,6 +194,56 @@ def test_a_small_call_runs_on_one_connection_on_the_calling_thread(redis_url, pa
         assert len(used) == 2 * stripes + 2             # keys alone: one connection
         assert threading.get_ident() in used[:stripes] and (e._pool is None) == (stripes == 1)
     finally:
+        e.close()
+
+
+@pytest.mark.parametrize("pages", [1, 4, 9])
+def test_get_ahead_sends_the_first_window_of_a_one_connection_call_at_once(url, pages):
+    """`get_ahead` sends the GETs of a call that goes to one connection of one node
+    there and then, the first pipeline window of them (`redis_ops.WINDOW_BYTES`: two
+    values of 256 KiB): those values read even when removed before `into`, which sends
+    the rest. A call spread over connections (nine such values: two, `SPREAD_BYTES`) or
+    over a cluster's masters is sent at `into`."""
+    e = open_store(f"{url}?connections=4")
+    size = 256 << 10
+    tag = uuid.uuid4().hex
+    spread = [fresh_keys(pages, f"{{{tag}}}/"), fresh_keys(pages)]      # one node; any slots
+    gen = np.random.default_rng(pages)
+    try:
+        for keys in spread[:1 if e.cluster is False else 2]:
+            values = [gen.integers(0, 256, size, dtype=np.uint8).tobytes() for _ in keys]
+            assert e.put_from(keys, [[v] for v in values]) == [Status.HIT] * pages
+            pending = e.get_ahead(keys, [size] * pages)
+            assert e.delete(keys) == [Status.HIT] * pages
+            targets = [bytearray(size) for _ in keys]
+            one_node = len({e._master_of(k.encode()) for k in keys}) == 1 and pages <= 8
+            ahead = min(pages, 2) if one_node else 0
+            assert pending.into([[t] for t in targets]) == [Status.HIT] * ahead + [Status.MISS] * (pages - ahead)
+            assert [bytes(t) for t in targets[:ahead]] == values[:ahead]
+            assert targets[ahead:] == [bytearray(size)] * (pages - ahead)
+    finally:
+        e.close()
+
+
+def test_a_broken_connection_after_get_ahead_is_a_status(redis_url, caplog):
+    """The connection `get_ahead` sent on, broken before `into`: ERROR for its keys,
+    one WARNING, and the engine's next calls read on a new connection."""
+    e = open_store(redis_url)
+    keys = fresh_keys(2)
+    value = bytes(range(256)) * 40
+    try:
+        assert e.put_from(keys, [[value]] * 2) == [Status.HIT] * 2
+        pending = e.get_ahead(keys, [len(value)] * 2)
+        pending._ahead._conn._sock.close()          # what a reset does to the stream
+        caplog.set_level(logging.WARNING, logger="kvtier")
+        assert pending.into([[bytearray(len(value))] for _ in keys]) == [Status.ERROR] * 2
+        assert len([r for r in caplog.records if "ERROR" in r.getMessage()]) == 1
+        for _ in range(2):
+            targets = [bytearray(len(value)) for _ in keys]
+            assert e.get_ahead(keys, [len(value)] * 2).into([[t] for t in targets]) == [Status.HIT] * 2
+            assert targets == [bytearray(value)] * 2
+    finally:
+        e.delete(keys)
         e.close()
 
 

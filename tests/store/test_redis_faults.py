@@ -50,6 +50,7 @@ def test_node_hung_then_killed_then_back(redis_servers, caplog):
     assert e.put_from(keys, [[v] for v in vals]) == [Status.HIT] * 6
     targets = [[bytearray(50_000)] for _ in keys]
     calls = [("get", lambda: e.get_into(keys, targets)), ("put", lambda: e.put_from(keys, [[v] for v in vals])),
+             ("get_ahead", lambda: e.get_ahead(keys, [50_000] * 6).into(targets)),
              ("exists", lambda: e.exists(keys)), ("delete", lambda: e.delete(keys))]
     caplog.set_level(logging.WARNING, logger="kvtier")
 
@@ -61,7 +62,7 @@ def test_node_hung_then_killed_then_back(redis_servers, caplog):
             assert took < 2 * T, (name, took)
     finally:
         redis_servers.signal(port, signal.SIGCONT)
-    assert e.stats["get.timeout"] == 12 and e.stats["put.timeout"] == 12
+    assert e.stats["get.timeout"] == 24 and e.stats["put.timeout"] == 12
     time.sleep(T)                                    # past the hold on the node
     got = [[bytearray(50_000)] for _ in keys]
     assert e.get_into(keys, got) == [Status.HIT] * 6
@@ -72,7 +73,7 @@ def test_node_hung_then_killed_then_back(redis_servers, caplog):
         out, took = timed(fn)
         assert out == [Status.ERROR] * 6, name
         assert took < T, (name, took)
-    assert e.stats["get.error"] == 12
+    assert e.stats["get.error"] == 24
 
     # Each failure mode was one WARNING, however often it happened.
     said = warnings_of(caplog)
@@ -310,6 +311,7 @@ def test_broken_server_gives_statuses_in_time(reply, status):
     try:
         e = open_store(f"redis://127.0.0.1:{server.port}", timeout_ms=int(T * 1000))
         for fn in (lambda: e.get_into(["a", "b"], [[bytearray(100)], [bytearray(100)]]),
+                   lambda: e.get_ahead(["a", "b"], [100, 100]).into([[bytearray(100)], [bytearray(100)]]),
                    lambda: e.exists(["a", "b"])):
             out, took = timed(fn)
             assert out == [status] * 2
@@ -340,6 +342,10 @@ def test_cluster_follows_ask_and_moved_while_a_slot_migrates(redis_servers):
     got = [[bytearray(30_000)], [bytearray(30_000)]]
     assert e.get_into([k1, k2], got) == [Status.HIT] * 2            # k1 via ASK, k2 where it was
     assert [bytes(g[0]) for g in got] == [v1, v2]
+    asks = e.stats["cluster.ask"]
+    got = [[bytearray(30_000)], [bytearray(30_000)]]                 # the GETs sent ahead, k1 answered ASK
+    assert e.get_ahead([k1, k2], [30_000] * 2).into(got) == [Status.HIT] * 2
+    assert [bytes(g[0]) for g in got] == [v1, v2] and e.stats["cluster.ask"] == asks + 1
     filled = []
     assert e.put_from([k3], [[v3]], filled.append) == [Status.HIT]  # a new key: ASK to the importer
     assert filled == [0]                                            # filled once, not again on the retry
@@ -350,7 +356,7 @@ def test_cluster_follows_ask_and_moved_while_a_slot_migrates(redis_servers):
     for p in ports:
         assert call(p, "CLUSTER", "SETSLOT", slot, "NODE", dst_id) == "OK"
     got = [[bytearray(30_000)] for _ in range(3)]
-    assert e.get_into([k1, k2, k3], got) == [Status.HIT] * 3        # through MOVED
+    assert e.get_ahead([k1, k2, k3], [30_000] * 3).into(got) == [Status.HIT] * 3     # through MOVED
     assert [bytes(g[0]) for g in got] == [v1, v2, v3]
     moved = e.stats["cluster.moved"]
     assert moved >= 1

@@ -11,6 +11,7 @@ import threading
 import pytest
 import torch
 
+from redis_support import redis_url  # noqa: F401  (fixture: the shared node)
 from store_support import KINDS, LAYOUTS, PAGE, POISON, assert_pages, canonical, host_case, poison, slots
 from kvtier.errors import KvtierError
 from kvtier.store import Engine, Status, open_store
@@ -357,6 +358,53 @@ def test_bad_arguments_raise_before_anything_moves(url, index_check):
         StoreTier(host, url, model="")
     with pytest.raises(KvtierError, match="url"):
         StoreTier(host, "nowhere://x", model="m")
+
+
+@pytest.mark.parametrize("store", ["file", "redis"])
+def test_a_prefetch_of_one_batch_asks_the_store_first(store, tmp_path, request):
+    """A prefetch of one batch begins its engine call (`Engine.get_ahead`) before its
+    index check: on Redis the GETs are answered by then (objects removed after that
+    still read), on the file store the read starts with the buffers (they read as
+    misses). A call refused for its indices reads nothing, counts nothing and leaves
+    the engine whole; a call of several batches asks the store first for none."""
+    url = f"file://{tmp_path}/store" if store == "file" else request.getfixturevalue("redis_url")
+    host = host_case("mha", "page_first_direct").host
+    tier = _tier(host, url, batch_pages=2)
+    keys = _keys(4)
+    originals = [host.get_page(p * PAGE).clone() for p in range(4)]
+    real, asked, remove = tier.engine.get_ahead, [], [False]
+
+    def spy(object_keys, nbytes):
+        pending = real(object_keys, nbytes)
+        asked.append(len(object_keys))
+        if remove[0]:
+            tier.engine.delete(object_keys)         # after the store was asked
+        return pending
+    try:
+        assert tier.backup(keys, slots(range(4))) == [True] * 4
+        poison(host)
+        tier.engine.get_ahead = spy
+        assert tier.prefetch(keys, slots(range(4, 8))) == 4          # two batches
+        assert asked == []
+        assert_pages(host, [4, 5, 6, 7], originals)
+        poison(host)
+        gets = lambda: {k: v for k, v in tier.engine.stats.items() if k.startswith("get.")}
+        before = gets()
+        with pytest.raises(KvtierError, match="host_indices"):
+            tier.prefetch(keys[:2], slots([5, 5]))
+        m = tier.read.m                                               # objects a page
+        assert asked == [2 * m] and gets() == before
+        assert_pages(host, [], [])
+        remove[0] = True
+        read = 2 if store == "redis" else 0
+        assert tier.prefetch(keys[:2], slots([5, 7])) == read
+        assert asked == [2 * m, 2 * m]
+        assert_pages(host, [5, 7][:read], originals[:read])
+        tier.engine.get_ahead = real
+        assert tier.prefetch(keys[:2], slots([8, 9])) == 0           # removed
+        assert tier.prefetch(keys[2:], slots([8, 9])) == 2           # the engine is whole
+    finally:
+        tier.close()
 
 
 @pytest.mark.parametrize("form", ["int32", "strided"])
