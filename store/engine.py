@@ -75,6 +75,7 @@ class Engine:
 
     scheme = ""
     fills_as_sent = False       # True: `_put_from` calls ``fill(i)`` as it sends key i; False: `put_from` fills all first
+    sends_ahead = False         # True: `get_ahead` sends requests (else it only defers a `get_into`)
 
     def __init__(self, url: str, timeout_ms: int = DEFAULT_TIMEOUT_MS):
         if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, (int, float)) or not timeout_ms > 0:

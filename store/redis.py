@@ -148,6 +148,7 @@ class _RedisEngine(Engine):
 
     cluster = False
     fills_as_sent = True
+    sends_ahead = True
 
     def __init__(self, url: str, timeout_ms: int = DEFAULT_TIMEOUT_MS):
         conf = parse(url, cluster=self.cluster)

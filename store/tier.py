@@ -201,9 +201,11 @@ class StoreTier:
         side = self.read
         keys = self._keys(page_keys, side)
         n = len(page_keys)
-        # A call of one batch asks the store for its objects first, so that the store's
-        # round trip overlaps the index check and the making of the buffers below.
-        ahead = self.engine.get_ahead(keys, side.sizes(keys)) if 0 < n <= self.batch_pages else None
+        # A call of one batch asks the store for its objects first, where the engine
+        # sends requests ahead: the store's round trip overlaps the index check and the
+        # making of the buffers below.
+        ahead = (self.engine.get_ahead(keys, side.sizes(keys))
+                 if self.engine.sends_ahead and 0 < n <= self.batch_pages else None)
         try:
             pages = self._pages(host_indices, n, distinct=True)
         except BaseException:
