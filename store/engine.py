@@ -107,7 +107,7 @@ class Engine:
     def get_ahead(self, keys: Sequence[str], nbytes: Sequence[int]) -> "PendingGet":
         """A `get_into` of ``keys`` started before its buffers exist: ``nbytes[i]`` is the
         length key i's targets will have. An engine that can asks the store now (Redis:
-        the GETs of a call that goes to one connection are sent), so that the store's
+        each connection's first window of GETs is sent), so that the store's
         round trip overlaps the caller's own work before `PendingGet.into`; any other
         starts at `into`. The values read are what the store holds at this call or
         later. The caller ends it with exactly one `PendingGet.into` or

@@ -174,37 +174,45 @@ class _RedisEngine(Engine):
                 for i, (k, t) in enumerate(zip(keys, targets))]
 
     def _send_ahead(self, keys, nbytes) -> Optional["_SentGets"]:
-        """The GETs of a call whose keys all go to one connection of one node (a call of
-        a few pages, `_stripes`), sent now on a connection the `_SentGets` holds; None
-        for any other call, or where anything failed (the call at `into` meets it)."""
+        """The call's GETs, grouped into its tasks as `_run` groups them (by node, then
+        connection), each task's first window sent now on a connection of its own that
+        the `_SentGets` holds. A task whose node is held or whose send failed is left
+        to the call at `into`, which meets the fault and reports it; None where no
+        task could be sent or some key's slot has no master."""
         if self._closed:
             return None
         deadline = time.monotonic() + self.timeout
         items = [ops.Item(k.encode(), (), n) for k, n in zip(keys, nbytes)]
-        conn = None
+        sent = _SentGets(deadline)
         try:
             groups = self._route(items, list(range(len(items))), {}, deadline)
-            if len(groups) != 1 or None in groups:
+            if None in groups:
                 return None
-            node = next(iter(groups))
-            if (_stripes(groups, self._conf.connections, items)[node] != 1
-                    or self._not_now(node, time.monotonic(), deadline) is not None):
-                return None
-            conn = node.acquire(deadline)
-            ops.send_gets(conn, items, deadline)
-            return _SentGets(node, conn, deadline)
+            for node, idxs in self._tasks(groups, items):
+                conn = None
+                if self._not_now(node, time.monotonic(), deadline) is None:
+                    try:
+                        conn = node.acquire(deadline)
+                        ops.send_gets(conn, [items[i] for i in idxs], deadline)
+                    except Exception:
+                        if conn is not None:
+                            conn.close()
+                            node.release(conn)
+                        conn = None
+                sent.tasks.append((node, idxs, conn))
         except Exception:
-            if conn is not None:
-                conn.close()
-                node.release(conn)
+            sent.cancel()
             return None
+        if not any(conn for _, _, conn in sent.tasks):
+            return None
+        return sent
 
     def _get_sent(self, ahead: "_SentGets", keys, targets, landed) -> List[Status]:
         try:
             return self._run(ops.get_into, self._get_items(keys, targets, landed), deadline=ahead.deadline,
                              sent=ahead)
         finally:
-            ahead.cancel()          # where `_run` raised before it took the connection
+            ahead.cancel()          # where `_run` raised before it took the connections
 
     def _put_from(self, keys, sources, fill) -> List[Status]:
         return self._run(ops.put_from, [ops.Item(k.encode(), s, sum(v.nbytes for v in s),
@@ -294,17 +302,15 @@ class _RedisEngine(Engine):
              sent: Optional["_SentGets"] = None) -> List[Status]:
         """``op`` for every item, in rounds: each round's keys grouped by node (and
         stripe), each group one `_task`; redirected keys go again in the next round.
-        ``sent``: the first round is one task whose GETs `_send_ahead` sent, on its
-        connection, under ``deadline``."""
+        ``sent``: the first round is the tasks `_send_ahead` made (under ``deadline``),
+        each on the connection its first window was sent on."""
         deadline = deadline if deadline is not None else time.monotonic() + self.timeout
         out: list = [None] * len(items)
         pending = list(range(len(items)))
         asked: Dict[int, Node] = {}         # ASK redirects: this key, this once, that node
         for _ in range(MAX_ROUNDS):
             if sent is not None:
-                (node, conn), sent = sent.take(), None
-                self._task(functools.partial(op, ahead=True), node, pending, items, out, deadline,
-                           replicated, conn)
+                tasks, sent = sent.take(), None
             elif self._closed:
                 break
             else:
@@ -313,11 +319,8 @@ class _RedisEngine(Engine):
                     for i in groups.pop(None):
                         out[i] = Status.ERROR
                     self.warn_once("unserved", "a key's hash slot has no master in the slot map")
-                tasks = []
-                for node, stripes in _stripes(groups, self._conf.connections, items).items():
-                    idxs = groups[node]
-                    tasks += [(node, idxs[s::stripes]) for s in range(stripes)]
-                self._dispatch(op, tasks, items, out, deadline, replicated)
+                tasks = [(node, idxs, None) for node, idxs in self._tasks(groups, items)]
+            self._dispatch(op, tasks, items, out, deadline, replicated)
             pending, asked = [], {}
             for i, r in enumerate(out):
                 if isinstance(r, ops.Redirect):
@@ -334,16 +337,26 @@ class _RedisEngine(Engine):
                 break
         return [Status.ERROR if not isinstance(s, Status) else s for s in out]
 
+    def _tasks(self, groups: Dict[Node, List[int]], items) -> List[Tuple[Node, List[int]]]:
+        """A round's tasks: each node's keys dealt over its share of the connections."""
+        tasks = []
+        for node, stripes in _stripes(groups, self._conf.connections, items).items():
+            idxs = groups[node]
+            tasks += [(node, idxs[s::stripes]) for s in range(stripes)]
+        return tasks
+
     def _dispatch(self, op, tasks, items, out, deadline, replicated) -> None:
+        """Each task ``(node, idxs, conn)`` run, the first on this thread, the others on
+        the thread pool; returns when all have."""
         if not tasks:
             return
         if len(tasks) == 1:
-            self._task(op, *tasks[0], items, out, deadline, replicated)
+            self._task(op, *tasks[0][:2], items, out, deadline, replicated, tasks[0][2])
             return
         pool = self._thread_pool()
-        futures = [pool.submit(self._task, op, node, idxs, items, out, deadline, replicated)
-                   for node, idxs in tasks[1:]]
-        self._task(op, *tasks[0], items, out, deadline, replicated)
+        futures = [pool.submit(self._task, op, node, idxs, items, out, deadline, replicated, conn)
+                   for node, idxs, conn in tasks[1:]]
+        self._task(op, *tasks[0][:2], items, out, deadline, replicated, tasks[0][2])
         # Every task ends by the deadline on its own (each socket wait is bounded by it);
         # waiting for all of them keeps a late reply from landing in a buffer the caller
         # already has back.
@@ -359,8 +372,8 @@ class _RedisEngine(Engine):
     def _task(self, op, node: Node, idxs: List[int], items, out, deadline, replicated,
               conn: Optional[resp.Connection] = None) -> None:
         """Run ``op`` for the keys ``idxs`` on one connection to ``node``; fills out[i].
-        ``conn``: the connection `_send_ahead` sent the GETs on (it is the task's from
-        here on, released or closed by it)."""
+        ``conn``: the connection `_send_ahead` sent their first window of GETs on (the
+        task's from here on, released or closed by it)."""
         sub = [items[i] for i in idxs]
         res: list = [None] * len(sub)
         now = time.monotonic()
@@ -371,6 +384,8 @@ class _RedisEngine(Engine):
             role = ops.Role() if replicated and not node.role_known(now) else None
             replicas = node.replicas if replicated else None
             settled = False             # False in `finally`: interrupted mid-stream
+            if conn is not None:
+                op = functools.partial(op, ahead=True)
             try:
                 conn = conn or node.acquire(deadline)
                 errors = ops.ServerErrors()
@@ -437,22 +452,23 @@ class _RedisEngine(Engine):
 
 
 class _SentGets(Ahead):
-    """`_RedisEngine._send_ahead`'s GETs: the connection they were sent on, until the
-    call at `into` takes it (`take`), or `cancel` closes it with the replies unread."""
+    """`_RedisEngine._send_ahead`'s tasks ``(node, idxs, conn)`` (conn: the connection
+    the task's first window was sent on, or None), until the call at `into` takes them
+    (`take`), or `cancel` closes their connections with the replies unread."""
 
-    def __init__(self, node: Node, conn: resp.Connection, deadline: float):
-        self.node, self.deadline = node, deadline
-        self._conn: Optional[resp.Connection] = conn
+    def __init__(self, deadline: float):
+        self.deadline = deadline
+        self.tasks: List[Tuple[Node, List[int], Optional[resp.Connection]]] = []
 
-    def take(self) -> Tuple[Node, resp.Connection]:
-        conn, self._conn = self._conn, None
-        return self.node, conn
+    def take(self) -> List[Tuple[Node, List[int], Optional[resp.Connection]]]:
+        tasks, self.tasks = self.tasks, []
+        return tasks
 
     def cancel(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            conn.close()                # its replies are in the stream: never reused
-            self.node.release(conn)
+        for node, _, conn in self.take():
+            if conn is not None:
+                conn.close()            # its replies are in the stream: never reused
+                node.release(conn)
 
 
 class _RedisRawCalls(RawCalls):

@@ -198,29 +198,44 @@ def test_a_small_call_runs_on_one_connection_on_the_calling_thread(redis_url, pa
 
 
 @pytest.mark.parametrize("pages", [1, 4, 9])
-def test_get_ahead_sends_the_first_window_of_a_one_connection_call_at_once(url, pages):
-    """`get_ahead` sends the GETs of a call that goes to one connection of one node
-    there and then, the first pipeline window of them (`redis_ops.WINDOW_BYTES`: two
-    values of 256 KiB): those values read even when removed before `into`, which sends
-    the rest. A call spread over connections (nine such values: two, `SPREAD_BYTES`) or
-    over a cluster's masters is sent at `into`."""
+def test_get_ahead_sends_each_connection_s_first_window_at_once(url, pages, monkeypatch):
+    """`get_ahead` groups a call's keys as the call does (by node, then over its
+    connections: one per `SPREAD_BYTES` of a node's values, so nine values of 256 KiB
+    take two) and sends each connection's first pipeline window of GETs there and then
+    (`redis_ops.WINDOW_BYTES`: two such values): those values read even when removed
+    before `into`, which sends the rest (read as misses once removed)."""
     e = open_store(f"{url}?connections=4")
     size = 256 << 10
     tag = uuid.uuid4().hex
-    spread = [fresh_keys(pages, f"{{{tag}}}/"), fresh_keys(pages)]      # one node; any slots
+    calls = [fresh_keys(pages, f"{{{tag}}}/")]                      # one slot: one node
+    if e.cluster:
+        calls.append(fresh_keys(pages))                             # any slots: several masters
+    sent, real = [], redis_ops.send_gets
+
+    def spy(conn, items, deadline):           # the keys of the window it sends
+        lo, hi = next(redis_ops._windows(items))
+        sent.append([it.key.decode() for it in items[lo:hi]])
+        real(conn, items, deadline)
+    monkeypatch.setattr(redis_ops, "send_gets", spy)
     gen = np.random.default_rng(pages)
     try:
-        for keys in spread[:1 if e.cluster is False else 2]:
+        for keys in calls:
             values = [gen.integers(0, 256, size, dtype=np.uint8).tobytes() for _ in keys]
             assert e.put_from(keys, [[v] for v in values]) == [Status.HIT] * pages
+            sent.clear()
             pending = e.get_ahead(keys, [size] * pages)
             assert e.delete(keys) == [Status.HIT] * pages
+            by_node: dict = {}
+            for k in keys:
+                by_node.setdefault(e._master_of(k.encode()), []).append(k)
+            stripes = 2 if pages == 9 and len(by_node) == 1 else 1
+            want = [ks[s::stripes][:2] for ks in by_node.values() for s in range(stripes)]
+            assert sorted(sent) == sorted(want)
+            early = {k for ks in sent for k in ks}
             targets = [bytearray(size) for _ in keys]
-            one_node = len({e._master_of(k.encode()) for k in keys}) == 1 and pages <= 8
-            ahead = min(pages, 2) if one_node else 0
-            assert pending.into([[t] for t in targets]) == [Status.HIT] * ahead + [Status.MISS] * (pages - ahead)
-            assert [bytes(t) for t in targets[:ahead]] == values[:ahead]
-            assert targets[ahead:] == [bytearray(size)] * (pages - ahead)
+            assert pending.into([[t] for t in targets]) == [Status.HIT if k in early else Status.MISS for k in keys]
+            for k, t, v in zip(keys, targets, values):
+                assert bytes(t) == (v if k in early else bytes(size))
     finally:
         e.close()
 
@@ -234,7 +249,7 @@ def test_a_broken_connection_after_get_ahead_is_a_status(redis_url, caplog):
     try:
         assert e.put_from(keys, [[value]] * 2) == [Status.HIT] * 2
         pending = e.get_ahead(keys, [len(value)] * 2)
-        pending._ahead._conn._sock.close()          # what a reset does to the stream
+        pending._ahead.tasks[0][2]._sock.close()    # what a reset does to the stream
         caplog.set_level(logging.WARNING, logger="kvtier")
         assert pending.into([[bytearray(len(value))] for _ in keys]) == [Status.ERROR] * 2
         assert len([r for r in caplog.records if "ERROR" in r.getMessage()]) == 1
