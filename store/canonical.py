@@ -30,7 +30,7 @@ and where torch's own parallel copy fell under 1 GB/s whenever the other core wa
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -83,15 +83,13 @@ class PageObject:
     components: Tuple[object, ...]
     header_room: int
     start: int              # the first byte of its staged region in a slot
+    # derived once: its payload's length, and the bytes of it that move through the staging buffer
+    payload_bytes: int = field(init=False, repr=False, compare=False)
+    staged_bytes: int = field(init=False, repr=False, compare=False)
 
-    @property
-    def payload_bytes(self) -> int:
-        return self.geometry.payload_bytes
-
-    @property
-    def staged_bytes(self) -> int:
-        """Its payload bytes that move through the staging buffer."""
-        return sum(p.length for p in self.components if type(p) is Staged)
+    def __post_init__(self):
+        object.__setattr__(self, "payload_bytes", self.geometry.payload_bytes)
+        object.__setattr__(self, "staged_bytes", sum(p.length for p in self.components if type(p) is Staged))
 
 
 class Staging:

@@ -36,7 +36,7 @@ import hashlib
 import logging
 import struct
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional, Sequence, Tuple
 from urllib.parse import quote
 
@@ -139,6 +139,11 @@ class Geometry:
     page_size: int
     components: Tuple[ComponentShape, ...]
     scope: str = ""         # what the rows are a part of: the identity and the object's layers and heads
+    # the payload's length, derived once (every call frames its pages by it)
+    payload_bytes: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "payload_bytes", sum(self.component_bytes(c) for c in self.components))
 
     @classmethod
     def of(cls, host) -> "Geometry":
@@ -157,10 +162,6 @@ class Geometry:
 
     def component_bytes(self, c: ComponentShape) -> int:
         return c.num_layers * self.page_size * c.row_bytes
-
-    @property
-    def payload_bytes(self) -> int:
-        return sum(self.component_bytes(c) for c in self.components)
 
     def offsets(self) -> dict:
         """Each component's first byte in the payload."""
