@@ -203,7 +203,7 @@ class _RedisEngine(Engine):
         except Exception:
             sent.cancel()
             return None
-        if not any(conn for _, _, conn in sent.tasks):
+        if all(conn is None for _, _, conn in sent.tasks):
             return None
         return sent
 
@@ -350,17 +350,18 @@ class _RedisEngine(Engine):
         the thread pool; returns when all have."""
         if not tasks:
             return
-        if len(tasks) == 1:
-            self._task(op, *tasks[0][:2], items, out, deadline, replicated, tasks[0][2])
-            return
-        pool = self._thread_pool()
-        futures = [pool.submit(self._task, op, node, idxs, items, out, deadline, replicated, conn)
-                   for node, idxs, conn in tasks[1:]]
-        self._task(op, *tasks[0][:2], items, out, deadline, replicated, tasks[0][2])
+        futures = []
+        if len(tasks) > 1:
+            pool = self._thread_pool()
+            futures = [pool.submit(self._task, op, node, idxs, items, out, deadline, replicated, conn)
+                       for node, idxs, conn in tasks[1:]]
+        node, idxs, conn = tasks[0]
+        self._task(op, node, idxs, items, out, deadline, replicated, conn)
         # Every task ends by the deadline on its own (each socket wait is bounded by it);
         # waiting for all of them keeps a late reply from landing in a buffer the caller
         # already has back.
-        concurrent.futures.wait(futures)
+        if futures:
+            concurrent.futures.wait(futures)
 
     def _thread_pool(self) -> concurrent.futures.ThreadPoolExecutor:
         with self._pool_lock:
@@ -387,7 +388,8 @@ class _RedisEngine(Engine):
             if conn is not None:
                 op = functools.partial(op, ahead=True)
             try:
-                conn = conn or node.acquire(deadline)
+                if conn is None:
+                    conn = node.acquire(deadline)
                 errors = ops.ServerErrors()
                 if role is not None:
                     op(conn, sub, res, deadline, errors, role)
