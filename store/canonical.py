@@ -115,6 +115,8 @@ class Staging:
             smap = maps[parts[0]] if len(parts) == 1 else RowMap.stack([maps[p] for p in parts])
             self.maps.append(smap)
             self.views.append(tuple(_as_chunks(v.numpy()) for v in page_views(host_map, smap)))
+        # every object's copy groups in one copy each, where the objects allow (`_fused`)
+        self.fused = _fused(self.views, plan.object_groups)
 
 
 class CanonicalPages:
@@ -242,7 +244,7 @@ class CanonicalPages:
         ``first_slot``, ``first_slot + 1``, ... (one copy per copy group and run of pages)."""
         if self.staged:
             slots = range(first_slot, first_slot + len(host_pages))
-            for host_v, staging_v in staging.views:
+            for host_v, staging_v in staging.fused:
                 copy_pages(host_v, host_pages, staging_v, slots)
 
     def from_staging(self, staging: Staging, host_pages: Sequence[int], first_slot: int = 0,
@@ -253,8 +255,11 @@ class CanonicalPages:
         every object."""
         if self.staged:
             slots = range(first_slot, first_slot + len(host_pages))
-            groups = range(len(staging.views)) if obj is None else self.object_groups[obj]
-            for g in groups:
+            if obj is None:
+                for host_v, staging_v in staging.fused:
+                    copy_pages(staging_v, slots, host_v, host_pages)
+                return
+            for g in self.object_groups[obj]:
                 host_v, staging_v = staging.views[g]
                 copy_pages(staging_v, slots, host_v, host_pages)
 
@@ -358,6 +363,49 @@ def _as_chunks(words: np.ndarray) -> np.ndarray:
     if words.shape[-1] <= 1 or words.strides[-1] != words.itemsize:
         return words
     return words.view(np.dtype((np.void, words.shape[-1] * words.itemsize)))
+
+
+def _fused(views: List[Tuple[np.ndarray, np.ndarray]], object_groups: Sequence[Tuple[int, ...]]
+           ) -> List[Tuple[np.ndarray, np.ndarray]]:
+    """The copy groups' page views (host, staging), with alike objects' groups folded
+    into one view pair each: objects whose copy group k has the same shape and strides
+    on both sides, each starting one fixed step after the one before on each side (a
+    page's head groups: equal in size, held one after another by the staging slot).
+    A folded pair has an objects axis before the chunks, so one copy writes each host
+    row's head groups in address order rather than one 256 B slice a row per object
+    (16 MiB of four 64 KiB-object pages: 1.0 ms against 1.5, 2-core CPU). Groups of
+    objects unlike the others are kept as they are."""
+    def signature(groups):
+        return tuple((v.shape, v.strides, v.dtype) for g in groups for v in views[g])
+
+    classes: Dict[tuple, List[Tuple[int, ...]]] = {}
+    for groups in object_groups:
+        classes.setdefault(signature(groups), []).append(groups)
+    out = []
+    for members in classes.values():
+        folded = _fold([[views[g] for g in groups] for groups in members]) if len(members) > 1 else None
+        out.extend(folded if folded is not None else (views[g] for groups in members for g in groups))
+    return out
+
+
+def _fold(pairs_by_object: List[List[Tuple[np.ndarray, np.ndarray]]]) -> Optional[List[Tuple[np.ndarray, np.ndarray]]]:
+    """Alike objects' view pairs (same shapes and strides) as one pair per copy group
+    with an objects axis, where each group starts a fixed non-zero step after the
+    previous object's on both sides; else None. Slice o of a folded view is exactly
+    object o's view (same address, shape and strides), so it addresses no other byte."""
+    m, folded = len(pairs_by_object), []
+    for k in range(len(pairs_by_object[0])):
+        sides = []
+        for side in range(2):
+            arrays = [pairs[k][side] for pairs in pairs_by_object]
+            addr = [a.__array_interface__["data"][0] for a in arrays]
+            step, a0 = addr[1] - addr[0], arrays[0]
+            if a0.ndim < 5 or not step or any(addr[o] != addr[0] + o * step for o in range(m)):
+                return None
+            sides.append(np.lib.stride_tricks.as_strided(
+                a0, a0.shape[:4] + (m,) + a0.shape[4:], a0.strides[:4] + (step,) + a0.strides[4:]))
+        folded.append(tuple(sides))
+    return folded
 
 
 def copy_pages(src, src_pages: Sequence[int], dst, dst_pages: Sequence[int]) -> None:

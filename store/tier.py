@@ -216,14 +216,23 @@ class StoreTier:
 
         def finish(batch: _Batch, statuses: List[Status]) -> bool:
             run = self._verified(batch, statuses)
-            m = side.m
-            for o in range(m):          # each object's unplaced pages, in runs: one copy each
-                j = 0
-                for was_placed, same in itertools.groupby(batch.placed[o:run * m:m]):
-                    k = j + len(list(same))
-                    if not was_placed:
-                        side.canonical.from_staging(batch.staging, batch.pages[j:k], j, o)
-                    j = k
+            m, placed = side.m, batch.placed
+            # pages none of whose objects were placed as they landed: all objects in one
+            # copy per run of pages; the others object by object
+            j = 0
+            for none_placed, same in itertools.groupby(not any(placed[p * m:p * m + m]) for p in range(run)):
+                k = j + len(list(same))
+                if none_placed:
+                    side.canonical.from_staging(batch.staging, batch.pages[j:k], j)
+                else:
+                    for o in range(m):      # each object's unplaced pages, in runs
+                        a = j
+                        for was_placed, same_o in itertools.groupby(placed[j * m + o:k * m:m]):
+                            b = a + len(list(same_o))
+                            if not was_placed:
+                                side.canonical.from_staging(batch.staging, batch.pages[a:b], a, o)
+                            a = b
+                j = k
             done[0] += run
             return run == len(batch.pages)
 

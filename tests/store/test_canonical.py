@@ -9,7 +9,7 @@ import torch
 
 from store_support import KINDS, LAYOUTS, PAGE, POISON, canonical, host_case, slots
 from kvtier.kernels.reference import copy_rows_reference
-from kvtier.store.canonical import CanonicalPages, modes
+from kvtier.store.canonical import CanonicalPages, Staged, modes
 
 
 def _joined(pieces) -> bytes:
@@ -150,3 +150,50 @@ def test_staging_buffers_are_reused():
     assert plan.take_staging(3) is a          # large enough: reused
     b = plan.take_staging(2)                  # a is out: a new one
     assert b is not a
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_folded_copies_move_the_bytes_of_the_object_by_object_copies(kind, layout):
+    """A page of several head-group objects is staged and placed with alike objects'
+    copies folded into one (`Staging.fused`): the staging slots and the host pages end
+    byte for byte as the object-by-object copies leave them, and no other byte moves."""
+    from kvtier.store.canonical import copy_pages
+    from kvtier.store.split import split_of
+    hc = host_case(kind, layout)
+    host = hc.host
+    plan = CanonicalPages(host, parts=split_of(host, model="m").parts)
+    if plan.in_place:
+        pytest.skip("nothing staged")
+    src, dst = [1, 4, 5, 7], [9, 10, 0, 2]
+    want = [canonical(host, p * PAGE) for p in src]
+    staged_whole = all(type(c) is Staged for o in plan.objects for c in o.components)
+    folded, single = plan.take_staging(len(src)), plan.take_staging(len(src))
+    if len(plan.objects) > 1 and kind == "mha":
+        assert len(folded.fused) < len(folded.views)        # the head groups fold
+    for s in (folded, single):
+        s.tensor.fill_(POISON)
+    plan.to_staging(src, folded)
+    for host_v, staging_v in single.views:
+        copy_pages(host_v, src, staging_v, range(len(src)))
+    assert torch.equal(folded.tensor, single.tensor)
+    assert not (folded.tensor[:len(src)] == POISON).all()
+    for b in host.buffers.values():
+        b.view(-1).view(torch.uint8).fill_(POISON)
+    plan.from_staging(folded, dst)
+    by_folded = {n: b.view(-1).view(torch.uint8).clone() for n, b in host.buffers.items()}
+    for b in host.buffers.values():
+        b.view(-1).view(torch.uint8).fill_(POISON)
+    for host_v, staging_v in single.views:
+        copy_pages(staging_v, range(len(src)), host_v, dst)
+    for n, b in host.buffers.items():
+        assert torch.equal(by_folded[n], b.view(-1).view(torch.uint8)), n
+    for q in range(host.size // PAGE):
+        page = host.get_page(q * PAGE)
+        if q in dst:
+            if staged_whole:        # else its in-place components are not the copies' to move
+                assert canonical(host, q * PAGE) == want[dst.index(q)], f"page {q}"
+        else:
+            assert bool((page == POISON).all()), f"page {q} was written"
+    hc.check_margins()
+

@@ -136,14 +136,14 @@ def test_a_missing_group_is_a_miss_for_the_readers_that_need_it(url):
                 model.check(hc, r, size, READ_PAGES)
 
 
-@pytest.mark.parametrize("when", ["landing", "after", "unreported"])
+@pytest.mark.parametrize("when", ["landing", "after", "unreported", "mixed"])
 def test_a_page_s_objects_are_placed_as_each_lands(url, monkeypatch, when):
     """A reader of several objects per page places each object's heads in its host
     page as soon as that object is read and verified, inside the engine's call, where
     the object stages at least `PLACE_ON_LANDING_MIN` ("landing"); smaller objects, and
     those of an engine that reports nothing, after the call; each once. An object that
     fails verification ends the leading run at its page, whatever of that page was
-    placed."""
+    placed. "mixed": every other object placed as it lands, the rest after the call."""
     from kvtier.store import tier as tier_module
     if when == "landing":
         monkeypatch.setattr(tier_module, "PLACE_ON_LANDING_MIN", 1)
@@ -156,6 +156,11 @@ def test_a_page_s_objects_are_placed_as_each_lands(url, monkeypatch, when):
     (hc, tier), = ranks(model, 1, "page_first", url, pages=6)
     m = tier.read.m
     assert m == 8          # one object per KV head group of the model
+    if when == "mixed":
+        tier.read.place_on_landing = [o % 2 == 0 for o in range(m)]
+
+    def lands(o):
+        return inside or (when == "mixed" and o % 2 == 0)
     engine, in_call, placed = tier.engine, [False], []
     real_get, real_place = engine._get_into, tier.canonical.from_staging
 
@@ -167,14 +172,14 @@ def test_a_page_s_objects_are_placed_as_each_lands(url, monkeypatch, when):
             in_call[0] = False
 
     def place(staging, host_pages, first_slot=0, obj=None):
-        placed.extend((p, obj, in_call[0]) for p in host_pages)
+        placed.extend((p, o, in_call[0]) for p in host_pages for o in (range(m) if obj is None else [obj]))
         return real_place(staging, host_pages, first_slot, obj)
 
     engine._get_into, tier.canonical.from_staging = get_into, place
     read_into = [0, 5, 3, 2]
     assert tier.prefetch(keys, slots(read_into)) == 4
     model.check(hc, 0, 1, read_into)
-    assert sorted(placed) == sorted((p, o, inside) for p in read_into for o in range(m))
+    assert sorted(placed) == sorted((p, o, lands(o)) for p in read_into for o in range(m))
     # a corrupt group-2 object of page 2: pages 0 and 1 read, page 2 and after not
     name = object_name(tier.keys(keys[2])[2])
     path = os.path.join(url[len("file://"):], name)
@@ -193,10 +198,10 @@ def test_a_page_s_objects_are_placed_as_each_lands(url, monkeypatch, when):
             for hp, mp in ((0, 0), (5, 1)):
                 assert torch.equal(v[hp], model.rows[name][layer][mp].reshape(v[hp].shape))
     hc.check_margins()
-    if inside:          # every object that verified placed as it landed; the corrupt one not
-        want = [(p, o, True) for p in read_into for o in range(m) if (p, o) != (3, 2)]
-    else:               # the leading run's objects only, after the call
-        want = [(p, o, False) for p in read_into[:2] for o in range(m)]
+    # every object placed as it lands that verified (the corrupt one not); the others
+    # of the leading run only, after the call
+    want = [(p, o, True) for p in read_into for o in range(m) if lands(o) and (p, o) != (3, 2)]
+    want += [(p, o, False) for p in read_into[:2] for o in range(m) if not lands(o)]
     assert sorted(placed) == sorted(want)
 
 
