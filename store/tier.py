@@ -208,31 +208,23 @@ class StoreTier:
                  if self.engine.sends_ahead and 0 < n <= self.batch_pages else None)
         try:
             pages = self._pages(host_indices, n, distinct=True)
-        except BaseException:
+            done = self._read_pages(side, keys, pages, ahead)
+        finally:
             if ahead is not None:
-                ahead.cancel()
-            raise
+                ahead.cancel()          # where the call raised, or ended before its engine call
+        if n - done > 1:
+            self._count(skipped=n - done - 1)     # after the first miss, counted as what it was
+        return done
+
+    def _read_pages(self, side: "_Objects", keys: List[str], pages: List[int],
+                    ahead: Optional[PendingGet]) -> int:
+        """`prefetch`'s batches (its keys and checked pages): the leading pages read and
+        verified; an exception is a WARNING and ends the call (what was read counts)."""
         done = [0]
 
         def finish(batch: _Batch, statuses: List[Status]) -> bool:
             run = self._verified(batch, statuses)
-            m, placed = side.m, batch.placed
-            # pages none of whose objects were placed as they landed: all objects in one
-            # copy per run of pages; the others object by object
-            j = 0
-            for none_placed, same in itertools.groupby(not any(placed[p * m:p * m + m]) for p in range(run)):
-                k = j + len(list(same))
-                if none_placed:
-                    side.canonical.from_staging(batch.staging, batch.pages[j:k], j)
-                else:
-                    for o in range(m):      # each object's unplaced pages, in runs
-                        a = j
-                        for was_placed, same_o in itertools.groupby(placed[j * m + o:k * m:m]):
-                            b = a + len(list(same_o))
-                            if not was_placed:
-                                side.canonical.from_staging(batch.staging, batch.pages[a:b], a, o)
-                            a = b
-                j = k
+            self._place_after(batch, run)
             done[0] += run
             return run == len(batch.pages)
 
@@ -244,12 +236,29 @@ class StoreTier:
             self._warn("prefetch.exception", "prefetch failed (%s: %s); pages reported missing",
                        type(e).__name__, e)
             self._count(errors=1)
-        finally:
-            if ahead is not None:
-                ahead.cancel()          # where the call ended before its engine call
-        if n - done[0] > 1:
-            self._count(skipped=n - done[0] - 1)     # after the first miss, counted as what it was
         return done[0]
+
+    @staticmethod
+    def _place_after(batch: "_Batch", run: int) -> None:
+        """The staged objects of ``batch``'s first ``run`` pages that were not placed as
+        they landed, placed now: a page none of whose objects were placed in one copy
+        per run of such pages (`CanonicalPages.from_staging` folds its head groups);
+        the others object by object, in runs."""
+        cp, m, placed = batch.side.canonical, batch.side.m, batch.placed
+        j = 0
+        for none_placed, same in itertools.groupby(not any(placed[p * m:p * m + m]) for p in range(run)):
+            k = j + len(list(same))
+            if none_placed:
+                cp.from_staging(batch.staging, batch.pages[j:k], j)
+            else:
+                for o in range(m):
+                    a = j
+                    for was_placed, same_o in itertools.groupby(placed[j * m + o:k * m:m]):
+                        b = a + len(list(same_o))
+                        if not was_placed:
+                            cp.from_staging(batch.staging, batch.pages[a:b], a, o)
+                        a = b
+            j = k
 
     def exists(self, page_keys: Sequence[str]) -> int:
         """How many leading keys of ``page_keys`` are stored."""
