@@ -374,7 +374,7 @@ def _fused(views: List[Tuple[np.ndarray, np.ndarray]], object_groups: Sequence[T
     A folded pair has an objects axis before the chunks, so one copy writes each host
     row's head groups in address order rather than one 256 B slice a row per object
     (placing 16 MiB of pages of four head groups: 0.55 ms against 1.5, 2-core CPU;
-    results/2026-12-08_cpu_store_reshard_folded). Groups of
+    results/2026-12-07_cpu_store_reshard_folded). Groups of
     objects unlike the others are kept as they are."""
     def signature(groups):
         return tuple((v.shape, v.strides, v.dtype) for g in groups for v in views[g])
