@@ -31,7 +31,9 @@ for size in [int(x) << 10 for x in os.environ.get("SIZES", "256 1024 4096 16384"
             canonical._fused = real_fused if arm == "after, folded" else (lambda views, groups: list(views))
             readers[arm] = StoreTier(host, engine, model="fused-ab", tp=(0, rtp), heads=heads)
             readers[arm].read.place_on_landing = [arm == "landing"] * readers[arm].read.m
-            readers[arm].canonical.give_staging(readers[arm].canonical.take_staging(readers[arm].batch_pages))
+            made = [readers[arm].canonical.take_staging(readers[arm].batch_pages) for _ in range(3)]
+            for s in made:          # the staging buffers a call keeps in use, made as the arm says
+                readers[arm].canonical.give_staging(s)
         canonical._fused = real_fused
         writers = [StoreTier(bench.bench_host(size, pages, layout, heads=heads // wtp, page_size=P, head_dim=hd),
                              engine, model="fused-ab", tp=(r, wtp), heads=heads) for r in range(wtp // rtp)]
