@@ -401,8 +401,9 @@ def _fold(pairs_by_object: List[List[Tuple[np.ndarray, np.ndarray]]]) -> Optiona
             arrays = [pairs[k][side] for pairs in pairs_by_object]
             addr = [a.__array_interface__["data"][0] for a in arrays]
             step, a0 = addr[1] - addr[0], arrays[0]
-            if a0.ndim < 5 or not step or any(addr[o] != addr[0] + o * step for o in range(m)):
+            if not step or any(addr[o] != addr[0] + o * step for o in range(m)):
                 return None
+            # the objects axis goes before the chunks: `page_views`' axis 4
             sides.append(np.lib.stride_tricks.as_strided(
                 a0, a0.shape[:4] + (m,) + a0.shape[4:], a0.strides[:4] + (step,) + a0.strides[4:]))
         folded.append(tuple(sides))

@@ -241,24 +241,18 @@ class StoreTier:
     @staticmethod
     def _place_after(batch: "_Batch", run: int) -> None:
         """The staged objects of ``batch``'s first ``run`` pages that were not placed as
-        they landed, placed now: a page none of whose objects were placed in one copy
-        per run of such pages (`CanonicalPages.from_staging` folds its head groups);
-        the others object by object, in runs."""
+        they landed, placed now: pages none of whose objects were placed in one copy
+        per run of them (`CanonicalPages.from_staging` folds their head groups); the
+        other pages' unplaced objects object by object, in runs."""
         cp, m, placed = batch.side.canonical, batch.side.m, batch.placed
-        j = 0
-        for none_placed, same in itertools.groupby(not any(placed[p * m:p * m + m]) for p in range(run)):
-            k = j + len(list(same))
-            if none_placed:
-                cp.from_staging(batch.staging, batch.pages[j:k], j)
-            else:
-                for o in range(m):
-                    a = j
-                    for was_placed, same_o in itertools.groupby(placed[j * m + o:k * m:m]):
-                        b = a + len(list(same_o))
-                        if not was_placed:
-                            cp.from_staging(batch.staging, batch.pages[a:b], a, o)
-                        a = b
-            j = k
+        whole = [not any(placed[p * m:p * m + m]) for p in range(run)]
+        for fold, a, b in _runs(whole):
+            if fold:
+                cp.from_staging(batch.staging, batch.pages[a:b], a)
+        for o in range(m):
+            for unplaced, a, b in _runs([not (whole[p] or placed[p * m + o]) for p in range(run)]):
+                if unplaced:
+                    cp.from_staging(batch.staging, batch.pages[a:b], a, o)
 
     def exists(self, page_keys: Sequence[str]) -> int:
         """How many leading keys of ``page_keys`` are stored."""
@@ -612,6 +606,15 @@ class _Batch:
 
 
 _UNHEARD = object()     # a page's verdict before its engine reported it landed
+
+
+def _runs(flags: List[bool]):
+    """``(flag, a, b)`` for each run ``flags[a:b]`` of equal flags, in order."""
+    a = 0
+    for flag, same in itertools.groupby(flags):
+        b = a + len(list(same))
+        yield flag, a, b
+        a = b
 
 
 def _all_hits(statuses: List[Status]) -> bool:
