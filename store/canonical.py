@@ -117,6 +117,14 @@ class Staging:
             self.views.append(tuple(_as_chunks(v.numpy()) for v in page_views(host_map, smap)))
         # every object's copy groups in one copy each, where the objects allow (`_fused`)
         self.fused = _fused(self.views, plan.object_groups)
+        # Per object staged whole (its components lie in payload order in a slot), its
+        # payload in each slot as one buffer, made once: `pieces` of such an object is
+        # this one buffer (one checksum call, one buffer for the engine). None for the
+        # other objects.
+        self.payloads = [None if not o.header_room else
+                         [self.view[a:a + o.payload_bytes]
+                          for a in range(o.start + o.header_room, capacity * stride, stride)]
+                         for o in plan.objects]
 
 
 class CanonicalPages:
@@ -212,7 +220,9 @@ class CanonicalPages:
     def pieces(self, page: int, staging: Optional[Staging], slot: int, obj: int = 0) -> List[memoryview]:
         """The payload of object ``obj`` of host page number ``page`` (slot // page_size)
         as pieces in canonical order: host memory for direct components, staging slot
-        ``slot`` for staged ones."""
+        ``slot`` for staged ones (one piece where every component is staged)."""
+        if staging is not None and staging.payloads[obj] is not None:
+            return [staging.payloads[obj][slot]]
         out = []
         for part in self.objects[obj].components:
             if type(part) is Direct:

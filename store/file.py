@@ -10,8 +10,9 @@ On disk::
 
 A key of any characters maps to a fixed-length, case-insensitive-safe name; keys are
 not recoverable from names (the page format keeps the key inside the object).
-Reads go straight into the caller's buffers (`os.preadv`); a file whose size is not
-the target's is CORRUPT without being read. Writes go to a temporary file in dir/tmp
+Reads go straight into the caller's buffers (`os.preadv`, asking for one byte past
+them, so no ``fstat`` is needed); a file whose size is not the target's is CORRUPT (the
+target's bytes are then undefined). Writes go to a temporary file in dir/tmp
 (the same file system) and `os.replace` puts it in place: a reader sees the old object
 or the new one, and a writer that dies mid-write leaves a temporary file, not a torn
 object. Temporary files of dead writers on this host are removed when an engine opens
@@ -560,10 +561,7 @@ class FileEngine(Engine):
         except FileNotFoundError:
             return Status.MISS
         try:
-            want = sum(v.nbytes for v in views)
-            if os.fstat(fd).st_size != want:
-                return Status.CORRUPT
-            return Status.HIT if _preadv_all(fd, views) == want else Status.CORRUPT
+            return Status.HIT if _read_whole(fd, views) else Status.CORRUPT
         finally:
             os.close(fd)
 
@@ -758,10 +756,18 @@ def _ranges(views: Sequence[memoryview], parts: int) -> List[Tuple[int, List[mem
     return out
 
 
-def _preadv_all(fd: int, views: Sequence[memoryview]) -> int:
-    """Read the file from offset 0 into ``views`` in order; returns the bytes read
-    (less than their total only at the end of the file)."""
-    return _vectored(os.preadv, fd, views)
+def _read_whole(fd: int, views: Sequence[memoryview]) -> bool:
+    """Read the file into ``views`` in order; whether it holds exactly their bytes.
+    One ``preadv`` asks for a byte more than they hold: a file of their length reads
+    short by that byte, a longer one reads it, so no ``fstat`` is needed. A read short
+    of their length (the file is shorter, or the kernel cut the read) is checked the
+    careful way: the file's length, then the read resumed until it ends."""
+    want = sum(v.nbytes for v in views)
+    if len(views) < _IOV_MAX:
+        n = os.preadv(fd, [*views, bytearray(1)], 0)
+        if n >= want:
+            return n == want
+    return os.fstat(fd).st_size == want and _vectored(os.preadv, fd, views) == want
 
 
 def _pwritev_all(fd: int, views: Sequence[memoryview]) -> None:

@@ -344,12 +344,10 @@ class StoreTier:
         """A backup batch: its pages are staged and sealed one by one by `_sealer`, as
         the engine sends them where it sends values one by one (`Engine.fills_as_sent`),
         else now (this thread, beside the engine call of the batch before)."""
-        m = side.m
         pieces = self._pieces(side, pages, staging)
-        headers, buffers = self._framed(side, [side.formats[i % m].header(k) for i, k in enumerate(keys)],
-                                        pieces, staging)
+        headers, buffers = self._framed(side, keys, pieces, staging, PageFormat.header)
         batch = _Batch(side, keys, pages, staging, headers, buffers, pieces, sealed=[None] * len(keys))
-        if m > 1:       # a page's staging copy serves several objects: made here, once
+        if side.m > 1:       # a page's staging copy serves several objects: made here, once
             try:
                 side.canonical.to_staging(pages, staging)
             except Exception as e:
@@ -365,10 +363,8 @@ class StoreTier:
     def _receivers(self, side: "_Objects", keys: List[str], pages: List[int], staging: Optional[Staging]) -> "_Batch":
         """A prefetch batch: a header buffer and the payload pieces (host memory or
         staging) per page, for the engine to read into."""
-        m = side.m
         pieces = self._pieces(side, pages, staging)
-        headers, buffers = self._framed(side, [bytearray(side.formats[i % m].header_size(k))
-                                               for i, k in enumerate(keys)], pieces, staging)
+        headers, buffers = self._framed(side, keys, pieces, staging, PageFormat.header_size)
         return _Batch(side, keys, pages, staging, headers, buffers, pieces, [_UNHEARD] * len(keys),
                       placed=[staging is None] * len(keys))
 
@@ -377,21 +373,29 @@ class StoreTier:
         cp = side.canonical
         return [cp.pieces(p, staging, j, o) for j, p in enumerate(pages) for o in range(side.m)]
 
-    def _framed(self, side: "_Objects", headers: List[bytearray], pieces: List[List[memoryview]],
-                staging: Optional[Staging]) -> Tuple[list, List[list]]:
-        """Each page's header buffer, and the buffers the engine moves: the header then
-        the payload pieces, or one buffer where the page's staging slot holds its header
-        just before its payload (a page staged whole, `CanonicalPages.object_view`; the
-        header is copied there)."""
-        out_headers, buffers, m = [], [], side.m
-        for i, (h, ps) in enumerate(zip(headers, pieces)):
-            whole = side.canonical.object_view(staging, i // m, len(h), i % m)
+    @staticmethod
+    def _framed(side: "_Objects", keys: List[str], pieces: List[List[memoryview]],
+                staging: Optional[Staging], header) -> Tuple[list, List[list]]:
+        """Each object's header buffer, and the buffers the engine moves: the header then
+        the payload pieces, or one buffer where the object's staging slot holds its
+        header just before its payload (an object staged whole,
+        `CanonicalPages.object_view`). ``header(format, key)`` is the header to send
+        (`PageFormat.header`: copied into the slot there) or the length of the one to
+        receive (`PageFormat.header_size`: read into the slot there, else into a new
+        buffer)."""
+        out_headers, buffers, m, view = [], [], side.m, side.canonical.object_view
+        for i, (k, ps) in enumerate(zip(keys, pieces)):
+            h = header(side.formats[i % m], k)
+            n = h if type(h) is int else len(h)
+            whole = view(staging, i // m, n, i % m)
             if whole is None:
+                h = bytearray(h) if type(h) is int else h
                 out_headers.append(h)
                 buffers.append([h, *ps])
             else:
-                whole[:len(h)] = h
-                out_headers.append(whole[:len(h)])
+                if type(h) is not int:
+                    whole[:n] = h
+                out_headers.append(whole[:n])
                 buffers.append([whole])
         return out_headers, buffers
 

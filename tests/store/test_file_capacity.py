@@ -383,15 +383,15 @@ def test_an_object_evicted_mid_read_still_reads_whole(tmp_path, monkeypatch):
     gone afterwards and no longer counted."""
     e = open_store(f"file://{tmp_path}?max_bytes=10000&threads=1")
     victim = _put(e, "victim", 6000)
-    real = file_module._preadv_all
+    real = file_module._read_whole
     evicted = []
 
-    def preadv_all(fd, views):
+    def read_whole(fd, views):
         if not evicted:
             evicted.append(_put(e, "newer", 6000))        # evicts the victim
             assert e.exists(["victim"]) == [Status.MISS]
         return real(fd, views)
-    monkeypatch.setattr(file_module, "_preadv_all", preadv_all)
+    monkeypatch.setattr(file_module, "_read_whole", read_whole)
     assert _read(e, ["victim"], [6000]) == ([Status.HIT], [victim])
     assert e.stats["evictions"] == 1 and e.exists(["victim"]) == [Status.MISS]
     assert e.stored_bytes == 6000 == _disk_bytes(tmp_path)

@@ -306,6 +306,48 @@ def test_few_large_values_are_read_in_ranges_on_several_threads(tmp_path, monkey
     e.close()
 
 
+@pytest.mark.parametrize("pieces", [1, 3, 1500])      # 1500: more buffers than one preadv takes
+def test_a_whole_read_needs_no_fstat_and_a_cut_read_is_resumed(tmp_path, monkeypatch, pieces):
+    """A file read whole takes no ``fstat`` where its buffers fit one ``preadv`` (the
+    byte asked for past them tells a longer file); a read the kernel cuts short is
+    resumed and reads whole, with its length checked; files a byte shorter or longer
+    are CORRUPT either way."""
+    from kvtier.store import file as file_module
+    e = open_store(f"file://{tmp_path}?threads=1")
+    data = os.urandom(30_000)
+    assert e.put_from(["k", "short", "long"], [[data], [data[:-1]], [data + b"x"]]) == [Status.HIT] * 3
+    fstats, cuts = [], []
+    real_fstat, real_preadv = os.fstat, os.preadv
+    monkeypatch.setattr(file_module.os, "fstat", lambda fd: fstats.append(fd) or real_fstat(fd))
+
+    def read(keys):
+        out = []
+        for k in keys:
+            target = bytearray(b"\x5a" * len(data))
+            step = -(-len(data) // pieces)
+            views = [memoryview(target)[a:a + step] for a in range(0, len(data), step)]
+            out.append((e.get_into([k], [views])[0], bytes(target)))
+        return out
+
+    assert read(["k"]) == [(Status.HIT, data)]
+    assert read(["long"])[0][0] == Status.CORRUPT
+    assert (fstats == []) == (pieces < file_module._IOV_MAX)
+    assert read(["short"])[0][0] == Status.CORRUPT         # a short read: checked the careful way
+
+    def cut(fd, views, offset):                 # the first read of a call stops 100 bytes in
+        if not cuts:
+            cuts.append(offset)
+            return real_preadv(fd, [views[0][:100]], offset)
+        return real_preadv(fd, views, offset)
+    monkeypatch.setattr(file_module.os, "preadv", cut)
+    fstats.clear()
+    assert read(["k"]) == [(Status.HIT, data)] and cuts == [0] and len(fstats) == 1
+    for k in ("short", "long"):
+        cuts.clear()
+        assert read([k])[0][0] == Status.CORRUPT
+    e.close()
+
+
 def test_a_ranged_read_s_misses_faults_and_short_files(tmp_path, monkeypatch):
     """In a ranged read, a missing key is MISS (its buffers untouched), a file of
     another length CORRUPT (nothing read), a range's I/O error that key's ERROR, a file
