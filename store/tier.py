@@ -60,6 +60,20 @@ SMALL_INDICES = 256             # index lists up to this long are checked as Pyt
 # node, 64 KiB 69 / 54, 256 KiB 40 / 37, 512 KiB 30 / 35, 1 MiB 25 / 31
 # (results/2026-12-07_cpu_store_reshard_placement).
 PLACE_ON_LANDING_MIN = 512 << 10
+# A prefetch of one batch of at least this much staged page data, of pages whose objects
+# are all placed after landing (a reshard read's small head-group objects), hands its
+# engine call to the tier's worker thread and places each page on the calling thread
+# as the page's last object lands (`StoreTier._placing`): the copy runs beside the
+# store's transfer instead of after it. Calls of several batches already place each
+# batch beside the next one's engine call; placing within the batch too only added
+# CPU there (file store, 256 KiB pages, 64 MiB: 17.0 ms after, 19.3 beside); smaller
+# calls would pay more for the hand-off than the copy takes. Reshard reads of one batch
+# (TP 8 -> TP 2, 2-core CPU, medians, ms after / beside): file store, 16 MiB of 256 KiB
+# pages 5.3 / 4.9 (page_first), 16 MiB of 1 MiB pages 2.7 / 2.5; Redis node, 64 MiB of
+# 1 MiB pages 6.2 / 5.2 (page_first_direct), 6.0 / 5.1 (page_first)
+# (results/2026-12-07_cpu_store_reshard_beside).
+PLACE_BESIDE_MIN = 4 << 20
+PLACE_BESIDE_RUN = 1 << 20      # the calling thread wakes to place pages once this much of them is ready
 _CPU = torch.device("cpu")
 
 
@@ -228,8 +242,13 @@ class StoreTier:
             done[0] += run
             return run == len(batch.pages)
 
+        beside = len(pages) <= self.batch_pages       # one batch: nothing else to place beside its call
+
+        def prepare(side, keys, pages, staging):
+            return self._receivers(side, keys, pages, staging, beside)
+
         try:
-            self._run(side, keys, pages, self._receivers,
+            self._run(side, keys, pages, prepare,
                       self._get if ahead is None else lambda batch: self._get(batch, ahead),
                       _all_hits, finish)
         except Exception as e:
@@ -282,7 +301,8 @@ class StoreTier:
         miss the engine reports ends a prefetch before anything after it is read. When
         this returns or raises, no engine call of it is running and every staging
         buffer it took is given back. A call of one batch runs wholly on this thread
-        (nothing to overlap: no hand-off to a worker)."""
+        (nothing to overlap: no hand-off to a worker), but for a batch whose pages this
+        thread places as they land (`_placing`)."""
         if not pages:
             return
         cp, m = side.canonical, side.m
@@ -290,7 +310,15 @@ class StoreTier:
             staging = cp.take_staging(len(pages))
             try:
                 batch = prepare(side, keys, pages, staging)
-                finish(batch, move(batch))
+                if batch.landings is None:
+                    finish(batch, move(batch))
+                    return
+                flight = self._workers().submit(move, batch)
+                try:
+                    statuses = self._placing(flight, batch)
+                finally:
+                    concurrent.futures.wait([flight])
+                finish(batch, statuses)
             finally:
                 cp.give_staging(staging)
             return
@@ -306,14 +334,14 @@ class StoreTier:
                 except BaseException:
                     cp.give_staging(staging)
                     if flight is not None:      # what was moved still counts
-                        statuses, flight = flight.result(), None
+                        statuses, flight = self._placing(flight, held[0]), None
                         finish(held[0], statuses)
                     raise
                 if flight is None:
                     if pool is not None:
                         flight = pool.submit(move, held[0])
                     continue
-                statuses, flight = flight.result(), None
+                statuses, flight = self._placing(flight, held[0]), None
                 if go_on is not None and not go_on(statuses):
                     finish(held[0], statuses)
                     return
@@ -323,7 +351,7 @@ class StoreTier:
                 if not going:
                     return
             if held:
-                statuses = flight.result() if flight is not None else move(held[0])
+                statuses = self._placing(flight, held[0]) if flight is not None else move(held[0])
                 flight = None
                 finish(held[0], statuses)
         finally:
@@ -339,6 +367,30 @@ class StoreTier:
             if self._pool is None:
                 self._pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="kvtier-store")
             return self._pool
+
+    @staticmethod
+    def _placing(flight: concurrent.futures.Future, batch: "_Batch") -> List[Status]:
+        """``flight``'s statuses (the engine call of ``batch``); meanwhile, where the
+        batch has `_Batch.landings`, its pages whose objects have all landed and been
+        verified are placed in their host pages by this thread, in one folded copy per
+        run of them (`CanonicalPages.from_staging`), as they come."""
+        landings = batch.landings
+        if landings is None:
+            return flight.result()
+        flight.add_done_callback(landings.end)
+        cp, m, placed, staging, pages = batch.side.canonical, batch.side.m, batch.placed, batch.staging, batch.pages
+        done = False
+        while not done:
+            ready, done = landings.take()
+            ready.sort()
+            a = 0
+            for i in range(1, len(ready) + 1):      # each run of consecutive pages in one copy
+                if i == len(ready) or ready[i] != ready[i - 1] + 1:
+                    first, n = ready[a], i - a
+                    cp.from_staging(staging, pages[first:first + n], first)
+                    placed[first * m:(first + n) * m] = [True] * (n * m)
+                    a = i
+        return flight.result()
 
     def _sealed(self, side: "_Objects", keys: List[str], pages: List[int], staging: Optional[Staging]) -> "_Batch":
         """A backup batch: its pages are staged and sealed one by one by `_sealer`, as
@@ -360,13 +412,19 @@ class StoreTier:
                 fill(j)
         return batch
 
-    def _receivers(self, side: "_Objects", keys: List[str], pages: List[int], staging: Optional[Staging]) -> "_Batch":
+    def _receivers(self, side: "_Objects", keys: List[str], pages: List[int], staging: Optional[Staging],
+                   beside: bool = False) -> "_Batch":
         """A prefetch batch: a header buffer and the payload pieces (host memory or
-        staging) per page, for the engine to read into."""
+        staging) per page, for the engine to read into; ``beside``: its pages are placed
+        as they land, by the thread that waits for its engine call, where they qualify
+        (`PLACE_BESIDE_MIN`)."""
         pieces = self._pieces(side, pages, staging)
         headers, buffers = self._framed(side, keys, pieces, staging, PageFormat.header_size)
+        slot = side.canonical.slot_bytes
+        beside = beside and side.places_beside and staging is not None and len(pages) * slot >= PLACE_BESIDE_MIN
         return _Batch(side, keys, pages, staging, headers, buffers, pieces, [_UNHEARD] * len(keys),
-                      placed=[staging is None] * len(keys))
+                      placed=[staging is None] * len(keys),
+                      landings=_Landings(len(pages), side.m, -(-PLACE_BESIDE_RUN // slot)) if beside else None)
 
     def _pieces(self, side: "_Objects", pages: List[int], staging: Optional[Staging]) -> List[List[memoryview]]:
         """Each object's payload pieces, page by page (`CanonicalPages.pieces`)."""
@@ -445,13 +503,19 @@ class StoreTier:
         pages, staging, placed = batch.pages, batch.staging, batch.placed
         on_landing = batch.side.place_on_landing
 
+        landings = batch.landings
+
         def landed(j: int) -> None:
             try:
                 verdicts[j] = why = formats[j % m].verify(keys[j], headers[j], pieces[j])
-                if why is None and not placed[j] and on_landing[j % m]:
+                if why is not None or placed[j]:
+                    return
+                if on_landing[j % m]:
                     page = j // m
                     cp.from_staging(staging, pages[page:page + 1], page, j % m)
                     placed[j] = True
+                elif landings is not None:
+                    landings.landed(j)      # placed by the thread that waits (`_placing`)
             except Exception:       # verified and placed again after the call
                 verdicts[j] = _UNHEARD
 
@@ -579,6 +643,10 @@ class _Objects:
         self.m = len(self.names)
         # whether each object is placed as it lands (`PLACE_ON_LANDING_MIN`; a page's only object: always)
         self.place_on_landing = [self.m == 1 or o.staged_bytes >= PLACE_ON_LANDING_MIN for o in canonical.objects]
+        # whether a page is placed once its objects have all landed (`StoreTier._placing`):
+        # several objects, all staged whole, none placed as it lands
+        self.places_beside = self.m > 1 and not any(self.place_on_landing) and \
+            all(o.header_room for o in canonical.objects)
 
     def sizes(self, keys: List[str]) -> List[int]:
         """Each object's length in the store (header and payload), key by key."""
@@ -607,9 +675,48 @@ class _Batch:
     verdicts: Optional[list] = None     # prefetch: `PageFormat.verify` per page, once landed
     placed: Optional[list] = None       # prefetch: True per object whose host page holds it
     sealed: Optional[list] = None       # backup: per page None until staged and sealed, then whether that worked
+    landings: Optional["_Landings"] = None          # prefetch: pages whose objects all landed (`StoreTier._placing`)
 
 
 _UNHEARD = object()     # a page's verdict before its engine reported it landed
+
+
+class _Landings:
+    """A prefetch batch's pages whose objects have all landed and verified, from the
+    engine's threads (`landed`) to the thread that places them (`take`), which wakes
+    once ``least`` pages are ready (a copy of at least `PLACE_BESIDE_RUN`) or the engine
+    call has ended (`end`)."""
+
+    def __init__(self, pages: int, m: int, least: int):
+        self._m, self._least = m, max(1, least)
+        self._count = [0] * pages
+        self._ready: List[int] = []
+        self._done = False
+        self._cond = threading.Condition(threading.Lock())
+
+    def landed(self, j: int) -> None:
+        with self._cond:
+            p = j // self._m
+            self._count[p] += 1
+            if self._count[p] == self._m:
+                self._ready.append(p)
+                if len(self._ready) >= self._least:
+                    self._cond.notify()
+
+    def end(self, _future=None) -> None:
+        """The engine call has returned, or will never run: no object lands after this."""
+        with self._cond:
+            self._done = True
+            self._cond.notify()
+
+    def take(self) -> Tuple[List[int], bool]:
+        """The pages ready since the last take (at least ``least``, or what there is once
+        the call has ended), and whether it has."""
+        with self._cond:
+            while not self._done and len(self._ready) < self._least:
+                self._cond.wait()
+            ready, self._ready = self._ready, []
+            return ready, self._done
 
 
 def _runs(flags: List[bool]):

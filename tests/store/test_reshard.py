@@ -192,17 +192,118 @@ def test_a_page_s_objects_are_placed_as_each_lands(url, monkeypatch, when):
     placed.clear()
     assert tier.prefetch(keys, slots(read_into)) == 2
     assert tier.stats["corrupt"] == 1
+    _check_leading(model, hc)
+    # every object placed as it lands that verified (the corrupt one not); the others
+    # of the leading run only, after the call
+    want = [(p, o, True) for p in read_into for o in range(m) if lands(o) and (p, o) != (3, 2)]
+    want += [(p, o, False) for p in read_into[:2] for o in range(m) if not lands(o)]
+    assert sorted(placed) == sorted(want)
+
+
+def _check_leading(model, hc):
+    """Host pages 0 and 5 hold model pages 0 and 1 (a read of [0, 5, 3, 2] whose third
+    page is a miss: the pages after the run hold undefined bytes); margins intact."""
     for name, buf in hc.host.buffers.items():
         for layer in range(model.layers):
             v = host_layer_view(buf, hc.layout, layer, PAGE)
             for hp, mp in ((0, 0), (5, 1)):
                 assert torch.equal(v[hp], model.rows[name][layer][mp].reshape(v[hp].shape))
     hc.check_margins()
-    # every object placed as it lands that verified (the corrupt one not); the others
-    # of the leading run only, after the call
-    want = [(p, o, True) for p in read_into for o in range(m) if lands(o) and (p, o) != (3, 2)]
-    want += [(p, o, False) for p in read_into[:2] for o in range(m) if not lands(o)]
-    assert sorted(placed) == sorted(want)
+
+
+def _reshard_reader(url, batch_pages=8):
+    """Pages 0-3 written by the 4 ranks of TP 4 (page_first), and the TP 1 reader of
+    them (8 head-group objects a page): (model, keys, reader's host case, its tier)."""
+    model, keys = Model("mha", 8, 4), _keys(4)
+    writers = ranks(model, 4, "page_first", url, pages=6)
+    for r, (hc, tier) in enumerate(writers):
+        model.fill(hc, r, 4, [4, 1, 2, 0])
+        assert tier.backup(keys, slots([4, 1, 2, 0])) == [True] * 4
+    (hc, tier), = ranks(model, 1, "page_first", url, pages=6, batch_pages=batch_pages)
+    return model, keys, hc, tier
+
+
+def test_a_page_is_placed_beside_the_engine_call_as_its_last_object_lands(url, monkeypatch):
+    """Where a call is one batch whose objects are all placed after landing and it
+    stages at least `PLACE_BESIDE_MIN`, the thread that waits for its engine call places each page, in
+    one copy with all its objects, once its last object has landed and verified (here
+    each page as it is ready: `PLACE_BESIDE_RUN`), while the call still runs; each page
+    once. A page with a corrupt object is not placed
+    (and ends the leading run); a page after it may be, outside the run."""
+    import threading
+    import time
+    from kvtier.store import tier as tier_module
+    monkeypatch.setattr(tier_module, "PLACE_BESIDE_MIN", 0)
+    monkeypatch.setattr(tier_module, "PLACE_BESIDE_RUN", 1)     # wake for every page
+    model, keys, hc, tier = _reshard_reader(url)
+    m = tier.read.m
+    assert m == 8 and tier.read.places_beside
+    engine, in_call, placed = tier.engine, [False], []
+    real_get, real_place = engine._get_into, tier.canonical.from_staging
+
+    def get_into(keys, targets, landed):
+        def landed_then_wait(i):        # a page's last object: give the waiting thread time to place it
+            landed(i)
+            if i % m == m - 1 and i // m not in unplaced:
+                deadline = time.monotonic() + 5
+                while time.monotonic() < deadline and not any(e[0] == i // m for e in placed[mark[0]:]):
+                    time.sleep(0.001)
+        in_call[0] = True
+        mark[0] = len(placed)
+        try:
+            return real_get(keys, targets, landed_then_wait)
+        finally:
+            in_call[0] = False
+
+    def place(staging, host_pages, first_slot=0, obj=None):
+        placed.extend((first_slot + k, p, obj, threading.current_thread() is threading.main_thread(), in_call[0])
+                      for k, p in enumerate(host_pages))
+        return real_place(staging, host_pages, first_slot, obj)
+
+    mark, unplaced = [0], set()
+    engine._get_into, tier.canonical.from_staging = get_into, place
+    read_into = [0, 5, 3, 2]
+    assert tier.prefetch(keys, slots(read_into)) == 4
+    model.check(hc, 0, 1, read_into)
+    hc.check_margins()
+    # each page once, all its objects in one copy, on the calling thread, during the call
+    assert sorted(e[1:] for e in placed) == [(p, None, True, True) for p in sorted(read_into)]
+    # a corrupt group-2 object of page 2 (in the second batch where there are two)
+    name = object_name(tier.keys(keys[2])[2])
+    path = os.path.join(url[len("file://"):], name)
+    with open(path, "r+b") as f:
+        f.seek(-1, os.SEEK_END)
+        last = f.read(1)
+        f.seek(-1, os.SEEK_END)
+        f.write(bytes([last[0] ^ 0xFF]))
+    poison(hc.host)
+    placed.clear()
+    unplaced.add(2)                     # waited for in vain
+    assert tier.prefetch(keys, slots(read_into)) == 2
+    assert tier.stats["corrupt"] == 1
+    _check_leading(model, hc)
+    # page 2 (host page 3) not placed; page 3 (host page 2) is, though outside the run
+    assert sorted(e[1:] for e in placed) == [(p, None, True, True) for p in (0, 2, 5)]
+
+
+@pytest.mark.parametrize("batch_pages, least, beside", [(8, 0, True), (2, 0, False), (8, None, False)])
+def test_only_a_call_of_one_large_enough_batch_places_beside(url, monkeypatch, batch_pages, least, beside):
+    """Placing beside the engine call is for calls of one batch (a call of several
+    places each batch beside the next one's call) of at least `PLACE_BESIDE_MIN`
+    (None: the default, far above these pages); either way every page reads whole."""
+    from kvtier.store import tier as tier_module
+    if least is not None:
+        monkeypatch.setattr(tier_module, "PLACE_BESIDE_MIN", least)
+    made = []
+    real = tier_module._Landings
+    monkeypatch.setattr(tier_module, "_Landings", lambda *a: made.append(a) or real(*a))
+    model, keys, hc, tier = _reshard_reader(url, batch_pages)
+    read_into = [0, 5, 3, 2]
+    assert tier.prefetch(keys, slots(read_into)) == 4
+    model.check(hc, 0, 1, read_into)
+    hc.check_margins()
+    least_pages = -(-tier_module.PLACE_BESIDE_RUN // tier.canonical.slot_bytes)
+    assert made == ([(4, 8, least_pages)] if beside else [])      # 4 pages of 8 objects
 
 
 @pytest.mark.parametrize("change", ["revision", "scales", "dtype", "heads", "layers", "model", "page"])

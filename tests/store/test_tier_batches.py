@@ -439,3 +439,33 @@ def test_pages_read_in_ranges_on_several_threads(tmp_path, monkeypatch, layout):
     assert len(ranges) == 18 and ranges.count(0) == 9          # two ranges a page
     _flip_last_byte(engine, tier.keys(keys[5])[0])
     assert tier.prefetch(keys, slots(range(9))) == 5 and tier.stats["corrupt"] == 1
+
+
+def test_landings_wake_the_placer_once_enough_pages_are_ready_or_the_call_ends():
+    """`_Landings` (a call of one batch placing beside its engine call): a page is
+    ready once all its objects landed, in any order; `take` waits for ``least`` ready
+    pages, hands each ready page over once, and returns what there is, with the call's
+    end, as soon as `end` is called, even with pages still short of objects."""
+    from kvtier.store.tier import _Landings
+    landings = _Landings(4, 2, 2)
+    got = []
+    taker = threading.Thread(target=lambda: got.append(landings.take()))
+    landings.landed(1)
+    landings.landed(0)              # page 0 ready: one page, fewer than two
+    taker.start()
+    taker.join(0.1)
+    assert taker.is_alive() and got == []
+    landings.landed(5)              # page 2's first object: not ready
+    landings.landed(3)
+    landings.landed(2)              # page 1 ready: two pages
+    taker.join(WAIT)
+    assert got == [([0, 1], False)]
+    landings.landed(7)
+    landings.landed(6)              # page 3 ready (one page); page 2 still short
+    taker = threading.Thread(target=lambda: got.append(landings.take()))
+    taker.start()
+    taker.join(0.1)
+    assert taker.is_alive()
+    landings.end()
+    taker.join(WAIT)
+    assert got[1] == ([3], True) and landings.take() == ([], True)
