@@ -66,11 +66,10 @@ PLACE_ON_LANDING_MIN = 512 << 10
 # as the page's last object lands (`StoreTier._placing`): the copy runs beside the
 # store's transfer instead of after it. Calls of several batches already place each
 # batch beside the next one's engine call; placing within the batch too only added
-# CPU there (file store, 256 KiB pages, 64 MiB: 17.0 ms after, 19.3 beside); smaller
-# calls would pay more for the hand-off than the copy takes. Reshard reads of one batch
-# (TP 8 -> TP 2, 2-core CPU, medians, ms after / beside): file store, 16 MiB of 256 KiB
-# pages 5.3 / 4.9 (page_first), 16 MiB of 1 MiB pages 2.7 / 2.5; Redis node, 64 MiB of
-# 1 MiB pages 6.2 / 5.2 (page_first_direct), 6.0 / 5.1 (page_first)
+# CPU there; smaller calls would pay more for the hand-off than the copy takes. Reshard
+# reads of one batch (TP 8 -> TP 2, 2-core CPU, medians, ms beside / after): Redis node,
+# 64 MiB of 1 MiB pages 18.8 / 22.7 (page_first_direct), 18.9 / 22.6 (page_first); file
+# store, 16 MiB calls of 256 KiB and 1 MiB pages, within 0.4 ms either way
 # (results/2026-12-07_cpu_store_reshard_beside).
 PLACE_BESIDE_MIN = 4 << 20
 PLACE_BESIDE_RUN = 1 << 20      # the calling thread wakes to place pages once this much of them is ready
