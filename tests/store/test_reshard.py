@@ -181,13 +181,7 @@ def test_a_page_s_objects_are_placed_as_each_lands(url, monkeypatch, when):
     model.check(hc, 0, 1, read_into)
     assert sorted(placed) == sorted((p, o, lands(o)) for p in read_into for o in range(m))
     # a corrupt group-2 object of page 2: pages 0 and 1 read, page 2 and after not
-    name = object_name(tier.keys(keys[2])[2])
-    path = os.path.join(url[len("file://"):], name)
-    with open(path, "r+b") as f:
-        f.seek(-1, os.SEEK_END)
-        last = f.read(1)
-        f.seek(-1, os.SEEK_END)
-        f.write(bytes([last[0] ^ 0xFF]))
+    _corrupt_group_2_of_page_2(url, tier, keys)
     poison(hc.host)
     placed.clear()
     assert tier.prefetch(keys, slots(read_into)) == 2
@@ -198,6 +192,16 @@ def test_a_page_s_objects_are_placed_as_each_lands(url, monkeypatch, when):
     want = [(p, o, True) for p in read_into for o in range(m) if lands(o) and (p, o) != (3, 2)]
     want += [(p, o, False) for p in read_into[:2] for o in range(m) if not lands(o)]
     assert sorted(placed) == sorted(want)
+
+
+def _corrupt_group_2_of_page_2(url, tier, keys):
+    """Flip the last byte of the file of page 2's group-2 object (its checksum fails)."""
+    path = os.path.join(url[len("file://"):], object_name(tier.keys(keys[2])[2]))
+    with open(path, "r+b") as f:
+        f.seek(-1, os.SEEK_END)
+        last = f.read(1)
+        f.seek(-1, os.SEEK_END)
+        f.write(bytes([last[0] ^ 0xFF]))
 
 
 def _check_leading(model, hc):
@@ -269,13 +273,7 @@ def test_a_page_is_placed_beside_the_engine_call_as_its_last_object_lands(url, m
     # each page once, all its objects in one copy, on the calling thread, during the call
     assert sorted(e[1:] for e in placed) == [(p, None, True, True) for p in sorted(read_into)]
     # a corrupt group-2 object of page 2 (in the second batch where there are two)
-    name = object_name(tier.keys(keys[2])[2])
-    path = os.path.join(url[len("file://"):], name)
-    with open(path, "r+b") as f:
-        f.seek(-1, os.SEEK_END)
-        last = f.read(1)
-        f.seek(-1, os.SEEK_END)
-        f.write(bytes([last[0] ^ 0xFF]))
+    _corrupt_group_2_of_page_2(url, tier, keys)
     poison(hc.host)
     placed.clear()
     unplaced.add(2)                     # waited for in vain
