@@ -333,14 +333,14 @@ class StoreTier:
                 except BaseException:
                     cp.give_staging(staging)
                     if flight is not None:      # what was moved still counts
-                        statuses, flight = self._placing(flight, held[0]), None
+                        statuses, flight = flight.result(), None
                         finish(held[0], statuses)
                     raise
                 if flight is None:
                     if pool is not None:
                         flight = pool.submit(move, held[0])
                     continue
-                statuses, flight = self._placing(flight, held[0]), None
+                statuses, flight = flight.result(), None
                 if go_on is not None and not go_on(statuses):
                     finish(held[0], statuses)
                     return
@@ -350,7 +350,7 @@ class StoreTier:
                 if not going:
                     return
             if held:
-                statuses = self._placing(flight, held[0]) if flight is not None else move(held[0])
+                statuses = flight.result() if flight is not None else move(held[0])
                 flight = None
                 finish(held[0], statuses)
         finally:
@@ -369,26 +369,23 @@ class StoreTier:
 
     @staticmethod
     def _placing(flight: concurrent.futures.Future, batch: "_Batch") -> List[Status]:
-        """``flight``'s statuses (the engine call of ``batch``); meanwhile, where the
-        batch has `_Batch.landings`, its pages whose objects have all landed and been
+        """``flight``'s statuses (the engine call of ``batch``, which has
+        `_Batch.landings`); meanwhile its pages whose objects have all landed and been
         verified are placed in their host pages by this thread, in one folded copy per
         run of them (`CanonicalPages.from_staging`), as they come."""
         landings = batch.landings
-        if landings is None:
-            return flight.result()
         flight.add_done_callback(landings.end)
         cp, m, placed, staging, pages = batch.side.canonical, batch.side.m, batch.placed, batch.staging, batch.pages
         done = False
         while not done:
             ready, done = landings.take()
-            ready.sort()
-            a = 0
-            for i in range(1, len(ready) + 1):      # each run of consecutive pages in one copy
-                if i == len(ready) or ready[i] != ready[i - 1] + 1:
-                    first, n = ready[a], i - a
-                    cp.from_staging(staging, pages[first:first + n], first)
-                    placed[first * m:(first + n) * m] = [True] * (n * m)
-                    a = i
+            if not ready:
+                continue
+            lo, got = min(ready), set(ready)
+            for flag, a, b in _runs([p in got for p in range(lo, max(ready) + 1)]):
+                if flag:            # a run of ready pages: one copy
+                    cp.from_staging(staging, pages[lo + a:lo + b], lo + a)
+                    placed[(lo + a) * m:(lo + b) * m] = [True] * ((b - a) * m)
         return flight.result()
 
     def _sealed(self, side: "_Objects", keys: List[str], pages: List[int], staging: Optional[Staging]) -> "_Batch":
@@ -420,7 +417,7 @@ class StoreTier:
         pieces = self._pieces(side, pages, staging)
         headers, buffers = self._framed(side, keys, pieces, staging, PageFormat.header_size)
         slot = side.canonical.slot_bytes
-        beside = beside and side.places_beside and staging is not None and len(pages) * slot >= PLACE_BESIDE_MIN
+        beside = beside and side.places_beside and len(pages) * slot >= PLACE_BESIDE_MIN     # all staged: staging is there
         return _Batch(side, keys, pages, staging, headers, buffers, pieces, [_UNHEARD] * len(keys),
                       placed=[staging is None] * len(keys),
                       landings=_Landings(len(pages), side.m, -(-PLACE_BESIDE_RUN // slot)) if beside else None)
@@ -494,15 +491,14 @@ class StoreTier:
         as it lands, on whichever engine thread got it, where it is the page's only one
         or stages at least `PLACE_ON_LANDING_MIN`); objects the engine did not report
         (Mooncake reports none), and small objects of a page of several, are placed
-        after the call (`_verified`, then ``finish``). A page whose objects were placed but that turns
+        after the call (`_verified`, then ``finish``), but for a batch with `_Batch.landings`,
+        whose pages the waiting thread places as their last object lands (`_placing`). A page whose objects were placed but that turns
         out to lie after a miss, or to have an object missing or corrupt, is outside
         the leading run: its host page holds undefined bytes, as `prefetch` says."""
         cp, formats, m = batch.side.canonical, batch.side.formats, batch.side.m
         keys, headers, pieces, verdicts = batch.keys, batch.headers, batch.pieces, batch.verdicts
         pages, staging, placed = batch.pages, batch.staging, batch.placed
-        on_landing = batch.side.place_on_landing
-
-        landings = batch.landings
+        on_landing, landings = batch.side.place_on_landing, batch.landings
 
         def landed(j: int) -> None:
             try:
