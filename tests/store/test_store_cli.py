@@ -96,6 +96,9 @@ def test_bench_store_reshard_only(capsys, tmp_path, monkeypatch):
         assert r["reshard_gbps"] > 0 and r["one_object_gbps"] > 0
         assert r["reshard_cpu_s"] > 0 and r["one_object_cpu_s"] > 0
         assert r["reshard_vs_one_object"] == pytest.approx(r["reshard_gbps"] / r["one_object_gbps"])
+        assert r["raw_reshard_gbps"] > 0 and r["raw_one_object_gbps"] > 0
+        assert r["raw_reshard_vs_one_object"] == pytest.approx(r["raw_reshard_gbps"] / r["raw_one_object_gbps"])
+    assert "engine alone: the engine's get_into of as many values as each side's objects" in out
     assert [f for d in os.listdir(store) if len(d) == 2 for f in os.listdir(store / d)] == []
 
 
@@ -188,3 +191,23 @@ def test_a_bad_store_flag_as_a_user_runs_it(argv, flag):
     lines = [l for l in r.stderr.splitlines() if l.strip()]
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-800:]
     assert len(lines) == 1 and flag in lines[0], lines
+
+
+def test_the_engine_alone_reads_values_as_long_as_the_objects_stored(tmp_path):
+    import torch
+    from kvtier.store import bench
+    from kvtier.store.engine import open_store
+    from kvtier.store.tier import StoreTier
+    engine = open_store(f"file://{tmp_path}/s")
+    try:
+        for heads in (1, 4):            # the bench's head-group writer, then its one-object tier
+            host = bench.bench_host(256 << 10, 2, "page_first", heads=heads, head_dim=128)
+            tier = StoreTier(host, engine, model="m", tp=(3, 8), heads=8) if heads == 1 else \
+                bench.one_object_tier(host, engine)
+            key = bench._fresh()                           # a bench key: its header's length
+            assert tier.backup([key], torch.arange(host.page_size, dtype=torch.int64)) == [True]
+            (stored,) = tier.written_keys(key)
+            assert bench._object_bytes(tier) == os.path.getsize(engine._path(stored))
+            tier.close()
+    finally:
+        engine.close()
