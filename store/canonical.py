@@ -15,7 +15,7 @@ pool's map, cut to the object's heads), and moved one of three ways:
   copy between the host pool's row maps and row maps over a staging buffer in
   canonical order, for a whole batch of pages per component group. Where every
   component of an object is staged, a slot also holds the object's header just before
-  its payload, so the engine moves the object as one buffer (`CanonicalPages.object_view`).
+  its payload, so the engine moves the object as one buffer (`CanonicalPages.framed`).
   Rows cut to a head slice are staged (their pieces are one head group per token).
 
 Both sides of a staged copy are host memory, so it runs on the CPU: the bytes never
@@ -36,13 +36,20 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from kvtier import caches
 from kvtier.errors import fail
 from kvtier.kernels import RowMap
 
 from .page import HEAD_SPLIT, ComponentShape, Geometry, as_bytes_view, header_len
 
 LAYER_PIECE_MIN = 16 * 1024     # smaller per-layer pieces are staged (docs/store.md)
-HEADER_KEY_ROOM = 512           # key bytes a staging slot's header room holds (`object_view`)
+HEADER_KEY_ROOM = 512           # key bytes a staging slot's header room holds (`framed`)
+FRAME_LENGTHS = 8               # header lengths per object a staging buffer keeps its frames for
+caches.declare(
+    "store.canonical.Staging.frames", key="object, header length",
+    value="per slot of this staging buffer: views of the object's header and of header and payload as one buffer",
+    bound=f"{FRAME_LENGTHS} per staging buffer (keys of one length give one per object)",
+    rule="never (views of this buffer's fixed slots)", stale="not happen: a pure function of the slot layout")
 
 
 @dataclass(frozen=True)
@@ -76,7 +83,7 @@ class PageObject:
     geometry (the header's), and how each of its components moves (Direct or Staged),
     in payload order.
     ``header_room``: bytes of its staging slot region before its payload that hold its
-    header, where every component is staged (`CanonicalPages.object_view`), else 0."""
+    header, where every component is staged (`CanonicalPages.framed`), else 0."""
 
     name: str
     geometry: Geometry
@@ -121,10 +128,14 @@ class Staging:
         # payload in each slot as one buffer, made once: `pieces` of such an object is
         # this one buffer (one checksum call, one buffer for the engine). None for the
         # other objects.
+        # (A 1-tuple: buffers made once per call would each be a tracked object living
+        # through the call, and a call's thousands of them feed the collector's full
+        # passes over the whole process.)
         self.payloads = [None if not o.header_room else
-                         [self.view[a:a + o.payload_bytes]
+                         [(self.view[a:a + o.payload_bytes],)
                           for a in range(o.start + o.header_room, capacity * stride, stride)]
                          for o in plan.objects]
+        self.frames = caches.bounded("store.canonical.Staging.frames", FRAME_LENGTHS)   # (object, header length) -> frames by slot
 
 
 class CanonicalPages:
@@ -222,7 +233,7 @@ class CanonicalPages:
         as pieces in canonical order: host memory for direct components, staging slot
         ``slot`` for staged ones (one piece where every component is staged)."""
         if staging is not None and staging.payloads[obj] is not None:
-            return [staging.payloads[obj][slot]]
+            return staging.payloads[obj][slot]
         out = []
         for part in self.objects[obj].components:
             if type(part) is Direct:
@@ -235,18 +246,29 @@ class CanonicalPages:
                 out.append(staging.view[a:a + part.length])
         return out
 
-    def object_view(self, staging: Optional[Staging], slot: int, header_bytes: int,
-                    obj: int = 0) -> Optional[memoryview]:
-        """Object ``obj`` of staging slot ``slot`` as one buffer of a header of
-        ``header_bytes`` followed by its payload, where the object is staged whole and
-        its header fits its room; else None. Engines move a value in one buffer faster
-        than in two (Mooncake sends each buffer as a transfer of its own, so it would
-        gather them)."""
+    def framed(self, staging: Optional[Staging], slot: int, header_bytes: int,
+               obj: int = 0) -> Optional[Tuple[memoryview, Tuple[memoryview]]]:
+        """Object ``obj`` of staging slot ``slot`` framed by a header of ``header_bytes``:
+        a view of the header, and the header followed by the payload as one buffer (a
+        1-tuple, what the engine moves), where the object is staged whole and its header
+        fits its room; else None. Engines move a value in one buffer faster than in two
+        (Mooncake sends each buffer as a transfer of its own, so it would gather them).
+        The views are made once per staging buffer, object and header length
+        (`Staging.frames`), so a call makes none."""
         o = self.objects[obj]
         if staging is None or header_bytes > o.header_room:
             return None
-        a = slot * self.slot_bytes + o.start + o.header_room
-        return staging.view[a - header_bytes:a + o.payload_bytes]
+        frames = staging.frames.get((obj, header_bytes))
+        if frames is None:
+            frames = staging.frames.put((obj, header_bytes), self._frames(staging, header_bytes, o))
+        return frames[slot]
+
+    def _frames(self, staging: Staging, header_bytes: int, o: PageObject) -> list:
+        out = []
+        for a in range(o.start + o.header_room, staging.capacity * self.slot_bytes, self.slot_bytes):
+            whole = staging.view[a - header_bytes:a + o.payload_bytes]
+            out.append((whole[:header_bytes], (whole,)))
+        return out
 
     # ------------------------------------------------------------------ staged copies
     def to_staging(self, host_pages: Sequence[int], staging: Staging, first_slot: int = 0) -> None:

@@ -433,24 +433,24 @@ class StoreTier:
         """Each object's header buffer, and the buffers the engine moves: the header then
         the payload pieces, or one buffer where the object's staging slot holds its
         header just before its payload (an object staged whole,
-        `CanonicalPages.object_view`). ``header(format, key)`` is the header to send
+        `CanonicalPages.framed`). ``header(format, key)`` is the header to send
         (`PageFormat.header`: copied into the slot there) or the length of the one to
         receive (`PageFormat.header_size`: read into the slot there, else into a new
         buffer)."""
-        out_headers, buffers, m, view = [], [], side.m, side.canonical.object_view
+        out_headers, buffers, m, framed = [], [], side.m, side.canonical.framed
         for i, (k, ps) in enumerate(zip(keys, pieces)):
             h = header(side.formats[i % m], k)
             n = h if type(h) is int else len(h)
-            whole = view(staging, i // m, n, i % m)
-            if whole is None:
+            frame = framed(staging, i // m, n, i % m)
+            if frame is None:
                 h = bytearray(h) if type(h) is int else h
                 out_headers.append(h)
                 buffers.append([h, *ps])
             else:
                 if type(h) is not int:
-                    whole[:n] = h
-                out_headers.append(whole[:n])
-                buffers.append([whole])
+                    frame[0][:] = h
+                out_headers.append(frame[0])
+                buffers.append(frame[1])
         return out_headers, buffers
 
     def _put(self, batch: "_Batch") -> List[Status]:

@@ -131,16 +131,19 @@ def test_a_page_staged_whole_has_its_header_room_before_its_payload(kind, layout
     whole_staged = set(modes(plan).values()) == {"staged"}
     assert (plan.objects[0].header_room > 0) == whole_staged
     if not whole_staged:
-        assert plan.object_view(staging, 0, 8) is None
+        assert plan.framed(staging, 0, 8) is None
         return
     plan.to_staging(pages, staging)
     for j, p in enumerate(pages):
         for n in (8, 64, plan.objects[0].header_room):
-            view = plan.object_view(staging, j, n)
-            assert view.nbytes == n + plan.payload_bytes
+            header, (view,) = frame = plan.framed(staging, j, n)
+            assert view.nbytes == n + plan.payload_bytes and header.nbytes == n
+            assert _address(header) == _address(view)
             assert bytes(view[n:]) == canonical(host, p * PAGE) == _joined(plan.pieces(p, staging, j))
             assert _address(view) + n == _address(plan.pieces(p, staging, j)[0])
-        assert plan.object_view(staging, j, plan.objects[0].header_room + 8) is None     # a longer key's header
+            assert plan.framed(staging, j, n) is frame      # made once per staging buffer: a call makes none
+        assert plan.framed(staging, j, plan.objects[0].header_room + 8) is None     # a longer key's header
+    assert plan.pieces(pages[0], staging, 0) is plan.pieces(pages[0], staging, 0)
 
 
 def test_staging_buffers_are_reused():
