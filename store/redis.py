@@ -170,7 +170,7 @@ class _RedisEngine(Engine):
 
     @staticmethod
     def _get_items(keys, targets, landed) -> List[ops.Item]:
-        return [ops.Item(k.encode(), t, sum([v.nbytes for v in t]), False, functools.partial(landed, i))
+        return [ops.Item(k.encode(), t, sum([v.nbytes for v in t]), False, landed, None, i)
                 for i, (k, t) in enumerate(zip(keys, targets))]
 
     def _send_ahead(self, keys, nbytes) -> Optional["_SentGets"]:
@@ -215,9 +215,12 @@ class _RedisEngine(Engine):
             ahead.cancel()          # where `_run` raised before it took the connections
 
     def _put_from(self, keys, sources, fill) -> List[Status]:
-        return self._run(ops.put_from, [ops.Item(k.encode(), s, sum(v.nbytes for v in s),
-                                                 fill=functools.partial(fill, i))
-                                        for i, (k, s) in enumerate(zip(keys, sources))], replicated=True)
+        return self._run(ops.put_from, self._put_items(keys, sources, fill), replicated=True)
+
+    @staticmethod
+    def _put_items(keys, sources, fill) -> List[ops.Item]:
+        return [ops.Item(k.encode(), s, sum([v.nbytes for v in s]), fill=fill, index=i)
+                for i, (k, s) in enumerate(zip(keys, sources))]
 
     def _delete(self, keys: List[str]) -> List[Status]:
         return self._run(ops.delete, [ops.Item(k.encode(), (), 0) for k in keys])

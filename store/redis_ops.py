@@ -31,8 +31,12 @@ class Item(NamedTuple):
     buffers: Sequence[memoryview]   # get: targets; put: sources; others: ()
     nbytes: int                     # sum of the buffers' lengths
     asking: bool = False            # prefix the command with ASKING (an ASK redirect)
-    landed: Optional[Callable[[], None]] = None     # get: called once the value is in its buffers
-    fill: Optional[Callable[[], Optional[bool]]] = None     # put: called before its buffers are sent; False: not sent
+    # get: ``landed(index)`` once the value is in its buffers; put: ``fill(index)`` before
+    # its buffers are sent (False: not sent). One callable for a call's items, each told
+    # its own index: a callable per item would be one more tracked object per key.
+    landed: Optional[Callable[[int], None]] = None
+    fill: Optional[Callable[[int], Optional[bool]]] = None
+    index: int = -1
 
 
 class ServerErrors:
@@ -143,7 +147,7 @@ def get_into(conn: resp.Connection, items: Sequence[Item], out: list, deadline: 
                 conn.read_into(it.buffers, deadline)
                 conn.expect_crlf(deadline, 2 + len(header) + lead)     # and the next reply's, alike
                 if it.landed is not None:
-                    it.landed()
+                    it.landed(it.index)
                 return Status.HIT
             conn.skip(n, deadline)
             conn.expect_crlf(deadline)
@@ -172,7 +176,7 @@ def put_from(conn: resp.Connection, items: Sequence[Item], out: list, deadline: 
     that needs a replica's acknowledgement costs no extra round trip to find out)."""
 
     def encode(it: Item):
-        if it.fill is not None and it.fill() is False:
+        if it.fill is not None and it.fill(it.index) is False:
             return None         # not sent: ERROR
         head = b"*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n" % (len(it.key), it.key, it.nbytes)
         return [head, *it.buffers, resp.CRLF]

@@ -397,8 +397,8 @@ def test_a_value_its_fill_refuses_sends_nothing_not_even_asking():
     """A put whose fill returns False sends no command for its key (no stray ASKING that
     would apply to the next key's SET) and reads no reply for it: ERROR; the others go."""
     wire = _Wire(["OK", "OK"])
-    items = [redis_ops.Item(b"a", [memoryview(b"x")], 1, asking=True, fill=lambda: False),
-             redis_ops.Item(b"b", [memoryview(b"y")], 1, fill=lambda: True),
+    items = [redis_ops.Item(b"a", [memoryview(b"x")], 1, asking=True, fill=lambda i: False),
+             redis_ops.Item(b"b", [memoryview(b"y")], 1, fill=lambda i: True),
              redis_ops.Item(b"c", [memoryview(b"z")], 1)]
     out = [None] * 3
     redis_ops.put_from(wire, items, out, float("inf"), redis_ops.ServerErrors())
@@ -406,3 +406,23 @@ def test_a_value_its_fill_refuses_sends_nothing_not_even_asking():
     sent = b"".join(wire.sent)
     assert b"ASKING" not in sent and b"\r\na\r\n" not in sent
     assert sent.count(b"SET") == 2 and b"\r\nb\r\n" in sent and b"\r\nc\r\n" in sent
+
+
+def test_a_calls_items_share_its_one_callable_and_carry_their_index():
+    """Each item of a get or put tells the call's one ``landed``/``fill`` its own key
+    index (no callable made per key: one more tracked object per key), and the ops call
+    it with that index."""
+    from kvtier.store.redis import RedisEngine
+    views = [[memoryview(bytearray(3))], [memoryview(bytearray(2)), memoryview(bytearray(1))]]
+    landed, fill = [].append, (lambda i: i != 0)
+    got = RedisEngine._get_items(["a", "b"], views, landed)
+    put = RedisEngine._put_items(["a", "b"], views, fill)
+    assert [(it.key, it.nbytes, it.index) for it in got] == [(b"a", 3, 0), (b"b", 3, 1)] == \
+        [(it.key, it.nbytes, it.index) for it in put]
+    assert all(it.landed is landed and it.fill is None for it in got)
+    assert all(it.fill is fill and it.landed is None for it in put)
+    wire = _Wire(["OK"])
+    out = [None] * 2
+    redis_ops.put_from(wire, put, out, float("inf"), redis_ops.ServerErrors())
+    assert out == [Status.ERROR, Status.HIT]         # fill(0) said no: key a not sent
+    assert b"\r\na\r\n" not in b"".join(wire.sent)
