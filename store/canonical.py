@@ -48,7 +48,7 @@ FRAME_LENGTHS = 8               # header lengths per object a staging buffer kee
 caches.declare(
     "store.canonical.Staging.frames", key="object, header length",
     value="per slot of this staging buffer: views of the object's header and of header and payload as one buffer",
-    bound=f"{FRAME_LENGTHS} per staging buffer (keys of one length give one per object)",
+    bound=f"{FRAME_LENGTHS} per object of a page, per staging buffer (keys of one length: one per object)",
     rule="never (views of this buffer's fixed slots)", stale="not happen: a pure function of the slot layout")
 
 
@@ -135,7 +135,8 @@ class Staging:
                          [(self.view[a:a + o.payload_bytes],)
                           for a in range(o.start + o.header_room, capacity * stride, stride)]
                          for o in plan.objects]
-        self.frames = caches.bounded("store.canonical.Staging.frames", FRAME_LENGTHS)   # (object, header length) -> frames by slot
+        # (object, header length) -> its frames by slot (`CanonicalPages.framed`)
+        self.frames = caches.bounded("store.canonical.Staging.frames", FRAME_LENGTHS * len(plan.objects))
 
 
 class CanonicalPages:

@@ -200,3 +200,23 @@ def test_folded_copies_move_the_bytes_of_the_object_by_object_copies(kind, layou
             assert bool((page == POISON).all()), f"page {q} was written"
     hc.check_margins()
 
+
+
+def test_a_staging_buffer_keeps_the_frames_of_every_object_of_a_page():
+    """Pages of more objects than `FRAME_LENGTHS` (one a layer here) keep every object's
+    frames: a call finds them all made (a bound per staging buffer alone would drop
+    each object's frames before the next call reached it, and make them every call).
+    Here an object holds one layer of one head."""
+    from kvtier.pool import HostPool, MHADevicePool
+    from kvtier.store.canonical import FRAME_LENGTHS
+    from kvtier.store.split import split_of
+    layers = FRAME_LENGTHS + 4
+    dev = MHADevicePool(4, 4, layers, 2, 16, dtype=torch.bfloat16)
+    host = HostPool(dev, layout="page_first", size_tokens=16, pin_memory=False)
+    plan = CanonicalPages(host, parts=split_of(host, model="m", layer_split=1).parts)
+    m = len(plan.objects)
+    assert m == 2 * layers
+    staging = plan.take_staging(2)
+    first = [[plan.framed(staging, j, 64, o) for j in range(2)] for o in range(m)]
+    again = [[plan.framed(staging, j, 64, o) for j in range(2)] for o in range(m)]
+    assert all(a is b for fa, fb in zip(first, again) for a, b in zip(fa, fb))
