@@ -142,7 +142,9 @@ def test_a_call_is_spread_over_its_threads(tmp_path, threads):
     assert e.get_into(keys, [[t] for t in targets]) == [Status.HIT] * 9 + [Status.MISS]
     assert [bytes(t) for t in targets[:9]] == values[:9] and targets[9] == bytearray(len(values[9]))
     workers = [t for t in threading.enumerate() if t.name.startswith("kvtier-file") and t not in others]
-    assert len(workers) == threads - 1
+    # at most a thread per other share; fewer where the pool handed a share to a thread
+    # that had ended its first one already (a busy machine)
+    assert (0 < len(workers) <= threads - 1) if threads > 1 else not workers
     e.close()
     assert not any(t.is_alive() for t in workers)
     assert e.put_from(["x"], [[b"1"]]) == [Status.ERROR]
