@@ -252,7 +252,6 @@ def _reshard(engine, page_bytes, layouts, total_bytes: int, rounds: int, log) ->
                    "reshard_cpu_s": best["reshard"][1], "one_object_cpu_s": best["one"][1],
                    "raw_reshard_gbps": payload / best["raw_reshard"][0] / 1e9,
                    "raw_one_object_gbps": payload / best["raw_one"][0] / 1e9}
-
             row["reshard_vs_one_object"] = row["reshard_gbps"] / row["one_object_gbps"]
             row["raw_reshard_vs_one_object"] = row["raw_reshard_gbps"] / row["raw_one_object_gbps"]
             rows.append(row)
@@ -267,7 +266,8 @@ def _object_bytes(tier) -> int:
     """The length in the store (header and payload) of the one object a page of
     ``tier``'s (a bench key's) is written as."""
     sizes = tier.write.sizes(tier.written_keys(_fresh()))
-    assert len(sizes) == 1, sizes
+    if len(sizes) != 1:
+        raise RuntimeError(f"a bench page is written as {len(sizes)} objects here, not one")
     return sizes[0]
 
 

@@ -357,7 +357,8 @@ def _keys(keys) -> List[str]:
 def _byte_view(b, writable: bool) -> bool:
     """Whether ``b`` is already what an engine moves: a contiguous 1-D byte memoryview
     (writable where ``writable``)."""
-    return type(b) is memoryview and b.format == "B" and b.ndim == 1 and b.contiguous and not (writable and b.readonly)
+    return (type(b) is memoryview and b.format == "B" and b.ndim == 1 and b.contiguous
+            and not (writable and b.readonly))
 
 
 def _buffers(arg: str, seqs, n: int, writable: bool) -> List[Sequence[memoryview]]:

@@ -170,7 +170,7 @@ class _RedisEngine(Engine):
 
     @staticmethod
     def _get_items(keys, targets, landed) -> List[ops.Item]:
-        return [ops.Item(k.encode(), t, sum([v.nbytes for v in t]), False, landed, None, i)
+        return [ops.Item(k.encode(), t, sum([v.nbytes for v in t]), landed=landed, index=i)
                 for i, (k, t) in enumerate(zip(keys, targets))]
 
     def _send_ahead(self, keys, nbytes) -> Optional["_SentGets"]:

@@ -334,6 +334,11 @@ class EngineConformance:
             engine.get_into([k], [[strided]])
         with pytest.raises(KvtierError, match="targets"):
             engine.get_into([k], [bytearray(4)])          # buffers, not a list of buffers
+        # byte memoryviews pass as they are only where they are fit to
+        with pytest.raises(KvtierError, match=r"targets\[0\]\[1\]=.*read-only"):
+            engine.get_into([k], [[memoryview(bytearray(2)), memoryview(b"ro")]])
+        with pytest.raises(KvtierError, match=r"targets\[0\]\[0\]=.*non-contiguous"):
+            engine.get_into([k], [[memoryview(bytearray(64))[::2]]])
         # A put refused for its second key moved nothing for its first.
         with pytest.raises(KvtierError):
             engine.put_from([k, other], [[b"first"], [object()]])
