@@ -354,13 +354,6 @@ def _keys(keys) -> List[str]:
     return list(keys)
 
 
-def _byte_view(b, writable: bool) -> bool:
-    """Whether ``b`` is already what an engine moves: a contiguous 1-D byte memoryview
-    (writable where ``writable``)."""
-    return (type(b) is memoryview and b.format == "B" and b.ndim == 1 and b.contiguous
-            and not (writable and b.readonly))
-
-
 def _buffers(arg: str, seqs, n: int, writable: bool) -> List[Sequence[memoryview]]:
     if not isinstance(seqs, (list, tuple)) or len(seqs) != n:
         got = len(seqs) if isinstance(seqs, (list, tuple)) else type(seqs).__name__
@@ -369,8 +362,12 @@ def _buffers(arg: str, seqs, n: int, writable: bool) -> List[Sequence[memoryview
     for i, seq in enumerate(seqs):
         if not isinstance(seq, (list, tuple)) or not seq:
             raise fail(f"{arg}[{i}]", type(seq).__name__, "must be a non-empty list of buffers")
-        if all(_byte_view(b, writable) for b in seq):
-            out.append(seq)         # as it is: a new list a key would live through the call (tracked)
+        for b in seq:
+            if not (type(b) is memoryview and b.format == "B" and b.ndim == 1 and b.contiguous
+                    and not (writable and b.readonly)):
+                break
+        else:       # byte views already: as it is (a new list a key would live through the call)
+            out.append(seq)
             continue
         views = []
         for j, b in enumerate(seq):

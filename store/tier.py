@@ -442,8 +442,8 @@ class StoreTier:
             h = header(side.formats[i % m], k)
             n = h if type(h) is int else len(h)
             frame = framed(staging, i // m, n, i % m)
-            if frame is None:
-                h = bytearray(h) if type(h) is int else h
+            if frame is None:       # a byte view, as the engine takes it (no list of its own made)
+                h = memoryview(bytearray(h) if type(h) is int else h)
                 out_headers.append(h)
                 buffers.append([h, *ps])
             else:
