@@ -239,7 +239,11 @@ def test_writes_go_by_a_recent_role_and_see_replicas_come_and_go(redis_servers):
             assert out == [Status.TIMEOUT] * 3 and took <= 2 * T
         finally:
             redis_servers.signal(replica, signal.SIGCONT)
-        assert e.put_from(fresh_keys(3), [[b"x"]] * 3) == [Status.HIT] * 3     # it acknowledges again
+        # it acknowledges again, once it has caught up (a loaded machine may take a few
+        # timeouts to run the resumed replica): writes are HIT again, not TIMEOUT for good
+        deadline = time.monotonic() + 10
+        while (out := e.put_from(fresh_keys(3), [[b"x"]] * 3)) != [Status.HIT] * 3:
+            assert set(out) <= {Status.HIT, Status.TIMEOUT} and time.monotonic() < deadline, out
 
         redis_servers.kill(replica)
         deadline = time.monotonic() + 10
