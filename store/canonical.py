@@ -132,11 +132,16 @@ class Staging:
         # through the call, and a call's thousands of them feed the collector's full
         # passes over the whole process.)
         self.payloads = [None if not o.header_room else
-                         [(self.view[a:a + o.payload_bytes],)
-                          for a in range(o.start + o.header_room, capacity * stride, stride)]
+                         [(self.view[a:a + o.payload_bytes],) for a in _payload_starts(o, capacity, stride)]
                          for o in plan.objects]
         # (object, header length) -> its frames by slot (`CanonicalPages.framed`)
         self.frames = caches.bounded("store.canonical.Staging.frames", FRAME_LENGTHS * len(plan.objects))
+
+
+def _payload_starts(o: "PageObject", capacity: int, slot_bytes: int) -> range:
+    """Where object ``o``'s payload starts in each slot of a staging buffer (staged whole:
+    just after its header room)."""
+    return range(o.start + o.header_room, capacity * slot_bytes, slot_bytes)
 
 
 class CanonicalPages:
@@ -266,7 +271,7 @@ class CanonicalPages:
 
     def _frames(self, staging: Staging, header_bytes: int, o: PageObject) -> list:
         out = []
-        for a in range(o.start + o.header_room, staging.capacity * self.slot_bytes, self.slot_bytes):
+        for a in _payload_starts(o, staging.capacity, self.slot_bytes):
             whole = staging.view[a - header_bytes:a + o.payload_bytes]
             out.append((whole[:header_bytes], (whole,)))
         return out

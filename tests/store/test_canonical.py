@@ -201,7 +201,6 @@ def test_folded_copies_move_the_bytes_of_the_object_by_object_copies(kind, layou
     hc.check_margins()
 
 
-
 def test_a_staging_buffer_keeps_the_frames_of_every_object_of_a_page():
     """Pages of more objects than `FRAME_LENGTHS` (one a layer here) keep every object's
     frames: a call finds them all made (a bound per staging buffer alone would drop

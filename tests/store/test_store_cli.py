@@ -194,6 +194,8 @@ def test_a_bad_store_flag_as_a_user_runs_it(argv, flag):
 
 
 def test_the_engine_alone_reads_values_as_long_as_the_objects_stored(tmp_path):
+    """The bench's engine-alone reads move values of the length each side's objects have
+    in the store (header and payload): the file the tier wrote is that long."""
     import torch
     from kvtier.store import bench
     from kvtier.store.engine import open_store
